@@ -1,0 +1,43 @@
+# gpulane — every target sets up .venv itself, so on a fresh machine
+# `make test` or `make run` alone is enough.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.DEFAULT_GOAL := help
+.PHONY: help run test test-fast lint bench llama clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+include mk/llama.mk
+
+run: $(STAMP) llama ## build llama.cpp + fetch the model on first use, then serve config.example.yaml
+	$(VENV)/bin/gpulane serve --config config.example.yaml
+
+lint: $(STAMP) ## ruff + mypy (strict on app/core)
+	$(VENV)/bin/ruff check app tests tools bench migrations
+	$(VENV)/bin/ruff format --check app tests tools bench migrations
+	$(VENV)/bin/mypy
+
+test: lint llama ## lint, then every test (builds llama.cpp on first use)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP) ## tests that need no llama.cpp build
+	$(PY) -m pytest -q -m 'not llama'
+
+bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
+	$(PY) -m bench.core_bench
+	$(PY) -m bench.event_store_bench
+	$(PY) -m bench.proxy_bench
+
+clean: ## remove the venv and caches (not ~/.cache/gpulane)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,228 @@
+"""Every event gpulane records. Frozen, past tense, one tagged union.
+
+Schemas only grow: a new field must have a default and no field changes type,
+so a log written by any earlier version still decodes (see
+tests/unit/test_events.py and its fixture log). Times are unix nanoseconds
+(`at`); the store also writes them as REAL seconds for SQL.
+Documented field by field in docs/events.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from app.core.scoring import Breakdown
+
+__all__ = ["Breakdown"]
+
+StopReason = Literal["evicted", "ttl", "unload", "crashed", "shutdown", "failed_start", "recovered"]
+CancelReason = Literal["client_gone", "explicit"]
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
+    at: int
+    """Unix time in nanoseconds when the event happened."""
+
+
+class ServerStarted(Event, tag="server_started"):
+    version: str
+    config_hash: str
+    scheduler: str
+    aging_divisor_ns: int
+    swap_affinity_bonus: int
+    pid: int = 0
+
+
+class RequestEnqueued(Event, tag="request_enqueued"):
+    request_id: str
+    model: str
+    """Resolved model id."""
+    model_requested: str
+    """The name the caller used (may be an alias)."""
+    endpoint: str
+    priority: int
+    band: str
+    durable: bool = False
+    caller: str | None = None
+    """A label for the caller (API key label), never the key itself."""
+    idempotency_key: str | None = None
+    attempt: int = 1
+    enqueued_at: int | None = None
+    """Original enqueue time when a durable job is re-queued; aging counts from it."""
+    job: dict[str, Any] | None = None
+    """Durable job payload (method, path, headers, body) needed to run it after a restart."""
+
+
+class ScoresComputed(Event, tag="scores_computed"):
+    request_id: str
+    """The winner."""
+    queue_depth: int
+    resident: str | None
+    winner: Breakdown
+    runner_up_id: str | None = None
+    runner_up: Breakdown | None = None
+    without_aging_id: str | None = None
+    without_affinity_id: str | None = None
+    aging_divisor_ns: int = 0
+    swap_affinity_bonus: int = 0
+    scheduler: str = "serial"
+    config_hash: str = ""
+
+
+class RequestDispatched(Event, tag="request_dispatched"):
+    request_id: str
+    model: str
+    attempt: int = 1
+    swap: bool = False
+    """True when the model must be loaded before the request can run."""
+
+
+class SwapStarted(Event, tag="swap_started"):
+    from_model: str | None
+    to_model: str
+    request_id: str | None = None
+    """The request that caused the swap; None for preload."""
+
+
+class ProcessStarted(Event, tag="process_started"):
+    model: str
+    pid: int
+    cmdline: list[str]
+    port: int | None = None
+
+
+class SwapFinished(Event, tag="swap_finished"):
+    model: str
+    duration_ms: float
+
+
+class SwapFailed(Event, tag="swap_failed"):
+    model: str
+    error: str
+    duration_ms: float = 0.0
+
+
+class ProcessStopped(Event, tag="process_stopped"):
+    model: str
+    pid: int
+    reason: StopReason
+    exit_code: int | None = None
+
+
+class RequestStarted(Event, tag="request_started"):
+    """The request was sent to a ready upstream (after any swap)."""
+
+    request_id: str
+
+
+class RequestCompleted(Event, tag="request_completed"):
+    request_id: str
+    http_status: int
+    bytes: int = 0
+    ttfb_ms: float | None = None
+    run_ms: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    tokens_per_second: float | None = None
+
+
+class RequestFailed(Event, tag="request_failed"):
+    request_id: str
+    error: str
+    http_status: int | None = None
+
+
+class RequestCancelled(Event, tag="request_cancelled"):
+    request_id: str
+    reason: CancelReason
+
+
+class RequestRejected(Event, tag="request_rejected"):
+    """Refused at admission (bad JSON, unknown model, too large, log unwritable):
+    never queued, recorded so every request the server saw has a row."""
+
+    request_id: str
+    endpoint: str
+    http_status: int
+    error: str
+    model_requested: str | None = None
+    priority: int = 0
+    band: str = "normal"
+    caller: str | None = None
+
+
+class RequestAbandoned(Event, tag="request_abandoned"):
+    """A synchronous request whose client vanished with a previous process."""
+
+    request_id: str
+
+
+class RequestRequeued(Event, tag="request_requeued"):
+    """A durable job that was running when gpulane died goes back in the queue."""
+
+    request_id: str
+    attempt: int
+
+
+class RecoveryFinished(Event, tag="recovery_finished"):
+    requeued: int = 0
+    resumed: int = 0
+    abandoned: int = 0
+    failed: int = 0
+    processes_stopped: int = 0
+    processes_left: int = 0
+
+
+AnyEvent = (
+    ServerStarted
+    | RequestEnqueued
+    | ScoresComputed
+    | RequestDispatched
+    | SwapStarted
+    | ProcessStarted
+    | SwapFinished
+    | SwapFailed
+    | ProcessStopped
+    | RequestStarted
+    | RequestCompleted
+    | RequestFailed
+    | RequestCancelled
+    | RequestRejected
+    | RequestAbandoned
+    | RequestRequeued
+    | RecoveryFinished
+)
+
+TERMINAL = (RequestCompleted, RequestFailed, RequestCancelled, RequestAbandoned)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: AnyEvent) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(data: bytes | str) -> AnyEvent:
+    return _decoder.decode(data)
+
+
+def type_name(event: AnyEvent) -> str:
+    """The tag stored in the `events.type` column."""
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def request_id_of(event: AnyEvent) -> str | None:
+    return getattr(event, "request_id", None)
+
+
+def model_of(event: AnyEvent) -> str | None:
+    for name in ("model", "to_model"):
+        value = getattr(event, name, None)
+        if isinstance(value, str):
+            return value
+    return None

@@ -1,0 +1,92 @@
+"""Scheduling decisions: pure functions from state and `now` to events.
+
+`decide` returns the events of at most one dispatch; the caller applies them
+(`state.apply`) and calls again until it returns nothing, so several fifo
+dispatches in one moment see each other's effect exactly as replay does.
+"""
+
+from __future__ import annotations
+
+from app.core import events as ev
+from app.core.queue import Pick, Queued
+from app.core.state import FIFO, SchedulerState
+
+
+def decide(state: SchedulerState, now_ns: int) -> list[ev.AnyEvent]:
+    """The next dispatch, as [ScoresComputed, RequestDispatched], or []."""
+    if state.scheduler == FIFO:
+        winner = _fifo_choice(state)
+        if winner is None:
+            return []
+        pick = Pick(winner=winner, runner_up=None, without_aging=winner, without_affinity=winner)
+    else:
+        # Serial: one request in flight across all models, non-preemptive.
+        if state.running or state.loading is not None:
+            return []
+        found = state.queue.pick(state.resident)
+        if found is None:
+            return []
+        pick = found
+    return _dispatch_events(state, pick, now_ns)
+
+
+def _fifo_choice(state: SchedulerState) -> Queued | None:
+    """llama-swap's fifo: the head of the queue (model priority + header, then
+    arrival) runs on its model when ready, up to its concurrency limit; a head
+    for another model waits until nothing is in flight, then swaps. Requests
+    for a model being loaded join that load."""
+    head = state.queue.best(None)
+    if head is None:
+        return None
+    target = state.loading or state.resident
+    if head.model == target:
+        limit = state.concurrency.get(head.model, 10)
+        return head if state.running_on(head.model) < limit else None
+    if not state.running and state.loading is None:
+        return head
+    return None
+
+
+def _dispatch_events(state: SchedulerState, pick: Pick, now_ns: int) -> list[ev.AnyEvent]:
+    params = state.queue.params
+    winner = pick.winner
+    request = state.requests[winner.request_id]
+
+    def breakdown(q: Queued) -> ev.Breakdown:
+        return params.breakdown(q.priority, q.enqueued_ns, now_ns, q.model == state.resident)
+
+    runner = pick.runner_up
+    return [
+        ev.ScoresComputed(
+            at=now_ns,
+            request_id=winner.request_id,
+            queue_depth=len(state.queue),
+            resident=state.resident,
+            winner=breakdown(winner),
+            runner_up_id=None if runner is None else runner.request_id,
+            runner_up=None if runner is None else breakdown(runner),
+            without_aging_id=pick.without_aging.request_id,
+            without_affinity_id=pick.without_affinity.request_id,
+            aging_divisor_ns=params.aging_divisor_ns,
+            swap_affinity_bonus=params.swap_affinity_bonus,
+            scheduler=state.scheduler,
+            config_hash=state.config_hash,
+        ),
+        ev.RequestDispatched(
+            at=now_ns,
+            request_id=winner.request_id,
+            model=winner.model,
+            attempt=request.attempt,
+            swap=winner.model != (state.loading or state.resident),
+        ),
+    ]
+
+
+def reorder_reasons(scores: ev.ScoresComputed) -> list[str]:
+    """Which terms changed this pick: 'aging' and/or 'swap_affinity'."""
+    reasons = []
+    if scores.without_aging_id is not None and scores.without_aging_id != scores.request_id:
+        reasons.append("aging")
+    if scores.without_affinity_id is not None and scores.without_affinity_id != scores.request_id:
+        reasons.append("swap_affinity")
+    return reasons

@@ -1,0 +1,147 @@
+"""Scheduler state and the one `apply` that folds events into it.
+
+The live run loop, crash recovery and the replay tool all build their state
+with `apply`, so a log always means the same thing to each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from app.core import events as ev
+from app.core.queue import Queued, ScoreQueue
+from app.core.scoring import ScoringParams
+
+SERIAL = "serial"
+FIFO = "fifo"
+
+
+class OpenRequest(msgspec.Struct):
+    """A request that is queued or running."""
+
+    request_id: str
+    model: str
+    priority: int
+    """The header's priority; the fifo queue adds the model's priority to it."""
+    enqueued_ns: int
+    durable: bool
+    attempt: int
+    running: bool = False
+
+
+class SchedulerState:
+    """Everything a decision depends on. Mutated only by `apply`."""
+
+    def __init__(
+        self,
+        params: ScoringParams,
+        *,
+        scheduler: str = SERIAL,
+        model_priority: Mapping[str, int] | None = None,
+        concurrency: Mapping[str, int] | None = None,
+        config_hash: str = "",
+    ) -> None:
+        if scheduler not in (SERIAL, FIFO):
+            raise ValueError(f"scheduler must be 'serial' or 'fifo', not {scheduler!r}")
+        self.scheduler = scheduler
+        self.params = params
+        self.model_priority = dict(model_priority or {})
+        self.concurrency = dict(concurrency or {})
+        self.config_hash = config_hash
+        # fifo orders by priority then arrival: no aging and no affinity.
+        queue_params = params if scheduler == SERIAL else ScoringParams(0, 0)
+        self.queue = ScoreQueue(queue_params)
+        self.requests: dict[str, OpenRequest] = {}
+        self.running: dict[str, str] = {}
+        """request id -> model, for dispatched requests not yet finished."""
+        self.resident: str | None = None
+        """The model that is loaded and ready."""
+        self.loading: str | None = None
+        """The model being loaded by a swap in progress."""
+        self.next_order = 0
+
+    def queue_priority(self, request: OpenRequest) -> int:
+        if self.scheduler == FIFO:
+            return request.priority + self.model_priority.get(request.model, 0)
+        return request.priority
+
+    def running_on(self, model: str) -> int:
+        return sum(1 for m in self.running.values() if m == model)
+
+    def _enqueue(self, request: OpenRequest) -> None:
+        request.running = False
+        self.requests[request.request_id] = request
+        self.queue.push(
+            Queued(
+                request_id=request.request_id,
+                model=request.model,
+                priority=self.queue_priority(request),
+                enqueued_ns=request.enqueued_ns,
+                order=self.next_order,
+            )
+        )
+        self.next_order += 1
+
+    def _finish(self, request_id: str) -> None:
+        self.queue.remove(request_id)
+        self.running.pop(request_id, None)
+        self.requests.pop(request_id, None)
+
+
+def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
+    """Fold one event into the state. Events about unknown requests are ignored,
+    because recovery loads only open requests, not the whole history."""
+    match event:
+        case ev.RequestEnqueued():
+            state._finish(event.request_id)
+            state._enqueue(
+                OpenRequest(
+                    request_id=event.request_id,
+                    model=event.model,
+                    priority=event.priority,
+                    enqueued_ns=event.enqueued_at if event.enqueued_at is not None else event.at,
+                    durable=event.durable,
+                    attempt=event.attempt,
+                )
+            )
+        case ev.RequestDispatched():
+            request = state.requests.get(event.request_id)
+            if request is None:
+                return
+            state.queue.remove(event.request_id)
+            request.running = True
+            request.attempt = event.attempt
+            state.running[event.request_id] = event.model
+        case ev.RequestRequeued():
+            request = state.requests.get(event.request_id)
+            if request is None:
+                return
+            state.running.pop(event.request_id, None)
+            state.queue.remove(event.request_id)
+            request.attempt = event.attempt
+            state._enqueue(request)
+        case ev.SwapStarted():
+            state.loading = event.to_model
+            state.resident = None
+        case ev.SwapFinished():
+            state.resident = event.model
+            if state.loading == event.model:
+                state.loading = None
+        case ev.SwapFailed():
+            if state.loading == event.model:
+                state.loading = None
+            if state.resident == event.model:
+                state.resident = None
+        case ev.ProcessStopped():
+            if state.resident == event.model:
+                state.resident = None
+        case ev.RequestCompleted() | ev.RequestFailed() | ev.RequestCancelled() | ev.RequestAbandoned():
+            state._finish(event.request_id)
+        case ev.ServerStarted():
+            # A new process starts with nothing loaded; leftovers are stopped by recovery.
+            state.resident = None
+            state.loading = None
+        case _:
+            pass

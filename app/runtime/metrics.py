@@ -1,0 +1,116 @@
+"""Prometheus metrics, fed by the events the scheduler emits.
+
+Counters and histograms are updated as events happen; queue depth and oldest
+wait are read from the scheduler state at scrape time so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from app.core import events as ev
+from app.core.policy import reorder_reasons
+from app.core.priority import band_of
+from app.core.scoring import NS_PER_S
+from app.core.state import SchedulerState
+
+BANDS = ("interactive", "normal", "batch")
+_WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
+
+
+class _QueueCollector(Collector):
+    def __init__(self, state: Callable[[], SchedulerState], clock: Callable[[], int]) -> None:
+        self._state = state
+        self._clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state()
+        now = self._clock()
+        depth = dict.fromkeys(BANDS, 0)
+        oldest = dict.fromkeys(BANDS, 0.0)
+        for q in state.queue:
+            band = band_of(state.requests[q.request_id].priority)
+            depth[band] += 1
+            oldest[band] = max(oldest[band], (now - q.enqueued_ns) / NS_PER_S)
+        g_depth = GaugeMetricFamily(
+            "llamaswap_scheduler_queue_depth", "Requests waiting, by band", labels=["band"]
+        )
+        g_oldest = GaugeMetricFamily(
+            "llamaswap_scheduler_queue_oldest_wait_seconds",
+            "Wait so far of the oldest waiting request, by band",
+            labels=["band"],
+        )
+        for band in BANDS:
+            g_depth.add_metric([band], depth[band])
+            g_oldest.add_metric([band], oldest[band])
+        yield g_depth
+        yield g_oldest
+
+
+class Metrics:
+    def __init__(self, state: Callable[[], SchedulerState], clock: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.dispatched = Counter(
+            "llamaswap_scheduler_dispatched", "Requests dispatched, by band", ["band"], registry=r
+        )
+        self.reorders = Counter(
+            "llamaswap_scheduler_reorders",
+            "Dispatches where a score term changed the pick",
+            ["band", "reason"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gpulane_queue_wait_seconds",
+            "Time from enqueue to dispatch, by band",
+            ["band"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.swaps = Counter("gpulane_swaps", "Model swaps, by model and outcome", ["model", "outcome"], registry=r)
+        self.swap_seconds = Histogram(
+            "gpulane_swap_duration_seconds",
+            "Time to load a model (start to healthy), by model",
+            ["model"],
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.upstream_up = Gauge(
+            "gpulane_upstream_up", "1 while the model's upstream process runs", ["model"], registry=r
+        )
+        self.finished = Counter(
+            "gpulane_requests_finished", "Requests that ended, by band and status", ["band", "status"], registry=r
+        )
+        r.register(_QueueCollector(state, clock))
+
+    def observe(self, event: ev.AnyEvent, state: SchedulerState) -> None:
+        """Called for every event after it is applied to `state`."""
+        match event:
+            case ev.ScoresComputed():
+                band = band_of(event.winner.priority)
+                self.dispatched.labels(band).inc()
+                for reason in reorder_reasons(event):
+                    self.reorders.labels(band, reason).inc()
+                request = state.requests.get(event.request_id)
+                if request is not None:
+                    self.queue_wait.labels(band).observe(
+                        max(0, event.at - request.enqueued_ns) / NS_PER_S
+                    )
+            case ev.SwapFinished():
+                self.swaps.labels(event.model, "ok").inc()
+                self.swap_seconds.labels(event.model).observe(event.duration_ms / 1000)
+            case ev.SwapFailed():
+                self.swaps.labels(event.model, "failed").inc()
+            case ev.ProcessStarted():
+                self.upstream_up.labels(event.model).set(1)
+            case ev.ProcessStopped():
+                self.upstream_up.labels(event.model).set(0)
+            case _:
+                pass
+
+    def observe_finish(self, band: str, status: str) -> None:
+        self.finished.labels(band, status).inc()

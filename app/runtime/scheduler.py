@@ -1,0 +1,371 @@
+"""The run loop: owns the scheduler state, calls the pure core, records, acts.
+
+Every public method is synchronous and never awaits, so each one runs to the
+end on the event loop before anything else touches the state: these calls are
+the messages, the event loop is the mailbox, and no lock is needed. Slow work
+(loading a model, stopping one, proxying a response) runs in tasks that report
+back by calling these methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import msgspec
+
+from app.core import events as ev
+from app.core.policy import decide
+from app.core.priority import band_of
+from app.core.scoring import NS_PER_S, ScoringParams
+from app.core.state import SchedulerState, apply
+from app.runtime.log_buffer import LogBuffer
+from app.runtime.metrics import Metrics
+from app.runtime.upstream import UpstreamProcess, UpstreamStartError
+
+log = logging.getLogger("gpulane.scheduler")
+
+
+class EventSink(Protocol):
+    failure: str | None
+
+    def submit(self, events: list[ev.AnyEvent]) -> asyncio.Future[list[int]]: ...
+
+
+class Admission(msgspec.Struct, frozen=True, kw_only=True):
+    """What the web layer knows about a request when it asks for a place in the queue."""
+
+    model: str
+    model_requested: str
+    endpoint: str
+    priority: int
+    caller: str | None = None
+    durable: bool = False
+    idempotency_key: str | None = None
+    job: dict[str, Any] | None = None
+
+
+class Refused(Exception):
+    """Admission refused (e.g. the event log cannot be written): answer 503."""
+
+
+class Ticket:
+    """A caller's handle on its request: resolves to the upstream's base URL when it may run."""
+
+    __slots__ = ("request_id", "band", "priority", "enqueued_ns", "ready", "score", "queue_wait_ms")
+
+    def __init__(self, request_id: str, priority: int, enqueued_ns: int) -> None:
+        self.request_id = request_id
+        self.priority = priority
+        self.band = band_of(priority)
+        self.enqueued_ns = enqueued_ns
+        self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.score: float | None = None
+        self.queue_wait_ms: float | None = None
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: Any,
+        store: EventSink,
+        *,
+        logs: LogBuffer,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.logs = logs
+        self.clock = clock
+        self.state = SchedulerState(
+            ScoringParams(config.aging_divisor_ns, config.swap_affinity_bonus),
+            scheduler=config.scheduler,
+            model_priority={m.id: m.fifo_priority for m in config.models.values()},
+            concurrency={m.id: m.concurrency_limit for m in config.models.values()},
+            config_hash=config.config_hash,
+        )
+        self.metrics = Metrics(lambda: self.state, clock)
+        self.tickets: dict[str, Ticket] = {}
+        self.upstreams: dict[str, UpstreamProcess] = {}
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        self._swap_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_used: dict[str, float] = {}
+        self._swap_started_ns: int = 0
+        self.running_since: dict[str, int] = {}
+
+    # -- messages ------------------------------------------------------------
+
+    def emit(self, events: Iterable[ev.AnyEvent]) -> None:
+        """Apply events to the state and hand them to the log, in one order."""
+        batch = list(events)
+        for event in batch:
+            apply(self.state, event)
+            self.metrics.observe(event, self.state)
+        fut = self.store.submit(batch)
+        fut.add_done_callback(_consume_error)
+
+    def admit(self, admission: Admission) -> Ticket:
+        """Queue a request (RequestEnqueued) and dispatch whatever can run now."""
+        if self.store.failure is not None:
+            raise Refused(f"the event log cannot be written: {self.store.failure}")
+        now = self.clock()
+        ticket = Ticket(new_request_id(), admission.priority, now)
+        self.tickets[ticket.request_id] = ticket
+        self.emit(
+            [
+                ev.RequestEnqueued(
+                    at=now,
+                    request_id=ticket.request_id,
+                    model=admission.model,
+                    model_requested=admission.model_requested,
+                    endpoint=admission.endpoint,
+                    priority=admission.priority,
+                    band=ticket.band,
+                    durable=admission.durable,
+                    caller=admission.caller,
+                    idempotency_key=admission.idempotency_key,
+                    job=admission.job,
+                )
+            ]
+        )
+        self.pump()
+        return ticket
+
+    def cancel(self, request_id: str, reason: ev.CancelReason) -> bool:
+        """Take a queued request out (its client left, or it was cancelled)."""
+        request = self.state.requests.get(request_id)
+        if request is None or request.running:
+            return False
+        self._end(ev.RequestCancelled(at=self.clock(), request_id=request_id, reason=reason), "cancelled")
+        return True
+
+    def started(self, request_id: str) -> None:
+        self.emit([ev.RequestStarted(at=self.clock(), request_id=request_id)])
+
+    def finish(self, event: ev.AnyEvent, status: str) -> None:
+        """A dispatched request ended (completed, failed or cancelled)."""
+        self._end(event, status)
+
+    def unload(self, model: str | None, reason: ev.StopReason = "unload") -> list[str]:
+        """Stop idle upstreams (all, or one model); busy ones are left running."""
+        stopped = []
+        for name in list(self.upstreams):
+            if model is not None and name != model:
+                continue
+            if self.state.running_on(name) or self.state.loading == name:
+                continue
+            self._stop(name, reason)
+            stopped.append(name)
+        return stopped
+
+    def preload(self, model: str) -> None:
+        if self.state.loading is None and self.state.resident != model and not self.state.running:
+            self._begin_swap(model, request_id=None)
+
+    def pump(self) -> None:
+        """Dispatch until the policy says nothing more can run now."""
+        while True:
+            now = self.clock()
+            decision = decide(self.state, now)
+            if not decision:
+                return
+            scores, dispatched = decision
+            assert isinstance(scores, ev.ScoresComputed)
+            assert isinstance(dispatched, ev.RequestDispatched)
+            enqueued = self.state.requests[dispatched.request_id].enqueued_ns
+            self.emit(decision)
+            self.running_since[dispatched.request_id] = now
+            ticket = self.tickets.get(dispatched.request_id)
+            if ticket is not None:
+                ticket.score = scores.winner.total
+                ticket.queue_wait_ms = (now - enqueued) / 1e6
+            if dispatched.swap:
+                self._begin_swap(dispatched.model, dispatched.request_id)
+            elif self.state.loading == dispatched.model:
+                pass  # joins the load in progress; released by _swap_done
+            else:
+                self._release(dispatched.request_id, dispatched.model)
+
+    # -- internals -----------------------------------------------------------
+
+    def _end(self, event: ev.AnyEvent, status: str) -> None:
+        request_id = ev.request_id_of(event)
+        assert request_id is not None
+        request = self.state.requests.get(request_id)
+        self.emit([event])
+        self.running_since.pop(request_id, None)
+        ticket = self.tickets.pop(request_id, None)
+        if ticket is not None and not ticket.ready.done():
+            ticket.ready.cancel()
+        if request is not None:
+            self.metrics.observe_finish(band_of(request.priority), status)
+            self._last_used[request.model] = time.monotonic()
+            self._arm_ttl(request.model)
+        self.pump()
+
+    def _release(self, request_id: str, model: str) -> None:
+        ticket = self.tickets.get(request_id)
+        proc = self.upstreams.get(model)
+        if proc is None or not proc.running:
+            # The process went away between decision and release (TTL stop, crash):
+            # load it again rather than send the request to nothing.
+            self._begin_swap(model, request_id)
+            return
+        if ticket is not None and not ticket.ready.done():
+            ticket.ready.set_result(proc.spec.proxy)
+
+    def _begin_swap(self, model: str, request_id: str | None) -> None:
+        now = self.clock()
+        self._swap_started_ns = now
+        self.emit([ev.SwapStarted(at=now, from_model=self.state.resident, to_model=model, request_id=request_id)])
+        self._swap_task = self._spawn(self._swap(model))
+
+    async def _swap(self, model: str) -> None:
+        t0 = time.monotonic()
+        try:
+            # Serial means one model at a time: stop every other one first.
+            for other in list(self.upstreams):
+                if other != model:
+                    self._stop(other, "evicted")
+            for task in list(self._stopping.values()):
+                await task
+            proc = self.upstreams.get(model)
+            if proc is None or not proc.running:
+                proc = UpstreamProcess(
+                    self.config.models[model],
+                    health_check_timeout=self.config.health_check_timeout,
+                    logs=self.logs,
+                    on_spawn=lambda p: self._process_started(model, p),
+                )
+                self.upstreams[model] = proc
+                await proc.start()
+                self._watch(model, proc)
+        except (UpstreamStartError, OSError) as exc:
+            self.upstreams.pop(model, None)
+            self._swap_done(model, error=str(exc), seconds=time.monotonic() - t0)
+            return
+        self._swap_done(model, error=None, seconds=time.monotonic() - t0)
+
+    def _process_started(self, model: str, proc: UpstreamProcess) -> None:
+        assert proc.pid is not None
+        self.emit(
+            [
+                ev.ProcessStarted(
+                    at=self.clock(),
+                    model=model,
+                    pid=proc.pid,
+                    cmdline=list(proc.cmdline),
+                    port=self.config.models[model].port,
+                )
+            ]
+        )
+
+    def _swap_done(self, model: str, *, error: str | None, seconds: float) -> None:
+        now = self.clock()
+        waiting = [rid for rid, m in self.state.running.items() if m == model]
+        if error is None:
+            self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
+            for rid in waiting:
+                self._release(rid, model)
+            self._arm_ttl(model)
+        else:
+            log.warning("loading %s failed: %s", model, error)
+            self.emit([ev.SwapFailed(at=now, model=model, error=error, duration_ms=seconds * 1000)])
+            for rid in waiting:
+                ticket = self.tickets.get(rid)
+                if ticket is not None and not ticket.ready.done():
+                    ticket.ready.set_exception(UpstreamStartError(error))
+                self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502), "failed")
+        self.pump()
+
+    def _stop(self, model: str, reason: ev.StopReason) -> None:
+        proc = self.upstreams.pop(model, None)
+        if proc is None:
+            return
+
+        async def stop() -> None:
+            try:
+                code = await proc.stop()
+            finally:
+                self._stopping.pop(model, None)
+            if proc.pid is not None:
+                self.emit(
+                    [ev.ProcessStopped(at=self.clock(), model=model, pid=proc.pid, reason=reason, exit_code=code)]
+                )
+            self.pump()
+
+        proc.stopping = True
+        self._stopping[model] = self._spawn(stop())
+
+    def _watch(self, model: str, proc: UpstreamProcess) -> None:
+        async def watch() -> None:
+            code = await proc.wait_exit()
+            if getattr(proc, "stopping", False) or proc.pid is None:
+                return
+            if self.upstreams.get(model) is proc:
+                del self.upstreams[model]
+            log.warning("upstream %s (pid %s) exited with %s", model, proc.pid, code)
+            self.emit(
+                [ev.ProcessStopped(at=self.clock(), model=model, pid=proc.pid, reason="crashed", exit_code=code)]
+            )
+            self.pump()
+
+        self._spawn(watch())
+
+    def _arm_ttl(self, model: str) -> None:
+        ttl = self.config.models[model].ttl
+        if ttl <= 0:
+            return
+        asyncio.get_running_loop().call_later(ttl + 0.01, self._ttl_check, model)
+
+    def _ttl_check(self, model: str) -> None:
+        ttl = self.config.models[model].ttl
+        idle_for = time.monotonic() - self._last_used.get(model, 0.0)
+        if (
+            model in self.upstreams
+            and self.state.loading != model
+            and not self.state.running_on(model)
+            and idle_for >= ttl
+        ):
+            self._stop(model, "ttl")
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scheduler task failed", exc_info=task.exception())
+
+    async def shutdown(self) -> None:
+        """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
+        for model in list(self.upstreams):
+            self._stop(model, "shutdown")
+        for task in list(self._stopping.values()):
+            with contextlib.suppress(Exception):
+                await task
+        if self._swap_task is not None and not self._swap_task.done():
+            self._swap_task.cancel()
+
+    def queue_wait_so_far(self, request_id: str) -> float:
+        request = self.state.requests.get(request_id)
+        return 0.0 if request is None else (self.clock() - request.enqueued_ns) / NS_PER_S
+
+
+def _consume_error(fut: asyncio.Future[Any]) -> None:
+    # Append failures are reported through store.failure; don't warn per future.
+    if not fut.cancelled():
+        fut.exception()

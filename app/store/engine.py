@@ -1,0 +1,102 @@
+"""Opening the SQLite database: pragmas, the startup checks and the upgrade to head.
+
+Every failure to open is a `DatabaseError` whose message names the file and
+the problem, because the person reading it is deciding what to do with that file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from app.store import migrate
+
+Synchronous = Literal["full", "normal"]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class DatabaseError(Exception):
+    """The database file cannot be used; the message says which file and why."""
+
+
+def create_engine(path: str | Path, synchronous: Synchronous = "full") -> Engine:
+    """An engine for the SQLite file at `path`, with gpulane's pragmas on every connection.
+
+    Does not check or migrate the file; `open_database` does.
+    """
+    if synchronous not in ("full", "normal"):
+        raise ValueError(f"synchronous: {synchronous!r} is not one of 'full', 'normal'")
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        # Let SQLAlchemy (below) issue BEGIN instead of the sqlite3 module's
+        # implicit transactions, so DDL and reads are transactional too.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout = 5000")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: sqlalchemy.Connection) -> None:
+        # Writers ask for IMMEDIATE so they take the write lock up front
+        # instead of failing with SQLITE_BUSY when a read turns into a write.
+        mode = connection.get_execution_options().get("sqlite_begin", "")
+        connection.exec_driver_sql(f"BEGIN {mode}".strip())
+
+    return engine
+
+
+def open_database(path: str | Path, synchronous: Synchronous = "full") -> Engine:
+    """Check the file at `path`, migrate it to the latest schema and return its engine.
+
+    A missing or empty file becomes a new database. Raises `DatabaseError` for a
+    file that is not SQLite, corrupt, another application's database, or from a
+    newer gpulane.
+    """
+    check_file(path)
+    engine = create_engine(path, synchronous)
+    try:
+        with engine.connect() as conn:
+            tables = set(sqlalchemy.inspect(conn).get_table_names())
+            if tables and not {"alembic_version", "events"} <= tables:
+                raise DatabaseError(
+                    f"{path}: not a gpulane database (it has tables "
+                    f"{', '.join(sorted(tables))} but no alembic_version/events)"
+                )
+            revision = migrate.current_revision(conn)
+            if revision is not None and not migrate.is_known_revision(revision):
+                raise DatabaseError(
+                    f"{path}: schema revision {revision!r} is newer than this gpulane "
+                    f"knows (latest {migrate.head_revision()!r}); upgrade gpulane"
+                )
+        migrate.upgrade_to_head(engine)
+    except sqlalchemy.exc.DatabaseError as exc:
+        engine.dispose()
+        raise DatabaseError(f"{path}: file is corrupt or not an SQLite database ({exc.orig})") from exc
+    except DatabaseError:
+        engine.dispose()
+        raise
+    return engine
+
+
+def check_file(path: str | Path) -> None:
+    """Refuse a file that is not SQLite before SQLite (and WAL mode) touch it."""
+    p = Path(path)
+    if p.is_dir():
+        raise DatabaseError(f"{path}: is a directory, not an SQLite database")
+    if not p.exists() or p.stat().st_size == 0:
+        return
+    with p.open("rb") as f:
+        header = f.read(len(SQLITE_MAGIC))
+    if header != SQLITE_MAGIC:
+        raise DatabaseError(f"{path}: not an SQLite database (the file header is wrong)")

@@ -1,0 +1,112 @@
+"""The schema, as SQLAlchemy Core tables. Alembic owns the database; this is its target.
+
+`events` is the source of truth. Everything else is a read model that only
+`read_model.project` writes, in the same transaction as the events it derives
+from, so `gpulane db rebuild` can recompute it at any time. Times are REAL unix
+seconds so `datetime(x, 'unixepoch')` works in ad-hoc SQL; the events keep
+exact nanoseconds in `data`. Documented column by column in docs/events.md.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, Table, Text
+
+metadata = MetaData()
+
+events = Table(
+    "events",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("request_id", Text, nullable=True),
+    Column("model", Text, nullable=True),
+    Column("data", Text, nullable=False),
+    Index("ix_events_request_id", "request_id"),
+    Index("ix_events_type_at", "type", "at"),
+    Index("ix_events_at", "at"),
+    sqlite_autoincrement=True,
+)
+
+REQUEST_STATUSES = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
+OPEN_STATUSES = ("queued", "running")
+
+requests = Table(
+    "requests",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("model", Text, nullable=False),
+    Column("model_requested", Text, nullable=False),
+    Column("endpoint", Text, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("band", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("durable", Boolean, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("caller", Text),
+    Column("idempotency_key", Text),
+    Column("enqueue_seq", Integer, nullable=False),
+    Column("enqueued_at", Float, nullable=False),
+    Column("dispatched_at", Float),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("score", Float),
+    Column("queue_wait_ms", Float),
+    Column("swap_ms", Float),
+    Column("run_ms", Float),
+    Column("ttfb_ms", Float),
+    Column("bytes", Integer),
+    Column("http_status", Integer),
+    Column("error", Text),
+    Column("input_tokens", Integer),
+    Column("output_tokens", Integer),
+    Column("tokens_per_second", Float),
+    Column("cancel_reason", Text),
+    Column("job", Text),
+    Index("ix_requests_status", "status"),
+    Index("ix_requests_band_enqueued_at", "band", "enqueued_at"),
+    Index("ix_requests_finished_at", "finished_at"),
+    Index("ix_requests_idempotency_key", "idempotency_key"),
+)
+
+# One row per upstream process; rows with stopped_at NULL are what crash recovery stops.
+processes = Table(
+    "processes",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("model", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("cmdline", Text, nullable=False),
+    Column("port", Integer),
+    Column("started_at", Float, nullable=False),
+    Column("stopped_at", Float),
+    Column("stop_reason", Text),
+    Column("exit_code", Integer),
+    Index("ix_processes_pid", "pid"),
+)
+
+# One row per swap. Also how SwapFinished finds the request that caused it
+# (the events themselves only name the model).
+swaps = Table(
+    "swaps",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("from_model", Text),
+    Column("to_model", Text, nullable=False),
+    Column("request_id", Text),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float),
+    Column("duration_ms", Float),
+    Column("error", Text),
+    Index("ix_swaps_open", "to_model", "finished_at"),
+)
+
+# Last event seq each projection has applied, written with the projection itself.
+projection_position = Table(
+    "projection_position",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("seq", Integer, nullable=False),
+)
+
+READ_MODELS = (requests, processes, swaps, projection_position)

@@ -1,0 +1,170 @@
+"""The Litestar application: OpenAI routes (raw ASGI, see proxy.py) and admin routes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Response, asgi, get, post
+from litestar.datastructures import State
+from litestar.handlers import BaseRouteHandler
+from litestar.response import Stream
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.runtime.log_buffer import LogBuffer
+from app.runtime.scheduler import Scheduler
+from app.web.auth import api_key_middleware
+from app.web.proxy import Proxy
+
+JSON_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/images/generations",
+    "/v1/audio/speech",
+    "/completion",
+    "/infill",
+)
+FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/images/edits")
+
+
+def create_app(
+    config: Any,
+    scheduler: Scheduler,
+    proxy: Proxy,
+    logs: LogBuffer,
+    *,
+    activity: Callable[[int, int], list[dict[str, Any]]] | None = None,
+    on_startup: Sequence[Callable[[], Any]] = (),
+    on_shutdown: Sequence[Callable[[], Any]] = (),
+) -> Litestar:
+    handlers: list[BaseRouteHandler] = [
+        asgi(path=list(JSON_ROUTES), is_mount=False, copy_scope=False)(proxy.handler("json")),
+        asgi(path=list(FORM_ROUTES), is_mount=False, copy_scope=False)(proxy.handler("form")),
+        asgi(path="/upstream/{model:str}", is_mount=True)(_upstream_mount(proxy)),
+    ]
+
+    @get("/health", media_type=MediaType.TEXT, sync_to_thread=False)
+    def health() -> str:
+        return "OK"
+
+    @get("/v1/models", sync_to_thread=False)
+    def models() -> dict[str, Any]:
+        created = int(time.time())
+        data = []
+        for spec in config.models.values():
+            if spec.unlisted:
+                continue
+            entry: dict[str, Any] = {
+                "id": spec.id,
+                "object": "model",
+                "created": created,
+                "owned_by": "gpulane",
+                "state": _model_state(scheduler, spec.id),
+            }
+            if spec.name:
+                entry["name"] = spec.name
+            if spec.description:
+                entry["description"] = spec.description
+            if spec.metadata:
+                entry["meta"] = spec.metadata
+            data.append(entry)
+        return {"object": "list", "data": data}
+
+    @get("/running", sync_to_thread=False)
+    def running() -> dict[str, Any]:
+        out = []
+        for model, proc in scheduler.upstreams.items():
+            spec = config.models[model]
+            out.append(
+                {
+                    "model": model,
+                    "state": _model_state(scheduler, model),
+                    "pid": proc.pid,
+                    "proxy": spec.proxy,
+                    "ttl": spec.ttl,
+                    "cmd": " ".join(spec.cmd),
+                    "in_flight": scheduler.state.running_on(model),
+                }
+            )
+        return {"running": out}
+
+    @get("/unload", media_type=MediaType.TEXT, sync_to_thread=False)
+    def unload_all_get() -> str:
+        scheduler.unload(None)
+        return "OK"
+
+    @post("/api/models/unload", status_code=200, sync_to_thread=False)
+    def unload_all() -> dict[str, Any]:
+        return {"unloaded": scheduler.unload(None)}
+
+    @post("/api/models/unload/{model:str}", status_code=200, sync_to_thread=False)
+    def unload_one(model: str) -> Response[dict[str, Any]]:
+        resolved = config.resolve_model(model)
+        if resolved is None:
+            return Response(
+                {"error": {"message": f"model {model!r} is not configured", "type": "not_found_error",
+                           "code": "model_not_found"}},
+                status_code=404,
+            )
+        return Response({"unloaded": scheduler.unload(resolved)})
+
+    @get("/metrics", sync_to_thread=False)
+    def metrics() -> Response[bytes]:
+        return Response(generate_latest(scheduler.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @get("/logs", media_type=MediaType.TEXT, sync_to_thread=False)
+    def logs_text() -> str:
+        return logs.text()
+
+    @get("/logs/stream", sync_to_thread=False)
+    def logs_stream() -> Stream:
+        async def lines() -> AsyncIterator[bytes]:
+            async for line in logs.subscribe():
+                yield (line if isinstance(line, str) else str(line)).encode() + b"\n"
+
+        return Stream(lines(), media_type=MediaType.TEXT)
+
+    @get("/api/activity", sync_to_thread=True)
+    def activity_page(limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        limit = max(1, min(limit, 1000))
+        rows = activity(limit, max(0, offset)) if activity is not None else []
+        return {"data": rows, "limit": limit, "offset": offset}
+
+    handlers += [health, models, running, unload_all_get, unload_all, unload_one, metrics, logs_text,
+                 logs_stream, activity_page]
+    middleware = [api_key_middleware(config.api_keys)] if config.api_keys else []
+    return Litestar(
+        route_handlers=handlers,
+        middleware=middleware,
+        on_startup=list(on_startup),
+        on_shutdown=list(on_shutdown),
+        state=State({"scheduler": scheduler}),
+        request_max_body_size=None,
+        debug=False,
+    )
+
+
+def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
+    async def upstream(scope: Any, receive: Any, send: Any) -> None:
+        # Mounted: scope["path"] is what follows /upstream/{model}.
+        scope["path_params"] = {"model": scope["path_params"]["model"], "path": scope["path"]}
+        await proxy.upstream(scope, receive, send)
+
+    return upstream
+
+
+def _model_state(scheduler: Scheduler, model: str) -> str:
+    if scheduler.state.loading == model:
+        return "starting"
+    proc = scheduler.upstreams.get(model)
+    if proc is not None and proc.running:
+        return "ready"
+    return "stopped"
+
+
+__all__ = ["create_app", "Request"]

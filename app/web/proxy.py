@@ -1,0 +1,298 @@
+"""The proxy path: admit a request, wait for its turn, stream the upstream's answer.
+
+Raw ASGI on purpose: the body must pass through byte for byte, chunks must be
+forwarded as the upstream sends them, and a client that leaves must be noticed
+while it waits in the queue, which Litestar's request objects do not expose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import httpx
+from litestar.types import Receive, Scope, Send
+
+from app.core import events as ev
+from app.core.priority import HEADER, band_of, parse_priority
+from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket, new_request_id
+from app.runtime.upstream import UpstreamStartError
+from app.runtime.usage import UsageSniffer
+from app.web.errors import send_error
+from app.web.request_body import BadRequest, form_model, json_model, read_body, rewrite
+
+log = logging.getLogger("gpulane.proxy")
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+
+
+class Proxy:
+    def __init__(self, config: Any, scheduler: Scheduler, client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.client = client
+        self._ignore = re.compile(config.ignore_paths)
+
+    def handler(self, source: Literal["json", "form"]) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+        async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+            await self.inference(scope, receive, send, source)
+
+        return handle
+
+    async def inference(self, scope: Scope, receive: Receive, send: Send, source: str) -> None:
+        headers = _headers(scope)
+        endpoint = scope["path"]
+        priority = parse_priority(headers.get(HEADER.lower()))
+        caller = scope.get("state", {}).get("caller")
+        model_requested: str | None = None
+        try:
+            body = await read_body(receive, self.config.max_body_bytes)
+            if source == "form":
+                model_requested = form_model(body, headers.get("content-type", ""))
+                doc = None
+            else:
+                doc, model_requested = json_model(body)
+            model = self.config.resolve_model(model_requested)
+            if model is None:
+                listed = sorted(m.id for m in self.config.models.values() if not m.unlisted)
+                raise BadRequest(
+                    404,
+                    f"model {model_requested!r} is not configured; available: {', '.join(listed)}",
+                    "model_not_found",
+                )
+            spec = self.config.models[model]
+            if doc is not None:
+                changed = rewrite(doc, spec)
+                if changed is not None:
+                    body = json.dumps(changed).encode()
+        except BadRequest as exc:
+            self._reject(endpoint, exc.status, exc.message, model_requested, priority, caller)
+            await send_error(send, exc.status, exc.message, code=exc.code)
+            return
+        except ConnectionError:
+            return
+        admission = Admission(
+            model=model,
+            model_requested=model_requested,
+            endpoint=endpoint,
+            priority=priority,
+            caller=caller,
+        )
+        await self._run(scope, receive, send, admission, body, headers)
+
+    async def upstream(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """/upstream/{model}/{path}: any method, passed through to that model's server."""
+        params = scope["path_params"]
+        model = self.config.resolve_model(params["model"])
+        if model is None:
+            await send_error(send, 404, f"model {params['model']!r} is not configured", code="model_not_found")
+            return
+        path = "/" + params.get("path", "").lstrip("/")
+        if self._ignore.search(path) and self.scheduler.state.resident != model:
+            # A browser asking for a favicon must not trigger a model swap.
+            await send_error(
+                send, 409, f"model {model!r} is not loaded; static paths do not load it", code="model_not_loaded"
+            )
+            return
+        headers = _headers(scope)
+        try:
+            body = await read_body(receive, self.config.max_body_bytes)
+        except BadRequest as exc:
+            await send_error(send, exc.status, exc.message, code=exc.code)
+            return
+        except ConnectionError:
+            return
+        admission = Admission(
+            model=model,
+            model_requested=params["model"],
+            endpoint="/upstream" + path,
+            priority=parse_priority(headers.get(HEADER.lower())),
+            caller=scope.get("state", {}).get("caller"),
+        )
+        await self._run(scope, receive, send, admission, body, headers, upstream_path=path)
+
+    # -- one admitted request ---------------------------------------------------
+
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        admission: Admission,
+        body: bytes,
+        headers: dict[str, str],
+        upstream_path: str | None = None,
+    ) -> None:
+        try:
+            ticket = self.scheduler.admit(admission)
+        except Refused as exc:
+            self._reject(admission.endpoint, 503, str(exc), admission.model_requested, admission.priority, admission.caller)
+            await send_error(send, 503, str(exc), code="event_log_unavailable")
+            return
+        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({ticket.ready, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not ticket.ready.done():
+                self._client_gone(ticket.request_id)
+                return
+            if ticket.ready.cancelled():
+                return
+            exc = ticket.ready.exception()
+            if exc is not None:
+                message = f"model {admission.model!r} failed to start: {exc}"
+                status = 502 if isinstance(exc, UpstreamStartError) else 500
+                await send_error(send, status, message, code="upstream_start_failed", headers=_ticket_headers(ticket))
+                return
+            base_url = ticket.ready.result()
+            path = upstream_path or scope["path"]
+            query = scope.get("query_string", b"")
+            url = base_url.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
+            streaming = asyncio.ensure_future(
+                self._forward(scope["method"], url, body, headers, ticket, send)
+            )
+            await asyncio.wait({streaming, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not streaming.done():
+                streaming.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await streaming
+                self._client_gone(ticket.request_id)
+            elif streaming.exception() is not None:
+                raise streaming.exception()  # type: ignore[misc]
+        finally:
+            disconnected.cancel()
+
+    async def _forward(
+        self, method: str, url: str, body: bytes, headers: dict[str, str], ticket: Ticket, send: Send
+    ) -> None:
+        rid = ticket.request_id
+        self.scheduler.started(rid)
+        t0 = time.monotonic()
+        forward = {
+            k: v
+            for k, v in headers.items()
+            if k not in _HOP_BY_HOP and not (self.config.api_keys and k in _CREDENTIALS)
+        }
+        request = self.client.build_request(method, url, content=body, headers=forward)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            message = f"upstream request failed: {type(exc).__name__}: {exc}"
+            self.scheduler.finish(ev.RequestFailed(at=self.scheduler.clock(), request_id=rid, error=message, http_status=502), "failed")
+            await send_error(send, 502, message, code="upstream_error", headers=_ticket_headers(ticket))
+            return
+        sniffer = UsageSniffer()
+        ttfb_ms: float | None = None
+        try:
+            out_headers = [
+                (k.encode("latin-1"), v.encode("latin-1"))
+                for k, v in response.headers.multi_items()
+                if k.lower() not in _HOP_BY_HOP or k.lower() == "content-length"
+            ]
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": out_headers + _ticket_headers(ticket),
+                }
+            )
+            async for chunk in response.aiter_raw():
+                if ttfb_ms is None:
+                    ttfb_ms = (time.monotonic() - t0) * 1000
+                sniffer.feed(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            # The upstream died mid-response: end the stream, record the failure.
+            self.scheduler.finish(
+                ev.RequestFailed(
+                    at=self.scheduler.clock(),
+                    request_id=rid,
+                    error=f"upstream ended the response early: {type(exc).__name__}: {exc}",
+                    http_status=response.status_code,
+                ),
+                "failed",
+            )
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        finally:
+            await response.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        tokens_in, tokens_out, tps = sniffer.result()
+        self.scheduler.finish(
+            ev.RequestCompleted(
+                at=self.scheduler.clock(),
+                request_id=rid,
+                http_status=response.status_code,
+                bytes=sniffer.bytes,
+                ttfb_ms=ttfb_ms,
+                run_ms=(time.monotonic() - t0) * 1000,
+                input_tokens=tokens_in,
+                output_tokens=tokens_out,
+                tokens_per_second=tps,
+            ),
+            "completed" if response.status_code < 400 else "failed",
+        )
+
+    def _client_gone(self, request_id: str) -> None:
+        event = ev.RequestCancelled(at=self.scheduler.clock(), request_id=request_id, reason="client_gone")
+        if not self.scheduler.cancel(request_id, "client_gone") and request_id in self.scheduler.state.requests:
+            self.scheduler.finish(event, "cancelled")
+
+    def _reject(
+        self, endpoint: str, status: int, message: str, model: str | None, priority: int, caller: str | None
+    ) -> None:
+        self.scheduler.emit(
+            [
+                ev.RequestRejected(
+                    at=self.scheduler.clock(),
+                    request_id=new_request_id(),
+                    endpoint=endpoint,
+                    http_status=status,
+                    error=message,
+                    model_requested=model,
+                    priority=priority,
+                    band=band_of(priority),
+                    caller=caller,
+                )
+            ]
+        )
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _ticket_headers(ticket: Ticket) -> list[tuple[bytes, bytes]]:
+    out = [(b"x-request-id", ticket.request_id.encode()), (b"x-gpulane-band", ticket.band.encode())]
+    if ticket.score is not None:
+        out.append((b"x-gpulane-score", f"{ticket.score:.3f}".encode()))
+    if ticket.queue_wait_ms is not None:
+        out.append((b"x-gpulane-queue-wait-ms", f"{ticket.queue_wait_ms:.1f}".encode()))
+    return out
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,87 @@
+"""Reading and rewriting request bodies: the model name, filters, size limit."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from litestar.types import Receive
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body; 413 as soon as it passes `limit` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionError("client disconnected while sending the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(413, f"request body is larger than the limit of {limit} bytes "
+                             "(server.maxBodyBytes)", "request_too_large")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def json_model(body: bytes) -> tuple[dict[str, Any], str]:
+    """The parsed JSON body and its `model`."""
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    if not isinstance(doc, dict):
+        raise BadRequest(400, "request body must be a JSON object", "invalid_json")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(400, "request body has no 'model' (a string naming a model)", "missing_model")
+    return doc, model
+
+
+def form_model(body: bytes, content_type: str) -> str:
+    """The `model` field of a multipart/form-data body."""
+    boundary = None
+    for part in content_type.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key.lower() == "boundary":
+            boundary = value.strip('"')
+    if not content_type.lower().startswith("multipart/form-data") or not boundary:
+        raise BadRequest(400, "expected a multipart/form-data body with a 'model' field", "invalid_form")
+    delimiter = b"--" + boundary.encode()
+    for section in body.split(delimiter)[1:]:
+        head, sep, value = section.partition(b"\r\n\r\n")
+        if not sep:
+            continue
+        if b'name="model"' in head.lower():
+            model = value.rsplit(b"\r\n", 1)[0].decode("utf-8", "replace").strip()
+            if model:
+                return model
+    raise BadRequest(400, "form has no 'model' field", "missing_model")
+
+
+def rewrite(doc: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """Apply useModelName and filters; None when the body needs no change,
+    so an untouched body passes through byte for byte."""
+    changed = False
+    if spec.use_model_name and doc.get("model") != spec.use_model_name:
+        doc["model"] = spec.use_model_name
+        changed = True
+    for name in spec.strip_params:
+        if name != "model" and name in doc:
+            del doc[name]
+            changed = True
+    for name, value in spec.set_params.items():
+        if name != "model" and doc.get(name) != value:
+            doc[name] = value
+            changed = True
+    return doc if changed else None

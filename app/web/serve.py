@@ -1,0 +1,116 @@
+"""`gpulane serve`: open the log, recover, start the run loop and the HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import httpx
+import uvicorn
+
+from app import __version__
+from app.config import ConfigError, load_config
+from app.core import events as ev
+from app.runtime.log_buffer import LogBuffer
+from app.runtime.recovery import recover
+from app.runtime.scheduler import Scheduler
+from app.store.engine import DatabaseError, open_database
+from app.store.event_store import SqliteEventStore
+from app.store.queries import activity
+from app.web.app import create_app
+from app.web.proxy import Proxy
+
+log = logging.getLogger("gpulane")
+
+
+def serve_command(config_path: str, listen: str, db: str | None) -> int:
+    try:
+        config = load_config(config_path)
+    except (ConfigError, OSError) as exc:
+        print(f"gpulane: config {config_path}: {exc}", file=sys.stderr)
+        return 2
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"gpulane: --listen must be HOST:PORT, not {listen!r}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level={"debug": logging.DEBUG, "warn": logging.WARNING, "error": logging.ERROR}.get(
+            config.log_level, logging.INFO
+        ),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
+    db_path = db or config.database_path
+    try:
+        engine = open_database(db_path, synchronous=config.database_synchronous)
+    except DatabaseError as exc:
+        print(f"gpulane: {exc}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(_serve(config, engine, host, int(port)))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+    logs = LogBuffer()
+    _capture_logs(logs)
+    store = SqliteEventStore(engine)
+    store.start()
+    scheduler = Scheduler(config, store, logs=logs)
+    now = scheduler.clock()
+    scheduler.emit(
+        [
+            ev.ServerStarted(
+                at=now,
+                version=__version__,
+                config_hash=config.config_hash,
+                scheduler=config.scheduler,
+                aging_divisor_ns=config.aging_divisor_ns,
+                swap_affinity_bonus=config.swap_affinity_bonus,
+                pid=os.getpid(),
+            )
+        ]
+    )
+    await recover(scheduler, engine)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+    proxy = Proxy(config, scheduler, client)
+
+    async def startup() -> None:
+        for model in config.preload:
+            scheduler.preload(model)
+        scheduler.pump()
+        log.info("gpulane %s listening on http://%s:%d (db %s)", __version__, host, port, engine.url.database)
+
+    async def shutdown() -> None:
+        await scheduler.shutdown()
+        await client.aclose()
+        await store.close()
+
+    app = create_app(
+        config,
+        scheduler,
+        proxy,
+        logs,
+        activity=lambda limit, offset: activity(engine, limit, offset),
+        on_startup=[startup],
+        on_shutdown=[shutdown],
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    )
+    await server.serve()
+
+
+def _capture_logs(logs: LogBuffer) -> None:
+    class ToBuffer(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logs.append("proxy", self.format(record))
+
+    handler = ToBuffer()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("gpulane").addHandler(handler)

@@ -1,0 +1,329 @@
+"""UpstreamProcess against real processes: tools.fake_upstream and tiny python -c children."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from app.runtime.log_buffer import LogBuffer
+from app.runtime.upstream import (
+    UpstreamProcess,
+    UpstreamStartError,
+    kill_process_group,
+    process_matches,
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    id: str
+    cmd: tuple[str, ...]
+    proxy: str = "http://127.0.0.1:9"
+    cmd_stop: tuple[str, ...] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    check_endpoint: str | None = "/health"
+    unload_timeout: float = 3.0
+
+
+# Ignores SIGTERM and says so once that is in effect. With "spawn SRC" it first
+# starts SRC as a child (which ignores SIGTERM) and then itself obeys SIGTERM.
+IGNORE_TERM = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+role = "ignoring"
+if sys.argv[1:2] == ["spawn"]:
+    role = "parent"
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2]])
+    print("child", child.pid, flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+print("ready", role, flush=True)
+time.sleep(60)
+"""
+SPAWN_ARGS = ("spawn", IGNORE_TERM)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+async def wait_for_line(logs: LogBuffer, needle: str, timeout: float = 3.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in logs.lines():
+            if needle in line.text:
+                return line.text
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{needle!r} not logged; got:\n{logs.text()}")
+
+
+@pytest.fixture
+def logs() -> LogBuffer:
+    return LogBuffer()
+
+
+@pytest.fixture
+async def upstreams(logs: LogBuffer) -> AsyncIterator[Callable[..., UpstreamProcess]]:
+    """Makes UpstreamProcess objects and stops every one of them at teardown."""
+    made: list[UpstreamProcess] = []
+
+    def make(spec: Spec, health_check_timeout: float = 5.0) -> UpstreamProcess:
+        upstream = UpstreamProcess(spec, health_check_timeout=health_check_timeout, logs=logs)
+        made.append(upstream)
+        return upstream
+
+    yield make
+    for upstream in made:
+        await upstream.stop()
+
+
+@pytest.fixture
+def fake_spec(
+    free_tcp_port: Callable[[], int], fake_upstream_argv: Callable[..., list[str]]
+) -> Callable[..., Spec]:
+    def make(name: str = "alpha", *flags: str, **overrides: object) -> Spec:
+        port = free_tcp_port()
+        argv = fake_upstream_argv(port, "--name", name, *flags)
+        return Spec(id=name, cmd=tuple(argv), proxy=f"http://127.0.0.1:{port}", **overrides)  # type: ignore[arg-type]
+
+    return make
+
+
+async def test_start_health_stop_and_log_capture(fake_spec, upstreams, logs):
+    spec = fake_spec("alpha", "--start-delay", "0.3")
+    upstream = upstreams(spec)
+    t0 = time.monotonic()
+    pid = await upstream.start()
+    assert time.monotonic() - t0 >= 0.3  # waited out the 503s while "loading"
+    assert upstream.running and upstream.pid == pid and upstream.started_at is not None
+    assert upstream.cmdline == list(spec.cmd)
+
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        r = await client.post("/v1/chat/completions", json={"model": "m1", "messages": []})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["served_by"] == "alpha" and body["model"] == "m1"
+    assert r.headers["X-Served-By"] == "alpha"
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == "Hello from alpha."
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 3
+    assert {"prompt_n", "predicted_n", "predicted_per_second"} <= body["timings"].keys()
+
+    assert f"pid={pid}" in await wait_for_line(logs, "alpha starting")
+    await wait_for_line(logs, "alpha handled POST /v1/chat/completions")
+    assert {line.source for line in logs.lines()} == {"upstream:alpha"}
+
+    assert await upstream.stop() == 0  # the fake exits 0 on SIGTERM
+    assert not upstream.running and not alive(pid) and not upstream.killed
+    assert await upstream.stop() == 0  # idempotent
+    await wait_for_line(logs, "alpha received SIGTERM")
+
+
+async def test_exit_at_start_fails_fast_with_output(fake_spec, upstreams):
+    upstream = upstreams(fake_spec("quitter", "--exit-at-start"), health_check_timeout=10)
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamStartError) as err:
+        await upstream.start()
+    assert time.monotonic() - t0 < 3
+    assert err.value.exit_code == 3
+    assert "exited with code 3" in str(err.value)
+    assert "quitter error: exiting at start as asked" in str(err.value)  # stderr too
+    assert not upstream.running
+
+
+async def test_missing_executable_is_a_start_error(upstreams):
+    upstream = upstreams(Spec(id="ghost", cmd=("/nonexistent/llama-server",)))
+    with pytest.raises(UpstreamStartError, match="cannot run"):
+        await upstream.start()
+
+
+async def test_start_times_out_and_stops_the_process(fake_spec, upstreams):
+    upstream = upstreams(fake_spec("sick", "--health-status", "503"), health_check_timeout=0.6)
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamStartError) as err:
+        await upstream.start()
+    assert 0.6 <= time.monotonic() - t0 < 3
+    assert "HTTP 503" in str(err.value) and err.value.exit_code is None
+    assert upstream.pid is not None and not alive(upstream.pid)
+
+
+async def test_sigterm_ignored_falls_back_to_sigkill(upstreams, logs):
+    spec = Spec(
+        id="stubborn",
+        cmd=(sys.executable, "-c", IGNORE_TERM),
+        check_endpoint=None,
+        unload_timeout=0.4,
+    )
+    upstream = upstreams(spec)
+    pid = await upstream.start()
+    await wait_for_line(logs, "ready ignoring")
+    t0 = time.monotonic()
+    assert await upstream.stop() == -9
+    assert 0.4 <= time.monotonic() - t0 < 3
+    assert upstream.killed and not alive(pid)
+
+
+async def test_children_in_the_group_are_killed(upstreams, logs):
+    # The leader exits on SIGTERM; its child ignores SIGTERM and needs the SIGKILL sweep.
+    spec = Spec(
+        id="parent",
+        cmd=(sys.executable, "-c", IGNORE_TERM, *SPAWN_ARGS),
+        check_endpoint=None,
+        unload_timeout=0.4,
+    )
+    upstream = upstreams(spec)
+    await upstream.start()
+    child = int((await wait_for_line(logs, "child ")).split()[1])
+    await wait_for_line(logs, "ready parent")
+    await wait_for_line(logs, "ready ignoring")
+    assert alive(child)
+    assert await upstream.stop() == -15
+    assert upstream.killed and not alive(child)
+
+
+async def test_cmd_stop_is_used_with_pid_macro(fake_spec, upstreams, logs):
+    script = (
+        "import os, signal, sys; print('cmd_stop for', sys.argv[1], flush=True); "
+        "os.kill(int(sys.argv[1]), signal.SIGUSR1)"
+    )
+    spec = fake_spec("gentle", cmd_stop=(sys.executable, "-c", script, "${PID}"))
+    upstream = upstreams(spec)
+    pid = await upstream.start()
+    assert await upstream.stop() == -10  # SIGUSR1, not the SIGTERM the default path sends
+    await wait_for_line(logs, f"cmd_stop for {pid}")
+    assert not upstream.killed
+
+
+async def test_stream_chunks_arrive_incrementally(fake_spec, upstreams):
+    spec = fake_spec("streamer")
+    await upstreams(spec).start()
+    fake = {"chunks": 4, "chunk_delay": 0.25, "reply": "one two three four"}
+    request = {"model": "m", "stream": True, "messages": [], "fake": fake}
+    arrivals: list[tuple[float, str]] = []
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        t0 = time.monotonic()
+        async with client.stream("POST", "/v1/chat/completions", json=request) as r:
+            assert r.headers["content-type"] == "text/event-stream"
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    arrivals.append((time.monotonic() - t0, line[6:]))
+    assert arrivals[-1][1] == "[DONE]"
+    chunks = [json.loads(data) for _, data in arrivals[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == "one two three four"
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all(c["served_by"] == "streamer" and c["model"] == "m" for c in chunks)
+    # The last chunk leaves >= 0.75 s after the first; the first must not wait for it.
+    assert arrivals[0][0] < arrivals[-1][0] - 0.5
+
+
+async def test_die_mid_stream_closes_the_stream_early(fake_spec, upstreams):
+    spec = fake_spec("fragile")
+    upstream = upstreams(spec)
+    await upstream.start()
+    request = {"model": "m", "stream": True, "fake": {"chunks": 6, "die_mid_stream": True}}
+    received: list[str] = []
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with client.stream("POST", "/v1/chat/completions", json=request) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        received.append(line)
+    assert len(received) == 3 and "data: [DONE]" not in received
+    assert await asyncio.wait_for(upstream.wait_exit(), 3) == 1
+    assert not upstream.running
+
+
+async def test_other_endpoints_and_fake_options(fake_spec, upstreams):
+    spec = fake_spec("multi")
+    await upstreams(spec).start()
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        r = await client.post("/v1/completions", json={"model": "c", "prompt": "hi there"})
+        assert r.json()["choices"][0]["text"] == "Hello from multi."
+        assert r.json()["object"] == "text_completion"
+        r = await client.post("/v1/embeddings", json={"model": "e", "input": ["a", "b"]})
+        assert [d["index"] for d in r.json()["data"]] == [0, 1]
+        assert len(r.json()["data"][0]["embedding"]) == 8
+        r = await client.put("/anything?x=1", content=b"raw", headers={"X-Custom": "v"})
+        echo = r.json()
+        assert (echo["method"], echo["path"], echo["body"]) == ("PUT", "/anything?x=1", "raw")
+        assert echo["headers"]["X-Custom"] == "v" and echo["served_by"] == "multi"
+        r = await client.post("/v1/chat/completions", json={"fake": {"status": 429}})
+        assert r.status_code == 429 and r.json()["error"]["code"] == 429
+        r = await client.get("/health", headers={"X-Fake": '{"status": 500}'})
+        assert r.status_code == 500
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/v1/chat/completions", json={"fake": {"hang": True}}, timeout=0.3)
+        t0 = time.monotonic()
+        r = await client.post("/v1/chat/completions", json={"fake": {"delay": 0.2}})
+        assert r.status_code == 200 and time.monotonic() - t0 >= 0.2
+
+
+async def test_process_matches(fake_spec, upstreams):
+    upstream = upstreams(fake_spec("matcher"))
+    pid = await upstream.start()
+    assert process_matches(pid, upstream.cmdline)
+    assert not process_matches(pid, [*upstream.cmdline, "--extra"])
+    assert not process_matches(pid, ["llama-server"])
+    await upstream.stop()
+    assert not process_matches(pid, upstream.cmdline)
+
+
+def test_kill_process_group_at_recovery():
+    # As after a crash of gpulane: a group leader that ignores SIGTERM, with a child.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IGNORE_TERM, *SPAWN_ARGS],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline().split()[1])
+        assert sorted(proc.stdout.readline().split()[1] for _ in "ab") == ["ignoring", "parent"]
+        t0 = time.monotonic()
+        kill_process_group(proc.pid, timeout=0.3)
+        assert time.monotonic() - t0 < 3
+        assert not alive(proc.pid) and not alive(child)  # zombies count as dead
+    finally:
+        proc.kill()
+        proc.wait()
+    with pytest.raises(ValueError):
+        kill_process_group(os.getpid(), timeout=0.1)
+
+
+async def test_log_subscription_sees_upstream_lines_live(fake_spec, upstreams, logs):
+    spec = fake_spec("talker")
+    async with logs.subscribe(maxsize=100) as live:
+        pid = await upstreams(spec).start()
+        first = await asyncio.wait_for(live.get(), 3)
+        assert first is not None and first.source == "upstream:talker"
+        assert first.text == f"talker starting pid={pid} port={spec.proxy.rsplit(':', 1)[1]}"
+    assert await live.get() is None  # closed: iteration ends
+    assert "[upstream:talker] talker listening on" in logs.text()
+
+
+async def test_slow_log_subscriber_drops_oldest_lines():
+    buffer = LogBuffer(max_lines=3)
+    sub = buffer.subscribe(maxsize=2)
+    for i in range(5):
+        buffer.append("proxy", f"line {i}\n")
+    assert [line.text for line in buffer.lines()] == ["line 2", "line 3", "line 4"]
+    sub.close()
+    assert [line.text async for line in sub] == ["line 4"]  # room was made for the close
+    assert sub.dropped == 4
