@@ -1,4 +1,4 @@
-"""The `gpulane` command line."""
+"""`gpulane` command line: serve, check-config, db."""
 
 from __future__ import annotations
 
@@ -8,15 +8,33 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpulane", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser(
-        "check-config", help="validate a config file and print it resolved"
+    parser = argparse.ArgumentParser(
+        prog="gpulane",
+        description="OpenAI-compatible proxy that schedules one GPU by priority, "
+        "swap affinity and aging, with an SQLite event log.",
     )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", default="config.example.yaml", help="config file (YAML)")
+    serve.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on")
+    serve.add_argument("--db", default=None, help="SQLite database (default: database.path)")
+
+    check = commands.add_parser("check-config", help="validate a config file and print it resolved")
     check.add_argument("file", help="path to the YAML config")
     check.add_argument(
         "--format", choices=("yaml", "json"), default="yaml", help="output format (default yaml)"
     )
+
+    db = commands.add_parser("db", help="database maintenance")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="DB_COMMAND")
+    for name, text in (
+        ("upgrade", "apply schema migrations up to the latest"),
+        ("rebuild", "recompute every read model from the events table"),
+        ("check", "verify integrity and event invariants (exit 1 on failure)"),
+    ):
+        cmd = db_commands.add_parser(name, help=text)
+        cmd.add_argument("--db", default="gpulane.db", help="SQLite database path")
     return parser
 
 
@@ -26,6 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.cli_config import check_config_command
 
         return check_config_command(args.file, output_format=args.format)
+    if args.command == "db":
+        from app.store import commands
+
+        return int(getattr(commands, args.db_command)(args.db))
+    if args.command == "serve":
+        from app.web.serve import serve_command
+
+        return serve_command(args.config, args.listen, args.db)
     return 2  # unreachable: argparse rejects unknown commands
 
 

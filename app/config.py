@@ -80,19 +80,19 @@ class _Raw(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="came
     pass
 
 
-class RawAlias(_Raw):
+class RawAlias(_Raw, frozen=True):
     # Newer llama-swap also accepts `{id, name, unlisted}` objects for aliases.
     id: str
     name: str | None = None
     unlisted: bool | None = None
 
 
-class RawFilters(_Raw):
+class RawFilters(_Raw, frozen=True):
     strip_params: str | list[str] = ""
     set_params: dict[str, Any] = {}
 
 
-class RawModel(_Raw):
+class RawModel(_Raw, frozen=True):
     cmd: str
     cmd_stop: str = ""
     proxy: str | None = None
@@ -112,57 +112,57 @@ class RawModel(_Raw):
     send_loading_state: bool | None = None
 
 
-class RawOnStartup(_Raw):
+class RawOnStartup(_Raw, frozen=True):
     preload: list[str] = []
 
 
-class RawHooks(_Raw):
+class RawHooks(_Raw, frozen=True):
     on_startup: RawOnStartup = msgspec.field(default_factory=RawOnStartup, name="on_startup")
 
 
-class RawSerial(_Raw):
+class RawSerial(_Raw, frozen=True):
     aging_divisor: float = DEFAULT_AGING_DIVISOR
     swap_affinity_bonus: int = DEFAULT_SWAP_AFFINITY_BONUS
 
 
-class RawFifo(_Raw):
+class RawFifo(_Raw, frozen=True):
     priority: dict[str, int] = {}
 
 
-class RawSchedulerSettings(_Raw):
+class RawSchedulerSettings(_Raw, frozen=True):
     serial: RawSerial = msgspec.field(default_factory=RawSerial)
     fifo: RawFifo = msgspec.field(default_factory=RawFifo)
 
 
-class RawScheduler(_Raw):
+class RawScheduler(_Raw, frozen=True):
     use: str = "serial"
     settings: RawSchedulerSettings = msgspec.field(default_factory=RawSchedulerSettings)
 
 
-class RawRouting(_Raw):
+class RawRouting(_Raw, frozen=True):
     scheduler: RawScheduler = msgspec.field(default_factory=RawScheduler)
 
 
-class RawDatabase(_Raw):
+class RawDatabase(_Raw, frozen=True):
     path: str = DEFAULT_DATABASE_PATH
     synchronous: str = "full"
 
 
-class RawJobs(_Raw):
+class RawJobs(_Raw, frozen=True):
     result_retention: float | str = DEFAULT_RESULT_RETENTION_S
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
 
-class RawServer(_Raw):
+class RawServer(_Raw, frozen=True):
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-class RawUpstream(_Raw):
+class RawUpstream(_Raw, frozen=True):
     # llama-swap takes a list of patterns; a single string is accepted too.
     ignore_paths: str | list[str] = DEFAULT_IGNORE_PATHS
 
 
-class RawConfig(_Raw):
+class RawConfig(_Raw, frozen=True):
     health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT
     log_level: str = "info"
     start_port: int = DEFAULT_START_PORT
@@ -341,7 +341,9 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                key_node, yaml.ScalarNode
+            ):
                 continue
             if key_node.value in seen:
                 line = key_node.start_mark.line + 1
@@ -355,6 +357,12 @@ def _load_yaml(text: str, source: str, issues: _Issues) -> dict[str, Any] | None
     loader.duplicates = []
     try:
         data = loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        issues.error(source, f"invalid YAML: {where}{problem}")
+        return None
     except yaml.YAMLError as exc:
         issues.error(source, f"invalid YAML: {exc}")
         return None
@@ -522,10 +530,14 @@ def _type_error(path: str, value: Any, message: str) -> tuple[str, str]:
     match = _MSGSPEC_TYPE_ERROR.match(message)
     if match is None:
         return path, message
-    expected = " or ".join(_TYPE_WORDS.get(p.strip(), p.strip()) for p in match.group(1).split("|"))
+    # `x | None` fields mean "unset" when null; saying so would only confuse.
+    names = [p.strip() for p in match.group(1).split("|") if p.strip() != "null"]
+    expected = " or ".join(_TYPE_WORDS.get(name, name) for name in names)
     where = match.group(3) or ""
     if where:
-        return path + where.replace("[...]", ""), f"expected {expected}, got {_describe(match.group(2))}"
+        return path + where.replace(
+            "[...]", ""
+        ), f"expected {expected}, got {_describe(match.group(2))}"
     return path, f"expected {expected}, got {_show(value)}"
 
 
@@ -565,7 +577,9 @@ class _Resolver:
         declared = data.get("models")
         # Models dropped for errors still count as declared, so a preload
         # naming one is not also reported as unknown.
-        self.declared: set[str] = set(declared) if isinstance(declared, dict) else set()
+        self.declared: set[str] = (
+            {k for k in declared if isinstance(k, str)} if isinstance(declared, dict) else set()
+        )
         self.global_origins = {name: _join("macros", name) for name in raw.macros}
 
     def run(self) -> Config:
@@ -651,7 +665,9 @@ class _Resolver:
         stop = expander(frozenset({"PORT", "PID"}))
 
         cmd_text = self._expand(plain, strip_comments(m.cmd), f"{path}.cmd")
-        port = next_port if cmd_text is not None and _PORT_REF in cmd_text else None
+        # A cmd that failed to expand may well use ${PORT}; assuming so avoids
+        # a second, misleading error about the proxy.
+        port = next_port if cmd_text is None or _PORT_REF in cmd_text else None
 
         def with_port(text: str | None, where: str) -> str | None:
             if text is None or _PORT_REF not in text:
@@ -888,8 +904,8 @@ class _Resolver:
                 continue
             if not expanded.strip():
                 self.issues.error(where, "an API key must not be empty")
-            elif expanded not in keys:
-                keys.append(expanded)
+            else:
+                keys.append(expanded)  # no dedupe: callers are labelled key#N by position
         return tuple(keys)
 
     def _preload(self, index: Mapping[str, str]) -> tuple[str, ...]:
@@ -897,7 +913,9 @@ class _Resolver:
         for i, name in enumerate(self.raw.hooks.on_startup.preload):
             model_id = index.get(name)
             if model_id is None:
-                self.issues.error(f"hooks.on_startup.preload[{i}]", self._unknown_model(name, index))
+                self.issues.error(
+                    f"hooks.on_startup.preload[{i}]", self._unknown_model(name, index)
+                )
             elif model_id not in out:
                 out.append(model_id)
         return tuple(out)
@@ -968,7 +986,9 @@ class _Resolver:
     def _max_attempts(self) -> int:
         value = self.raw.jobs.max_attempts
         if value < 1:
-            self.issues.error("jobs.maxAttempts", f"{value} is out of range; expected an integer >= 1")
+            self.issues.error(
+                "jobs.maxAttempts", f"{value} is out of range; expected an integer >= 1"
+            )
         return value
 
     def _max_body_bytes(self) -> int:
@@ -1003,7 +1023,9 @@ class _Resolver:
 
     def _choice(self, value: str, where: str, allowed: tuple[str, ...]) -> str:
         if value not in allowed:
-            self.issues.error(where, f"{value!r} is not allowed; expected one of {', '.join(allowed)}")
+            self.issues.error(
+                where, f"{value!r} is not allowed; expected one of {', '.join(allowed)}"
+            )
         return value
 
     def _positive(self, value: float, where: str, allowed: str) -> float:

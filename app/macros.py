@@ -85,7 +85,9 @@ class Expander:
             raise MacroError(problems)
         return value
 
-    def _expand(self, text: str, stack: tuple[str, ...], problems: list[tuple[str | None, str]]) -> str:
+    def _expand(
+        self, text: str, stack: tuple[str, ...], problems: list[tuple[str | None, str]]
+    ) -> str:
         def substitute(match: re.Match[str]) -> str:
             name = match.group(1)
             if name in self._keep:

@@ -266,7 +266,7 @@ class FakeHandler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            parts = []
+            parts: list[bytes] = []
             while True:
                 size = int(self.rfile.readline(65537).split(b";")[0].strip() or b"0", 16)
                 if size == 0:
@@ -353,8 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     server = FakeServer(
         (args.host, args.port), name=name, ready_at=ready_at, health=args.health_status
     )
-    host, port = server.server_address[:2]
-    log(f"{name} listening on http://{host}:{port} pid={os.getpid()}")
+    log(f"{name} listening on http://{args.host}:{server.server_port} pid={os.getpid()}")
     server.serve_forever(poll_interval=0.5)
 
 

@@ -26,7 +26,7 @@ class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
     """Unix time in nanoseconds when the event happened."""
 
 
-class ServerStarted(Event, tag="server_started"):
+class ServerStarted(Event, tag="server_started", frozen=True):
     version: str
     config_hash: str
     scheduler: str
@@ -35,7 +35,7 @@ class ServerStarted(Event, tag="server_started"):
     pid: int = 0
 
 
-class RequestEnqueued(Event, tag="request_enqueued"):
+class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
     request_id: str
     model: str
     """Resolved model id."""
@@ -55,7 +55,7 @@ class RequestEnqueued(Event, tag="request_enqueued"):
     """Durable job payload (method, path, headers, body) needed to run it after a restart."""
 
 
-class ScoresComputed(Event, tag="scores_computed"):
+class ScoresComputed(Event, tag="scores_computed", frozen=True):
     request_id: str
     """The winner."""
     queue_depth: int
@@ -71,7 +71,7 @@ class ScoresComputed(Event, tag="scores_computed"):
     config_hash: str = ""
 
 
-class RequestDispatched(Event, tag="request_dispatched"):
+class RequestDispatched(Event, tag="request_dispatched", frozen=True):
     request_id: str
     model: str
     attempt: int = 1
@@ -79,45 +79,45 @@ class RequestDispatched(Event, tag="request_dispatched"):
     """True when the model must be loaded before the request can run."""
 
 
-class SwapStarted(Event, tag="swap_started"):
+class SwapStarted(Event, tag="swap_started", frozen=True):
     from_model: str | None
     to_model: str
     request_id: str | None = None
     """The request that caused the swap; None for preload."""
 
 
-class ProcessStarted(Event, tag="process_started"):
+class ProcessStarted(Event, tag="process_started", frozen=True):
     model: str
     pid: int
     cmdline: list[str]
     port: int | None = None
 
 
-class SwapFinished(Event, tag="swap_finished"):
+class SwapFinished(Event, tag="swap_finished", frozen=True):
     model: str
     duration_ms: float
 
 
-class SwapFailed(Event, tag="swap_failed"):
+class SwapFailed(Event, tag="swap_failed", frozen=True):
     model: str
     error: str
     duration_ms: float = 0.0
 
 
-class ProcessStopped(Event, tag="process_stopped"):
+class ProcessStopped(Event, tag="process_stopped", frozen=True):
     model: str
     pid: int
     reason: StopReason
     exit_code: int | None = None
 
 
-class RequestStarted(Event, tag="request_started"):
+class RequestStarted(Event, tag="request_started", frozen=True):
     """The request was sent to a ready upstream (after any swap)."""
 
     request_id: str
 
 
-class RequestCompleted(Event, tag="request_completed"):
+class RequestCompleted(Event, tag="request_completed", frozen=True):
     request_id: str
     http_status: int
     bytes: int = 0
@@ -128,18 +128,18 @@ class RequestCompleted(Event, tag="request_completed"):
     tokens_per_second: float | None = None
 
 
-class RequestFailed(Event, tag="request_failed"):
+class RequestFailed(Event, tag="request_failed", frozen=True):
     request_id: str
     error: str
     http_status: int | None = None
 
 
-class RequestCancelled(Event, tag="request_cancelled"):
+class RequestCancelled(Event, tag="request_cancelled", frozen=True):
     request_id: str
     reason: CancelReason
 
 
-class RequestRejected(Event, tag="request_rejected"):
+class RequestRejected(Event, tag="request_rejected", frozen=True):
     """Refused at admission (bad JSON, unknown model, too large, log unwritable):
     never queued, recorded so every request the server saw has a row."""
 
@@ -153,20 +153,20 @@ class RequestRejected(Event, tag="request_rejected"):
     caller: str | None = None
 
 
-class RequestAbandoned(Event, tag="request_abandoned"):
+class RequestAbandoned(Event, tag="request_abandoned", frozen=True):
     """A synchronous request whose client vanished with a previous process."""
 
     request_id: str
 
 
-class RequestRequeued(Event, tag="request_requeued"):
+class RequestRequeued(Event, tag="request_requeued", frozen=True):
     """A durable job that was running when gpulane died goes back in the queue."""
 
     request_id: str
     attempt: int
 
 
-class RecoveryFinished(Event, tag="recovery_finished"):
+class RecoveryFinished(Event, tag="recovery_finished", frozen=True):
     requeued: int = 0
     resumed: int = 0
     abandoned: int = 0
@@ -206,7 +206,8 @@ def encode(event: AnyEvent) -> bytes:
 
 
 def decode(data: bytes | str) -> AnyEvent:
-    return _decoder.decode(data)
+    event: AnyEvent = _decoder.decode(data)
+    return event
 
 
 def type_name(event: AnyEvent) -> str:

@@ -114,6 +114,11 @@ def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
             request.running = True
             request.attempt = event.attempt
             state.running[event.request_id] = event.model
+            if event.swap:
+                # The swap is committed from this moment, before SwapStarted is
+                # recorded: fifo must not dispatch to the outgoing model meanwhile,
+                # and requests for the incoming one join this load.
+                state.loading = event.model
         case ev.RequestRequeued():
             request = state.requests.get(event.request_id)
             if request is None:
@@ -137,7 +142,12 @@ def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
         case ev.ProcessStopped():
             if state.resident == event.model:
                 state.resident = None
-        case ev.RequestCompleted() | ev.RequestFailed() | ev.RequestCancelled() | ev.RequestAbandoned():
+        case (
+            ev.RequestCompleted()
+            | ev.RequestFailed()
+            | ev.RequestCancelled()
+            | ev.RequestAbandoned()
+        ):
             state._finish(event.request_id)
         case ev.ServerStarted():
             # A new process starts with nothing loaded; leftovers are stopped by recovery.

@@ -251,7 +251,20 @@ class Scheduler:
                 await proc.start()
                 self._watch(model, proc)
         except (UpstreamStartError, OSError) as exc:
-            self.upstreams.pop(model, None)
+            failed = self.upstreams.pop(model, None)
+            if failed is not None and failed.pid is not None:
+                # start() already stopped it; close the record ProcessStarted opened.
+                self.emit(
+                    [
+                        ev.ProcessStopped(
+                            at=self.clock(),
+                            model=model,
+                            pid=failed.pid,
+                            reason="failed_start",
+                            exit_code=failed.exit_code,
+                        )
+                    ]
+                )
             self._swap_done(model, error=str(exc), seconds=time.monotonic() - t0)
             return
         self._swap_done(model, error=None, seconds=time.monotonic() - t0)
@@ -304,13 +317,12 @@ class Scheduler:
                 )
             self.pump()
 
-        proc.stopping = True
         self._stopping[model] = self._spawn(stop())
 
     def _watch(self, model: str, proc: UpstreamProcess) -> None:
         async def watch() -> None:
             code = await proc.wait_exit()
-            if getattr(proc, "stopping", False) or proc.pid is None:
+            if proc.stopping or proc.pid is None:
                 return
             if self.upstreams.get(model) is proc:
                 del self.upstreams[model]

@@ -55,17 +55,17 @@ class UpstreamStartError(Exception):
 
     def __init__(
         self,
-        model_id: str,
         reason: str,
         *,
+        model_id: str | None = None,
         exit_code: int | None = None,
         output: Sequence[str] = (),
     ) -> None:
-        self.model_id = model_id
         self.reason = reason
-        self.exit_code = exit_code
+        self.model_id = model_id
+        self.exit_code = exit_code  # None when it did not exit by itself
         self.output = list(output)
-        message = f"upstream {model_id}: {reason}"
+        message = reason if model_id is None else f"upstream {model_id}: {reason}"
         if self.output:
             message += "\nlast output:\n" + "\n".join(self.output)
         super().__init__(message)
@@ -121,16 +121,21 @@ class UpstreamProcess:
         health_check_timeout: float,
         logs: LogBuffer,
         client: httpx.AsyncClient | None = None,
+        on_spawn: Callable[[UpstreamProcess], None] | None = None,
     ) -> None:
         self.spec = spec
         self.health_check_timeout = health_check_timeout
         self._logs = logs
         self._client = client
+        # Called once pid and cmdline are known, before the health wait, so the
+        # caller can record the process before a long model load.
+        self._on_spawn = on_spawn
         self._source = f"upstream:{spec.id}"
         self.pid: int | None = None
         # As /proc shows it after exec (a script's interpreter included), for process_matches.
         self.cmdline: list[str] = list(spec.cmd)
         self.started_at: float | None = None  # unix seconds
+        self.stopping = False  # stop() was called: an exit from now on is no crash
         self.killed = False  # the last stop needed SIGKILL
         self._protocol: _OutputProtocol | None = None
         self._reaper: asyncio.Task[int] | None = None
@@ -161,21 +166,23 @@ class UpstreamProcess:
             await self.stop()  # a crashed predecessor may have left children in its group
         cmd = list(self.spec.cmd)
         if not cmd:
-            raise UpstreamStartError(self.spec.id, "cmd is empty")
+            raise UpstreamStartError("cmd is empty", model_id=self.spec.id)
         self._tail.clear()
-        self._stopped = False
-        self.killed = False
+        self._stopped = self.stopping = self.killed = False
         try:
             transport, protocol = await self._spawn(cmd)
         except OSError as exc:
-            raise UpstreamStartError(self.spec.id, f"cannot run {cmd[0]!r}: {exc}") from exc
+            reason = f"cannot run {cmd[0]!r}: {exc}"
+            raise UpstreamStartError(reason, model_id=self.spec.id) from exc
         pid = transport.get_pid()
         self.pid = pid
         self.cmdline = _read_cmdline(pid) or cmd
         self.started_at = time.time()
         self._protocol = protocol
-        self._reaper = asyncio.create_task(_reap(transport, protocol))
+        self._reaper = asyncio.create_task(self._reap(pid, transport, protocol))
         try:
+            if self._on_spawn is not None:
+                self._on_spawn(self)
             await self._wait_healthy()
         except BaseException:
             # Timed out, exited, or cancelled: never leave a half-started server behind.
@@ -187,6 +194,7 @@ class UpstreamProcess:
         """Stop the process group; returns the exit code (None if never started). Idempotent."""
         if self.pid is None or self._protocol is None or self._reaper is None:
             return None
+        self.stopping = True
         async with self._stop_lock:
             if not self._stopped:
                 await self._stop(self.pid, self._protocol, self._reaper)
@@ -243,7 +251,7 @@ class UpstreamProcess:
                 reason = (
                     f"not healthy at {url} within {self.health_check_timeout:g}s (last: {last})"
                 )
-                raise UpstreamStartError(self.spec.id, reason, output=self._tail)
+                raise UpstreamStartError(reason, model_id=self.spec.id, output=self._tail)
             probe = asyncio.ensure_future(client.get(url, timeout=remaining))
             # Race the probe against exit so a crash fails the start at once.
             waiting: set[asyncio.Future[Any]] = {probe, exited}
@@ -254,7 +262,9 @@ class UpstreamProcess:
             if exited.done():
                 code = await asyncio.shield(self._reaper)  # includes the last output lines
                 reason = f"exited with code {code} during start"
-                raise UpstreamStartError(self.spec.id, reason, exit_code=code, output=self._tail)
+                raise UpstreamStartError(
+                    reason, model_id=self.spec.id, exit_code=code, output=self._tail
+                )
             if not probe.cancelled():
                 error = probe.exception()
                 if error is None:
@@ -297,13 +307,27 @@ class UpstreamProcess:
         if stopper is not None and stopper_transport is not None:
             await _finish_helper(stopper_transport, stopper, max(0.0, deadline - loop.time()))
 
+    async def _reap(
+        self, pid: int, transport: asyncio.SubprocessTransport, protocol: _OutputProtocol
+    ) -> int:
+        code = await protocol.exited
+        if not self.stopping and _group_alive(pid):
+            # A crash orphans the server's helpers; nobody will stop them, and
+            # they may hold GPU memory. (A stop in progress handles its own.)
+            self._logs.append("proxy", f"{self.spec.id}: pid {pid} exited; killing its group")
+            _signal_group(pid, signal.SIGKILL)
+            deadline = asyncio.get_running_loop().time() + _KILL_WAIT
+            await _wait_group_gone(pid, protocol.exited, deadline)
+        await _close_when_drained(transport, protocol)
+        return code
 
-async def _reap(transport: asyncio.SubprocessTransport, protocol: _OutputProtocol) -> int:
-    code = await protocol.exited
+
+async def _close_when_drained(
+    transport: asyncio.SubprocessTransport, protocol: _OutputProtocol
+) -> None:
     # The last lines often explain a crash; give the pipe a moment to drain.
     await asyncio.wait({protocol.output_closed}, timeout=_OUTPUT_DRAIN_TIMEOUT)
     transport.close()
-    return code
 
 
 async def _finish_helper(
@@ -314,7 +338,7 @@ async def _finish_helper(
     if not protocol.exited.done():
         _signal_group(transport.get_pid(), signal.SIGKILL)
         await asyncio.wait({protocol.exited}, timeout=_KILL_WAIT)
-    await _reap(transport, protocol)
+    await _close_when_drained(transport, protocol)
 
 
 async def _wait_group_gone(pgid: int, leader_exited: asyncio.Future[int], deadline: float) -> None:

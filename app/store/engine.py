@@ -56,10 +56,13 @@ def create_engine(path: str | Path, synchronous: Synchronous = "full") -> Engine
     return engine
 
 
-def open_database(path: str | Path, synchronous: Synchronous = "full") -> Engine:
+def open_database(
+    path: str | Path, synchronous: Synchronous = "full", upgrade: bool = True
+) -> Engine:
     """Check the file at `path`, migrate it to the latest schema and return its engine.
 
-    A missing or empty file becomes a new database. Raises `DatabaseError` for a
+    A missing or empty file becomes a new database. `upgrade=False` only checks
+    (for tools that must not change the file). Raises `DatabaseError` for a
     file that is not SQLite, corrupt, another application's database, or from a
     newer gpulane.
     """
@@ -79,10 +82,13 @@ def open_database(path: str | Path, synchronous: Synchronous = "full") -> Engine
                     f"{path}: schema revision {revision!r} is newer than this gpulane "
                     f"knows (latest {migrate.head_revision()!r}); upgrade gpulane"
                 )
-        migrate.upgrade_to_head(engine)
+        if upgrade:
+            migrate.upgrade_to_head(engine)
     except sqlalchemy.exc.DatabaseError as exc:
         engine.dispose()
-        raise DatabaseError(f"{path}: file is corrupt or not an SQLite database ({exc.orig})") from exc
+        raise DatabaseError(
+            f"{path}: file is corrupt or not an SQLite database ({exc.orig})"
+        ) from exc
     except DatabaseError:
         engine.dispose()
         raise

@@ -13,7 +13,8 @@ from sqlalchemy.engine import Engine
 
 import migrations
 
-SCRIPT_LOCATION = Path(migrations.__file__).parent
+# __path__, not __file__: an older editable install may map it as a namespace package.
+SCRIPT_LOCATION = Path(next(iter(migrations.__path__)))
 
 
 def alembic_config(engine: Engine | None = None) -> Config:

@@ -107,6 +107,29 @@ def _enqueued(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     )
 
 
+def _rejected(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+    # Failed at admission: never queued, but every request the server saw gets a row.
+    at = seconds(e.at)
+    cur.execute(
+        "INSERT INTO requests (id, model, model_requested, endpoint, priority, band, status, "
+        "durable, attempt, caller, enqueue_seq, enqueued_at, finished_at, http_status, error) "
+        "VALUES (?, NULL, ?, ?, ?, ?, 'failed', 0, 1, ?, ?, ?, ?, ?, ?)",
+        (
+            e.request_id,
+            e.model_requested,
+            e.endpoint,
+            e.priority,
+            e.band,
+            e.caller,
+            seq,
+            at,
+            at,
+            e.http_status,
+            e.error,
+        ),
+    )
+
+
 def _requeued(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute(
         f"UPDATE requests SET {_RESET_ATTEMPT} WHERE id = :id",
@@ -174,8 +197,13 @@ def _failed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
 def _cancelled(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute(
         f"{_FINISH}, cancel_reason = :reason WHERE id = :id",
-        {"id": e.request_id, "status": "cancelled", "at": seconds(e.at), "run_ms": None,
-         "reason": e.reason},
+        {
+            "id": e.request_id,
+            "status": "cancelled",
+            "at": seconds(e.at),
+            "run_ms": None,
+            "reason": e.reason,
+        },
     )
 
 
@@ -260,6 +288,7 @@ _HANDLERS: dict[type, Callable[[sqlite3.Cursor, int, Any], None]] = {
     ev.RequestFailed: _failed,
     ev.RequestCancelled: _cancelled,
     ev.RequestAbandoned: _abandoned,
+    ev.RequestRejected: _rejected,
     ev.RequestRequeued: _requeued,
 }
 """Events not listed here (RecoveryFinished) change no read model."""

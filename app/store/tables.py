@@ -9,7 +9,7 @@ exact nanoseconds in `data`. Documented column by column in docs/events.md.
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, Table, Text
+from sqlalchemy import JSON, Boolean, Column, Float, Index, Integer, MetaData, Table, Text
 
 metadata = MetaData()
 
@@ -28,15 +28,23 @@ events = Table(
     sqlite_autoincrement=True,
 )
 
-REQUEST_STATUSES = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
+REQUEST_STATUSES = (
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "abandoned",
+)
 OPEN_STATUSES = ("queued", "running")
 
 requests = Table(
     "requests",
     metadata,
     Column("id", Text, primary_key=True),
-    Column("model", Text, nullable=False),
-    Column("model_requested", Text, nullable=False),
+    # NULL only for a request rejected before its model was known.
+    Column("model", Text),
+    Column("model_requested", Text),
     Column("endpoint", Text, nullable=False),
     Column("priority", Integer, nullable=False),
     Column("band", Text, nullable=False),
@@ -62,7 +70,7 @@ requests = Table(
     Column("output_tokens", Integer),
     Column("tokens_per_second", Float),
     Column("cancel_reason", Text),
-    Column("job", Text),
+    Column("job", JSON),
     Index("ix_requests_status", "status"),
     Index("ix_requests_band_enqueued_at", "band", "enqueued_at"),
     Index("ix_requests_finished_at", "finished_at"),
@@ -76,7 +84,7 @@ processes = Table(
     Column("seq", Integer, primary_key=True, autoincrement=False),
     Column("model", Text, nullable=False),
     Column("pid", Integer, nullable=False),
-    Column("cmdline", Text, nullable=False),
+    Column("cmdline", JSON, nullable=False),
     Column("port", Integer),
     Column("started_at", Float, nullable=False),
     Column("stopped_at", Float),

@@ -34,8 +34,8 @@ def upgrade() -> None:
     op.create_table(
         "requests",
         sa.Column("id", sa.Text, primary_key=True),
-        sa.Column("model", sa.Text, nullable=False),
-        sa.Column("model_requested", sa.Text, nullable=False),
+        sa.Column("model", sa.Text),
+        sa.Column("model_requested", sa.Text),
         sa.Column("endpoint", sa.Text, nullable=False),
         sa.Column("priority", sa.Integer, nullable=False),
         sa.Column("band", sa.Text, nullable=False),
@@ -61,7 +61,7 @@ def upgrade() -> None:
         sa.Column("output_tokens", sa.Integer),
         sa.Column("tokens_per_second", sa.Float),
         sa.Column("cancel_reason", sa.Text),
-        sa.Column("job", sa.Text),
+        sa.Column("job", sa.JSON),
     )
     op.create_index("ix_requests_status", "requests", ["status"])
     op.create_index("ix_requests_band_enqueued_at", "requests", ["band", "enqueued_at"])
@@ -73,7 +73,7 @@ def upgrade() -> None:
         sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("model", sa.Text, nullable=False),
         sa.Column("pid", sa.Integer, nullable=False),
-        sa.Column("cmdline", sa.Text, nullable=False),
+        sa.Column("cmdline", sa.JSON, nullable=False),
         sa.Column("port", sa.Integer),
         sa.Column("started_at", sa.Float, nullable=False),
         sa.Column("stopped_at", sa.Float),

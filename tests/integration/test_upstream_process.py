@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import httpx
 import pytest
@@ -80,8 +82,10 @@ async def upstreams(logs: LogBuffer) -> AsyncIterator[Callable[..., UpstreamProc
     """Makes UpstreamProcess objects and stops every one of them at teardown."""
     made: list[UpstreamProcess] = []
 
-    def make(spec: Spec, health_check_timeout: float = 5.0) -> UpstreamProcess:
-        upstream = UpstreamProcess(spec, health_check_timeout=health_check_timeout, logs=logs)
+    def make(spec: Spec, health_check_timeout: float = 5.0, **kwargs: Any) -> UpstreamProcess:
+        upstream = UpstreamProcess(
+            spec, health_check_timeout=health_check_timeout, logs=logs, **kwargs
+        )
         made.append(upstream)
         return upstream
 
@@ -104,10 +108,12 @@ def fake_spec(
 
 async def test_start_health_stop_and_log_capture(fake_spec, upstreams, logs):
     spec = fake_spec("alpha", "--start-delay", "0.3")
-    upstream = upstreams(spec)
+    spawned: list[tuple[int | None, bool]] = []
+    upstream = upstreams(spec, on_spawn=lambda p: spawned.append((p.pid, p.running)))
     t0 = time.monotonic()
     pid = await upstream.start()
     assert time.monotonic() - t0 >= 0.3  # waited out the 503s while "loading"
+    assert spawned == [(pid, True)]
     assert upstream.running and upstream.pid == pid and upstream.started_at is not None
     assert upstream.cmdline == list(spec.cmd)
 
@@ -193,6 +199,16 @@ async def test_children_in_the_group_are_killed(upstreams, logs):
     assert alive(child)
     assert await upstream.stop() == -15
     assert upstream.killed and not alive(child)
+
+
+async def test_a_crash_kills_the_rest_of_the_group(upstreams, logs):
+    spec = Spec(id="crasher", cmd=(sys.executable, "-c", IGNORE_TERM, *SPAWN_ARGS))
+    upstream = upstreams(replace(spec, check_endpoint=None))
+    pid = await upstream.start()
+    child = int((await wait_for_line(logs, "child ")).split()[1])
+    os.kill(pid, signal.SIGKILL)  # nobody calls stop()
+    assert await asyncio.wait_for(upstream.wait_exit(), 3) == -9
+    assert not upstream.stopping and not alive(child)
 
 
 async def test_cmd_stop_is_used_with_pid_macro(fake_spec, upstreams, logs):
@@ -314,7 +330,8 @@ async def test_log_subscription_sees_upstream_lines_live(fake_spec, upstreams, l
         first = await asyncio.wait_for(live.get(), 3)
         assert first is not None and first.source == "upstream:talker"
         assert first.text == f"talker starting pid={pid} port={spec.proxy.rsplit(':', 1)[1]}"
-    assert await live.get() is None  # closed: iteration ends
+    rest = [line.text async for line in live]  # closed: what was queued, then the end
+    assert all("talker" in text for text in rest)
     assert "[upstream:talker] talker listening on" in logs.text()
 
 

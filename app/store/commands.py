@@ -1,0 +1,108 @@
+"""`gpulane db upgrade | rebuild | check`: each takes a database path and returns an exit code."""
+
+from __future__ import annotations
+
+import sys
+from itertools import islice
+from pathlib import Path
+
+import msgspec
+import sqlalchemy
+from sqlalchemy import Table, func, select
+from sqlalchemy.engine import Engine
+
+from app.core.events import decode
+from app.store import migrate, read_model
+from app.store.engine import DatabaseError, open_database
+from app.store.event_store import driver_cursor, event_rows
+from app.store.invariants import LogAudit
+from app.store.tables import processes, requests
+
+REBUILD_BATCH = 5000
+"""Events decoded and projected per step of a rebuild."""
+
+
+def upgrade(path: str) -> int:
+    """Migrate the database (creating it if missing) to the latest schema."""
+    try:
+        engine = open_database(path)
+    except DatabaseError as exc:
+        return _fail(exc)
+    with engine.connect() as conn:
+        print(f"ok: {path} at schema revision {migrate.current_revision(conn)}")
+    engine.dispose()
+    return 0
+
+
+def rebuild(path: str) -> int:
+    """Recompute every read model from `events`, in one transaction."""
+    try:
+        engine = _open_existing(path, upgrade=True)
+    except DatabaseError as exc:
+        return _fail(exc)
+    count = 0
+    with engine.connect() as conn:
+        conn.execution_options(sqlite_begin="IMMEDIATE")
+        with conn.begin():
+            cur = driver_cursor(conn)
+            read_model.clear(cur)
+            rows = event_rows(conn)
+            while batch := list(islice(rows, REBUILD_BATCH)):
+                count += read_model.project_all(cur, ((seq, decode(d)) for seq, d in batch))
+        n_requests = _count(engine, requests)
+        n_processes = _count(engine, processes)
+    engine.dispose()
+    print(f"ok: rebuilt from {count} events: {n_requests} requests, {n_processes} processes")
+    return 0
+
+
+def check(path: str) -> int:
+    """SQLite's integrity check, then the event invariants; exit 1 on any failure."""
+    try:
+        engine = _open_existing(path, upgrade=False)
+    except DatabaseError as exc:
+        return _fail(exc)
+    try:
+        with engine.connect() as conn:
+            problems = [row[0] for row in conn.exec_driver_sql("PRAGMA integrity_check")]
+            if problems != ["ok"]:
+                for problem in problems:
+                    print(f"integrity: {problem}")
+                print(f"failed: {path} is damaged (PRAGMA integrity_check)")
+                return 1
+            audit = LogAudit()
+            for seq, data in event_rows(conn):
+                try:
+                    event = decode(data)
+                except msgspec.MsgspecError as exc:
+                    audit.flag(seq, f"cannot decode: {exc}")
+                    continue
+                audit.feed(seq, event)
+    except sqlalchemy.exc.DatabaseError as exc:
+        print(f"failed: {path} is damaged ({exc.orig})")
+        return 1
+    finally:
+        engine.dispose()
+    for violation in audit.violations:
+        print(f"seq {violation.seq}: {violation.message}")
+    if audit.violations:
+        print(f"failed: {len(audit.violations)} violations in {audit.events} events")
+        return 1
+    print(f"ok: {audit.events} events, {audit.requests} requests")
+    return 0
+
+
+def _open_existing(path: str, upgrade: bool) -> Engine:
+    if not Path(path).is_file():
+        raise DatabaseError(f"{path}: no such database file")
+    return open_database(path, upgrade=upgrade)
+
+
+def _count(engine: Engine, table: Table) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def _fail(exc: DatabaseError) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return 1

@@ -1,0 +1,135 @@
+"""Rules every event log must satisfy, checked by `gpulane db check`.
+
+Pure: feed it `(seq, event)` pairs in seq order and read the violations.
+A violation means the writer (or someone editing the file) broke the model
+the rest of gpulane relies on, e.g. replay would diverge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from app.core import events as ev
+
+
+class Violation(msgspec.Struct, frozen=True):
+    seq: int
+    message: str
+
+
+class _Request(msgspec.Struct):
+    attempt: int
+    terminal_seq: int | None = None
+    """Seq of the terminal event of the current attempt, if any."""
+
+
+class _Swap(msgspec.Struct, frozen=True):
+    seq: int
+    model: str
+
+
+class LogAudit:
+    """Checks events one at a time, keeping only per-request state."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.violations: list[Violation] = []
+        self._requests: dict[str, _Request] = {}
+        self._swap: _Swap | None = None
+
+    @property
+    def requests(self) -> int:
+        """Distinct requests enqueued so far."""
+        return len(self._requests)
+
+    def flag(self, seq: int, message: str) -> None:
+        self.violations.append(Violation(seq, message))
+
+    def feed(self, seq: int, event: ev.AnyEvent) -> None:
+        self.events += 1
+        match event:
+            case ev.RequestEnqueued(request_id=rid, attempt=attempt):
+                self._new_attempt(rid, attempt)
+            case ev.RequestRequeued(request_id=rid, attempt=attempt):
+                if rid in self._requests:
+                    self._new_attempt(rid, attempt)
+                else:
+                    self.flag(seq, f"request_requeued for {rid} with no earlier enqueue")
+            case ev.RequestDispatched(request_id=rid):
+                self._dispatched(seq, rid)
+            case (
+                ev.RequestCompleted()
+                | ev.RequestFailed()
+                | ev.RequestCancelled()
+                | ev.RequestAbandoned()
+                | ev.RequestRejected()
+            ):
+                self._terminal(seq, event)
+            case ev.SwapStarted(to_model=model):
+                if self._swap is not None:
+                    self.flag(
+                        seq,
+                        f"swap to {model} started while the swap to {self._swap.model} "
+                        f"(seq {self._swap.seq}) is unfinished",
+                    )
+                self._swap = _Swap(seq, model)
+            case ev.SwapFinished(model=model) | ev.SwapFailed(model=model):
+                self._swap_ended(seq, ev.type_name(event), model)
+            case ev.ServerStarted():
+                # The previous process died: whatever swap it was doing is over.
+                self._swap = None
+            case _:
+                pass
+
+    def _new_attempt(self, rid: str, attempt: int) -> None:
+        state = self._requests.get(rid)
+        if state is None:
+            self._requests[rid] = _Request(attempt)
+        elif attempt > state.attempt:
+            state.attempt = attempt
+            state.terminal_seq = None
+
+    def _dispatched(self, seq: int, rid: str) -> None:
+        state = self._requests.get(rid)
+        if state is None:
+            self.flag(seq, f"request_dispatched for {rid} with no earlier request_enqueued")
+        elif state.terminal_seq is not None:
+            self.flag(
+                seq,
+                f"request_dispatched for {rid} after its terminal event "
+                f"(seq {state.terminal_seq}) without a new attempt",
+            )
+
+    def _terminal(self, seq: int, event: ev.AnyEvent) -> None:
+        rid = ev.request_id_of(event)
+        assert rid is not None
+        state = self._requests.setdefault(rid, _Request(1))
+        if state.terminal_seq is not None:
+            self.flag(
+                seq,
+                f"second terminal event ({ev.type_name(event)}) for {rid} attempt "
+                f"{state.attempt}; the first is seq {state.terminal_seq}",
+            )
+        else:
+            state.terminal_seq = seq
+
+    def _swap_ended(self, seq: int, kind: str, model: str) -> None:
+        if self._swap is None:
+            self.flag(seq, f"{kind} for {model} with no swap in progress")
+        elif self._swap.model != model:
+            self.flag(
+                seq,
+                f"{kind} for {model} but the swap in progress (seq {self._swap.seq}) "
+                f"is to {self._swap.model}",
+            )
+        self._swap = None
+
+
+def audit(items: Iterable[tuple[int, ev.AnyEvent]]) -> LogAudit:
+    """Check a whole log."""
+    result = LogAudit()
+    for seq, event in items:
+        result.feed(seq, event)
+    return result

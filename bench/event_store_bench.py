@@ -1,0 +1,156 @@
+"""Throughput and durable-append latency of SqliteEventStore. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/event_store_bench.py [--seconds 5] [--producers 64] [--dir /tmp]
+
+For each `synchronous` setting, on a fresh file: many producer tasks each play
+requests through their life (enqueue, scores_computed, dispatched, started,
+completed; every 20th request also a swap with its process start/stop), as the
+run loop would: `submit` without waiting, awaiting only the request's last
+group. Meanwhile one probe task times durable `append([RequestEnqueued])`
+calls, the call an async job's admission makes, under that load.
+
+Two runs per setting: "max", producers as fast as commits allow (throughput),
+and "paced", producers together offering the target rate (20,000 events/s
+for full, 50,000 for normal), which is the load the latency target is for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from app.core import events as ev
+from app.core.scoring import Breakdown
+from app.store.engine import Synchronous, open_database
+from app.store.event_store import SqliteEventStore, last_seq
+
+SWAP_EVERY = 20
+EVENTS_PER_REQUEST = 5 + 4 / SWAP_EVERY
+TARGET_RATE = {"full": 20_000, "normal": 50_000}
+_BREAKDOWN = Breakdown(priority=0, affinity=10, aging=1.5, total=11.5)
+
+
+def _enqueued(rid: str, now: int) -> ev.RequestEnqueued:
+    return ev.RequestEnqueued(
+        at=now,
+        request_id=rid,
+        model="qwen-7b",
+        model_requested="qwen",
+        endpoint="/v1/chat/completions",
+        priority=0,
+        band="normal",
+        caller="bench",
+    )
+
+
+async def _producer(
+    store: SqliteEventStore, name: str, stop: float, interval: float | None
+) -> None:
+    n = 0
+    due = time.perf_counter()
+    while time.perf_counter() < stop:
+        if interval is not None:
+            due += interval
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        n += 1
+        rid = f"{name}-{n}"
+        now = time.time_ns()
+        store.submit([_enqueued(rid, now)])
+        store.submit(
+            [
+                ev.ScoresComputed(
+                    at=now, request_id=rid, queue_depth=3, resident="qwen-7b", winner=_BREAKDOWN
+                ),
+                ev.RequestDispatched(at=now, request_id=rid, model="qwen-7b"),
+            ]
+        )
+        if n % SWAP_EVERY == 0:
+            store.submit(
+                [
+                    ev.SwapStarted(at=now, from_model="llama", to_model="qwen-7b", request_id=rid),
+                    ev.ProcessStopped(at=now, model="llama", pid=1000 + n, reason="evicted"),
+                    ev.ProcessStarted(
+                        at=now, model="qwen-7b", pid=2000 + n, cmdline=["llama-server", "-m", "q"]
+                    ),
+                    ev.SwapFinished(at=now, model="qwen-7b", duration_ms=2500.0),
+                ]
+            )
+        store.submit([ev.RequestStarted(at=now, request_id=rid)])
+        await store.submit(
+            [
+                ev.RequestCompleted(
+                    at=now,
+                    request_id=rid,
+                    http_status=200,
+                    bytes=2048,
+                    ttfb_ms=35.0,
+                    run_ms=900.0,
+                    input_tokens=120,
+                    output_tokens=300,
+                    tokens_per_second=333.0,
+                )
+            ]
+        )
+
+
+async def _probe(store: SqliteEventStore, stop: float, latencies: list[float]) -> None:
+    n = 0
+    while time.perf_counter() < stop:
+        n += 1
+        event = _enqueued(f"probe-{n}", time.time_ns())
+        t0 = time.perf_counter()
+        await store.append([event])
+        latencies.append((time.perf_counter() - t0) * 1000)
+        await asyncio.sleep(0.002)
+
+
+async def run(
+    path: Path, synchronous: Synchronous, seconds: float, producers: int, rate: int | None
+) -> None:
+    """One load run on a fresh database; `rate` None means as fast as it goes."""
+    interval = None if rate is None else producers * EVENTS_PER_REQUEST / rate
+    engine = open_database(path, synchronous=synchronous)
+    store = SqliteEventStore(engine)
+    store.start()
+    latencies: list[float] = []
+    t0 = time.perf_counter()
+    stop = t0 + seconds
+    await asyncio.gather(
+        _probe(store, stop, latencies),
+        *(_producer(store, f"p{i}", stop, interval) for i in range(producers)),
+    )
+    await store.close()
+    elapsed = time.perf_counter() - t0
+    events = last_seq(engine)
+    engine.dispose()
+    lat = sorted(latencies)
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    load = "max" if rate is None else f"paced {rate:,}/s"
+    print(
+        f"synchronous={synchronous:6} {load:15} producers={producers} "
+        f"{events / elapsed:7,.0f} events/s "
+        f"({events:,} in {elapsed:.1f}s); durable append: n={len(lat)} "
+        f"p50={statistics.median(lat):.2f} ms p99={p99:.2f} ms max={lat[-1]:.2f} ms"
+    )
+
+
+def main() -> None:
+    synchronous: Synchronous
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="load duration per setting")
+    parser.add_argument("--producers", type=int, default=64, help="concurrent producer tasks")
+    parser.add_argument("--dir", default="/tmp", help="directory for the temporary database")
+    args = parser.parse_args()
+    for synchronous in ("full", "normal"):
+        for rate in (None, TARGET_RATE[synchronous]):
+            with tempfile.TemporaryDirectory(dir=args.dir, prefix="gpulane-bench-") as tmp:
+                path = Path(tmp) / "events.db"
+                asyncio.run(run(path, synchronous, args.seconds, args.producers, rate))
+
+
+if __name__ == "__main__":
+    main()

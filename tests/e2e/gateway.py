@@ -1,0 +1,109 @@
+"""Start `gpulane serve` as a user does (a subprocess on a free port) for e2e tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fake_model(name: str, *extra: str, ttl: int | None = None) -> str:
+    """A config entry running tools.fake_upstream as this model's server."""
+    args = " ".join(extra)
+    entry = f"""
+      {name}:
+        cmd: {sys.executable} -m tools.fake_upstream --port ${{PORT}} --name {name} {args}
+        checkEndpoint: /health
+    """
+    if ttl is not None:
+        entry += f"    ttl: {ttl}\n"
+    return textwrap.dedent(entry)
+
+
+class Gateway:
+    def __init__(self, tmp: Path, config_text: str) -> None:
+        self.tmp = tmp
+        self.config = tmp / "config.yaml"
+        self.config.write_text(config_text)
+        self.db = tmp / "gpulane.db"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "gpulane.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30) -> Gateway:
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--config", str(self.config),
+             "--listen", f"127.0.0.1:{self.port}", "--db", str(self.db)],
+            cwd=REPO,
+            env=env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gpulane exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).text == "OK":
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"gpulane did not answer /health:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60), **kw)
+
+    def sql(self, query: str, *params: Any) -> list[sqlite3.Row]:
+        """Plain SQL against the gateway's database, as a user would run it."""
+        conn = sqlite3.connect(self.db, timeout=10)
+        conn.row_factory = sqlite3.Row
+        try:
+            return conn.execute(query, params).fetchall()
+        finally:
+            conn.close()
+
+    def wait_for(
+        self, query: str, *params: Any, count: int = 1, timeout: float = 10
+    ) -> list[sqlite3.Row]:
+        """Rows of `query` once it returns at least `count` (events are group-committed
+        asynchronously, so a response can arrive just before its last event is on disk)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.sql(query, *params)
+            if len(rows) >= count or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.05)

@@ -1,0 +1,261 @@
+"""gpulane serve as a real process in front of real (fake) upstream processes."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.e2e.gateway import Gateway, fake_model
+
+Start = Callable[[str], Gateway]
+
+
+def chat(model: str, priority: str | None = None, **fake: object) -> tuple[dict[str, object], dict[str, str]]:
+    body: dict[str, object] = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    if fake:
+        body["fake"] = fake
+    headers = {"X-LlamaSwap-Priority": priority} if priority is not None else {}
+    return body, headers
+
+
+def three_models(**serial: object) -> str:
+    settings = "".join(f"        {k}: {v}\n" for k, v in serial.items())
+    return (
+        "routing:\n  scheduler:\n    use: serial\n    settings:\n      serial:\n"
+        + (settings or "        swapAffinityBonus: 10\n")
+        + "models:"
+        + "".join(fake_model(m) for m in ("A", "B", "C")).replace("\n", "\n  ")
+        + "\n"
+    )
+
+
+def post_in_order(gw: Gateway, requests: list[tuple[str, str | None]], gap: float = 0.15) -> list[str]:
+    """Send requests one after another (each enqueued before the next) while a
+    long job holds the GPU; return request ids in the order their responses ended."""
+    finished: list[str] = []
+    with cf.ThreadPoolExecutor(len(requests) + 1) as pool, gw.client() as client:
+        long_body, _ = chat("A", delay=1.5)
+        blocker = pool.submit(client.post, "/v1/chat/completions", json=long_body)
+        time.sleep(0.4)
+        futures = []
+        for model, priority in requests:
+            body, headers = chat(model, priority)
+            fut = pool.submit(client.post, "/v1/chat/completions", json=body, headers=headers)
+            fut.add_done_callback(lambda f: finished.append(f.result().headers["x-request-id"]))
+            futures.append(fut)
+            time.sleep(gap)
+        blocker.result()
+        ids = [f.result().headers["x-request-id"] for f in futures]
+    # Order of dispatch, from the log (response end times can race by microseconds).
+    rows = gw.wait_for(
+        "SELECT id FROM requests WHERE status='completed' AND id IN (%s) ORDER BY dispatched_at"
+        % ",".join("?" * len(ids)),
+        *ids,
+        count=len(ids),
+    )
+    order = [r["id"] for r in rows]
+    assert sorted(order) == sorted(ids)
+    return [ids.index(i) for i in order]  # type: ignore[misc]
+
+
+def test_chat_completion_through_the_proxy_carries_decision_headers(gateway: Start) -> None:
+    gw = gateway(three_models())
+    with gw.client() as client:
+        body, headers = chat("A", "interactive", reply="hello there")
+        r = client.post("/v1/chat/completions", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "hello there"
+    assert r.headers["x-served-by"] == "A"
+    assert r.headers["x-gpulane-band"] == "interactive"
+    assert float(r.headers["x-gpulane-score"]) >= 100
+    assert float(r.headers["x-gpulane-queue-wait-ms"]) >= 0
+    rows = gw.wait_for("SELECT * FROM requests WHERE id=? AND status='completed'", r.headers["x-request-id"])
+    assert rows[0]["priority"] == 100
+    assert rows[0]["input_tokens"] is not None and rows[0]["output_tokens"] is not None
+
+
+def test_openai_client_sends_priority_with_extra_headers_and_streams(gateway: Start) -> None:
+    gw = gateway(three_models())
+    client = OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model="B",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"X-LlamaSwap-Priority": "batch"},
+        extra_body={"fake": {"reply": "from b"}},
+    )
+    assert reply.choices[0].message.content == "from b"
+    stream = client.chat.completions.create(
+        model="B",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        extra_headers={"X-LlamaSwap-Priority": "-98"},
+        extra_body={"fake": {"reply": "one two three four", "chunks": 4}},
+    )
+    text = "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
+    assert text.replace(" ", "") == "onetwothreefour"
+    rows = gw.wait_for(
+        "SELECT priority, band FROM requests WHERE status='completed' ORDER BY enqueued_at", count=2
+    )
+    assert [(r["priority"], r["band"]) for r in rows] == [(-100, "batch"), (-98, "batch")]
+
+
+def test_streamed_chunks_arrive_as_the_upstream_sends_them(gateway: Start) -> None:
+    gw = gateway(three_models())
+    body, _ = chat("A", chunks=3, chunk_delay=0.5, reply="a b c")
+    body["stream"] = True
+    arrivals = []
+    with gw.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        for chunk in r.iter_raw():
+            if chunk.strip():
+                arrivals.append(time.monotonic())
+    assert arrivals[-1] - arrivals[0] >= 0.8  # not buffered until the end
+
+
+def test_mixed_priorities_are_served_by_score_while_a_long_job_runs(gateway: Start) -> None:
+    gw = gateway(three_models(swapAffinityBonus=0))
+    order = post_in_order(gw, [("A", "batch"), ("A", None), ("A", "interactive"), ("A", "101"), ("A", "-99")])
+    # 101 > interactive(100) > normal > -99 > batch(-100)
+    assert order == [3, 2, 1, 4, 0]
+
+
+def test_a_b_c_a_with_a_resident_is_served_a_a_b_c(gateway: Start) -> None:
+    gw = gateway(three_models(swapAffinityBonus=10))
+    assert post_in_order(gw, [("A", None), ("B", None), ("C", None), ("A", None)]) == [0, 3, 1, 2]
+
+
+def test_a_b_c_a_at_bonus_zero_is_plain_arrival_order(gateway: Start) -> None:
+    gw = gateway(three_models(swapAffinityBonus=0))
+    assert post_in_order(gw, [("A", None), ("B", None), ("C", None), ("A", None)]) == [0, 1, 2, 3]
+
+
+def test_aging_lets_a_batch_request_overtake_a_fresh_interactive_one(gateway: Start) -> None:
+    # 0.004 s per point: after ~0.9 s of waiting a batch request gains > 200 points.
+    gw = gateway(three_models(agingDivisor=0.004, swapAffinityBonus=0))
+    assert post_in_order(gw, [("A", "batch"), ("A", "interactive")], gap=0.9) == [0, 1]
+
+
+def test_without_aging_the_interactive_request_goes_first(gateway: Start) -> None:
+    gw = gateway(three_models(agingDivisor=0, swapAffinityBonus=0))
+    assert post_in_order(gw, [("A", "batch"), ("A", "interactive")], gap=0.9) == [1, 0]
+
+
+def test_queued_client_that_disconnects_is_cancelled_and_the_queue_moves_on(gateway: Start) -> None:
+    gw = gateway(three_models())
+    with cf.ThreadPoolExecutor(3) as pool, gw.client() as client:
+        blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5)[0])
+        time.sleep(0.3)
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=gw.url, timeout=0.3) as impatient:
+            impatient.post("/v1/chat/completions", json=chat("A", "interactive")[0])
+        after = pool.submit(client.post, "/v1/chat/completions", json=chat("A")[0])
+        assert blocker.result().status_code == 200
+        assert after.result().status_code == 200
+    rows = gw.wait_for("SELECT status, error FROM requests WHERE status='cancelled'")
+    assert len(rows) == 1
+    assert gw.sql("SELECT data FROM events WHERE type='request_cancelled'")[0]["data"].find("client_gone") > 0
+
+
+def test_client_leaving_mid_stream_frees_the_gpu_at_once(gateway: Start) -> None:
+    gw = gateway(three_models())
+    body, _ = chat("A", chunks=50, chunk_delay=0.2)
+    body["stream"] = True
+    with gw.client() as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            next(r.iter_raw())
+        t0 = time.monotonic()
+        r2 = client.post("/v1/chat/completions", json=chat("A")[0])
+        assert r2.status_code == 200
+        assert time.monotonic() - t0 < 5  # the 10 s stream was not waited for
+    rows = gw.wait_for("SELECT status FROM requests WHERE status='cancelled'")
+    assert len(rows) == 1
+
+
+def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(gateway: Start) -> None:
+    gw = gateway(three_models() + "server:\n  maxBodyBytes: 2000\n")
+    with gw.client() as client:
+        r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        r = client.post("/v1/chat/completions", json={"messages": []})
+        assert r.status_code == 400 and "model" in r.json()["error"]["message"]
+        r = client.post("/v1/chat/completions", json={"model": "nope"})
+        assert r.status_code == 404
+        assert "A, B, C" in r.json()["error"]["message"]
+        r = client.post("/v1/chat/completions", json={"model": "A", "pad": "x" * 5000})
+        assert r.status_code == 413 and "2000" in r.json()["error"]["message"]
+        assert client.post("/v1/chat/completions", json=chat("A")[0]).status_code == 200
+    rows = gw.wait_for("SELECT http_status FROM requests WHERE status='failed' ORDER BY enqueued_at", count=4)
+    statuses = [r["http_status"] for r in rows]
+    assert statuses == [400, 400, 404, 413]
+
+
+def test_upstream_that_fails_to_start_gives_502_with_its_output(gateway: Start) -> None:
+    config = three_models() + "".join(
+        fake_model("broken", "--exit-at-start").replace("\n", "\n  ")
+    )
+    gw = gateway(config.replace("models:", "models:", 1))
+    with gw.client() as client:
+        r = client.post("/v1/chat/completions", json=chat("broken")[0])
+        assert r.status_code == 502
+        assert "failed to start" in r.json()["error"]["message"]
+        assert client.post("/v1/chat/completions", json=chat("A")[0]).status_code == 200
+    rows = gw.wait_for("SELECT http_status, error FROM requests WHERE status='failed'")
+    assert rows[0]["http_status"] == 502
+
+
+def test_upstream_dying_mid_stream_is_recorded_failed_and_the_next_request_works(gateway: Start) -> None:
+    gw = gateway(three_models())
+    body, _ = chat("A", chunks=6, chunk_delay=0.05, die_mid_stream=True)
+    body["stream"] = True
+    with gw.client() as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            data = b"".join(r.iter_raw())
+        assert b"[DONE]" not in data
+        r2 = client.post("/v1/chat/completions", json=chat("A")[0])
+        assert r2.status_code == 200
+    rows = gw.wait_for("SELECT error FROM requests WHERE status='failed'")
+    assert "early" in rows[0]["error"]
+    assert gw.wait_for("SELECT 1 FROM events WHERE type='process_stopped' AND data LIKE '%crashed%'")
+
+
+def test_one_model_resident_at_a_time(gateway: Start) -> None:
+    gw = gateway(three_models())
+    with gw.client() as client:
+        assert client.post("/v1/chat/completions", json=chat("A")[0]).status_code == 200
+        running = client.get("/running").json()["running"]
+        assert [m["model"] for m in running] == ["A"]
+        pid_a = running[0]["pid"]
+        assert client.post("/v1/chat/completions", json=chat("B")[0]).headers["x-served-by"] == "B"
+        running = client.get("/running").json()["running"]
+        assert [m["model"] for m in running] == ["B"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid_a, 0)
+    swaps = gw.sql("SELECT data FROM events WHERE type='swap_started' ORDER BY seq")
+    assert [json.loads(s["data"])["to_model"] for s in swaps] == ["A", "B"]
+
+
+def test_metrics_after_a_known_sequence(gateway: Start) -> None:
+    gw = gateway(three_models(swapAffinityBonus=10))
+    post_in_order(gw, [("A", None), ("B", None), ("C", None), ("A", None)])
+    with gw.client() as client:
+        text = client.get("/metrics").text
+    assert 'llamaswap_scheduler_dispatched_total{band="normal"} 5.0' in text
+    # The second A overtook B and C: swap affinity changed exactly that pick.
+    assert 'llamaswap_scheduler_reorders_total{band="normal",reason="swap_affinity"} 1.0' in text
+    assert 'llamaswap_scheduler_queue_depth{band="normal"} 0.0' in text
+    assert 'gpulane_swaps_total{model="B",outcome="ok"} 1.0' in text
+    assert 'gpulane_upstream_up{model="C"} 1.0' in text
+
+
+def test_models_list_and_health(gateway: Start) -> None:
+    gw = gateway(three_models())
+    with gw.client() as client:
+        assert client.get("/health").text == "OK"
+        ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+    assert ids == ["A", "B", "C"]

@@ -1,0 +1,317 @@
+"""The event store contract, run over every implementation, then what only SQLite must do."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event as sa_event
+from sqlalchemy.engine import Engine
+
+from app.core import events as ev
+from app.store.engine import DatabaseError, create_engine, open_database
+from app.store.event_store import (
+    SqliteEventStore,
+    last_seq,
+    open_processes,
+    open_requests,
+    read_events,
+)
+from app.store.memory_store import InMemoryEventStore
+from app.store.port import EventStore, StoreError
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "events_v1.jsonl"
+T0 = 1_735_689_600_000_000_000
+
+
+def enqueued(rid: str, at: int = T0, **kw: Any) -> ev.RequestEnqueued:
+    fields: dict[str, Any] = {
+        "model": "qwen",
+        "model_requested": "qwen",
+        "endpoint": "/v1/chat/completions",
+        "priority": 0,
+        "band": "normal",
+    }
+    return ev.RequestEnqueued(at=at, request_id=rid, **(fields | kw))
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventStore]:
+    engine = None
+    s: EventStore
+    if request.param == "memory":
+        s = InMemoryEventStore()
+    else:
+        engine = open_database(tmp_path / "events.db")
+        s = SqliteEventStore(engine)
+    s.start()
+    yield s
+    await s.close()
+    if engine is not None:
+        engine.dispose()
+
+
+# -- the contract ---------------------------------------------------------------------------
+
+
+async def test_append_returns_increasing_seqs_and_reads_back_in_order(store: EventStore) -> None:
+    first = await store.append([enqueued("a"), enqueued("b")])
+    second = await store.append([enqueued("c")])
+    assert len(first) == 2 and len(second) == 1
+    assert first[0] < first[1] < second[0]
+    assert [e.request_id for _, e in store.read()] == ["a", "b", "c"]  # type: ignore[union-attr]
+    assert [seq for seq, _ in store.read()] == [*first, *second]
+
+
+async def test_empty_append_is_a_no_op(store: EventStore) -> None:
+    assert await store.append([]) == []
+    assert store.read() == []
+
+
+async def test_submit_does_not_wait_and_keeps_call_order(store: EventStore) -> None:
+    futures = [store.submit([enqueued(f"r{i}")]) for i in range(50)]
+    last = await store.append([enqueued("last")])
+    seqs = [seq for f in futures for seq in await f]
+    assert seqs == sorted(seqs) and seqs[-1] < last[0]
+    assert [e.request_id for _, e in store.read()] == [  # type: ignore[union-attr]
+        *(f"r{i}" for i in range(50)),
+        "last",
+    ]
+
+
+async def test_many_concurrent_producers_keep_their_own_order(store: EventStore) -> None:
+    rng = random.Random(7)
+    sent: dict[str, list[str]] = {}
+
+    async def producer(name: str) -> list[int]:
+        awaited: list[int] = []
+        for i in range(30):
+            group = [enqueued(f"{name}-{i}-{j}") for j in range(rng.randint(1, 3))]
+            sent.setdefault(name, []).extend(e.request_id for e in group)
+            if rng.random() < 0.5:
+                awaited += await store.append(group)
+            else:
+                store.submit(group)
+                await asyncio.sleep(0)
+        return awaited
+
+    results = await asyncio.gather(*(producer(f"p{n}") for n in range(20)))
+    await store.append([enqueued("barrier")])
+    events = store.read()
+    seqs = [seq for seq, _ in events]
+    assert seqs == sorted(set(seqs))
+    for name, rids in sent.items():
+        logged = [e.request_id for _, e in events if e.request_id.startswith(f"{name}-")]  # type: ignore[union-attr]
+        assert logged == rids
+    assert all(awaited == sorted(awaited) for awaited in results)
+
+
+async def test_close_flushes_everything_submitted(store: EventStore) -> None:
+    futures = [store.submit([enqueued(f"r{i}")]) for i in range(100)]
+    await store.close()
+    assert all(f.done() and not f.exception() for f in futures)
+    assert len(store.read()) == 100
+    with pytest.raises(StoreError):
+        store.submit([enqueued("late")])
+
+
+async def test_every_event_type_reads_back_equal(store: EventStore) -> None:
+    originals = [ev.decode(line) for line in FIXTURE.read_text().splitlines()]
+    seqs = await store.append(originals)
+    assert store.read() == list(zip(seqs, originals, strict=True))
+
+
+async def test_read_filters(store: EventStore) -> None:
+    seqs = await store.append([enqueued("a"), enqueued("b"), enqueued("a", attempt=2)])
+    assert [s for s, _ in store.read(request_id="a")] == [seqs[0], seqs[2]]
+    assert [s for s, _ in store.read(after_seq=seqs[0])] == seqs[1:]
+    assert [s for s, _ in store.read(limit=2)] == seqs[:2]
+
+
+async def test_submit_before_start_is_refused() -> None:
+    with pytest.raises(StoreError):
+        InMemoryEventStore().submit([enqueued("a")])
+
+
+# -- SQLite only ----------------------------------------------------------------------------
+
+
+async def test_sqlite_submit_before_start_is_refused(tmp_path: Path) -> None:
+    engine = open_database(tmp_path / "events.db")
+    store = SqliteEventStore(engine)
+    with pytest.raises(StoreError, match="not started"):
+        store.submit([enqueued("a")])
+    await store.close()
+    engine.dispose()
+
+
+async def test_events_survive_reopening_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    engine = open_database(path)
+    store = SqliteEventStore(engine)
+    store.start()
+    first = await store.append([enqueued("a"), enqueued("b")])
+    await store.close()
+    engine.dispose()
+
+    engine = open_database(path)
+    assert [(s, e.request_id) for s, e in read_events(engine)] == [  # type: ignore[union-attr]
+        (first[0], "a"),
+        (first[1], "b"),
+    ]
+    store = SqliteEventStore(engine)
+    store.start()
+    assert await store.append([enqueued("c")]) == [first[1] + 1]
+    await store.close()
+    assert last_seq(engine) == first[1] + 1
+    engine.dispose()
+
+
+async def test_read_models_commit_with_their_events(tmp_path: Path) -> None:
+    engine = open_database(tmp_path / "events.db")
+    store = SqliteEventStore(engine)
+    store.start()
+    await store.append([enqueued("a"), enqueued("b", at=T0 + 1)])
+    store.submit(
+        [
+            ev.RequestDispatched(at=T0 + 2, request_id="a", model="qwen"),
+            ev.ProcessStarted(at=T0 + 3, model="qwen", pid=41, cmdline=["llama-server", "-m", "q"]),
+        ]
+    )
+    seqs = await store.append([ev.ProcessStarted(at=T0 + 4, model="x", pid=42, cmdline=["x"])])
+    await store.close()
+    assert [(r.id, r.status) for r in open_requests(engine)] == [("a", "running"), ("b", "queued")]
+    assert [(p.pid, p.cmdline) for p in open_processes(engine)] == [
+        (41, ["llama-server", "-m", "q"]),
+        (42, ["x"]),
+    ]
+    with engine.connect() as conn:
+        position = conn.exec_driver_sql("SELECT seq FROM projection_position").scalar()
+    assert position == seqs[0] == last_seq(engine)
+    engine.dispose()
+
+
+async def test_a_failed_write_sets_failure_fails_its_futures_and_the_writer_carries_on(
+    tmp_path: Path,
+) -> None:
+    engine = open_database(tmp_path / "events.db")
+    read_only = False
+
+    @sa_event.listens_for(engine, "begin")
+    def _query_only(conn: Any) -> None:
+        # Runs after engine.py's BEGIN: writes in this transaction fail as on a read-only disk.
+        conn.exec_driver_sql(f"PRAGMA query_only = {int(read_only)}")
+
+    store = SqliteEventStore(engine)
+    store.start()
+    await store.append([enqueued("a")])
+
+    read_only = True
+    submitted = store.submit([enqueued("b")])
+    with pytest.raises(StoreError, match="readonly"):
+        await store.append([enqueued("c")])
+    with pytest.raises(StoreError):
+        await submitted
+    assert store.failure is not None and "readonly" in store.failure
+
+    read_only = False
+    assert await store.append([enqueued("d")]) == [2]
+    assert store.failure is None
+    await store.close()
+    assert [e.request_id for _, e in read_events(engine)] == ["a", "d"]  # type: ignore[union-attr]
+    engine.dispose()
+
+
+@pytest.mark.parametrize(("synchronous", "level"), [("full", 2), ("normal", 1)])
+def test_pragmas(tmp_path: Path, synchronous: Any, level: int) -> None:
+    engine = open_database(tmp_path / "events.db", synchronous=synchronous)
+    with engine.connect() as conn:
+
+        def pragma(name: str) -> Any:
+            return conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+
+        assert pragma("journal_mode") == "wal"
+        assert pragma("synchronous") == level
+        assert pragma("busy_timeout") == 5000
+        assert pragma("foreign_keys") == 1
+    engine.dispose()
+
+
+def test_an_unknown_synchronous_setting_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'fast'"):
+        create_engine(tmp_path / "x.db", synchronous="fast")  # type: ignore[arg-type]
+
+
+# -- files that are not a usable gpulane database --------------------------------------------
+
+
+def _migrated(path: Path) -> Engine:
+    """A real gpulane database, several pages long."""
+    engine = open_database(path)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE padding (x)")
+        conn.exec_driver_sql("INSERT INTO padding VALUES (?)", [(b"p" * 900,)] * 100)
+    return engine
+
+
+def _random_file(path: Path) -> None:
+    path.write_bytes(os.urandom(8192))
+
+
+def _corrupt_sqlite(path: Path) -> None:
+    _migrated(path).dispose()
+    with path.open("r+b") as f:  # keep the header, wreck the schema page and beyond
+        f.seek(100)
+        f.write(os.urandom(16384))
+
+
+def _foreign_sqlite(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+
+
+def _newer_schema(path: Path) -> None:
+    engine = _migrated(path)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0999_from_the_future'")
+    engine.dispose()
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (_random_file, "not an SQLite database"),
+        (_corrupt_sqlite, "corrupt"),
+        (_foreign_sqlite, "not a gpulane database"),
+        (_newer_schema, "newer than this gpulane"),
+        (_directory, "is a directory"),
+    ],
+    ids=["random-bytes", "corrupt", "foreign-sqlite", "newer-schema", "directory"],
+)
+def test_unusable_files_give_a_database_error_naming_the_file(
+    tmp_path: Path, make: Any, problem: str
+) -> None:
+    path = tmp_path / "gpulane.db"
+    make(path)
+    with pytest.raises(DatabaseError) as info:
+        open_database(path)
+    assert str(path) in str(info.value)
+    assert problem in str(info.value)
+
+
+def test_an_empty_file_becomes_a_new_database(tmp_path: Path) -> None:
+    path = tmp_path / "gpulane.db"
+    path.touch()
+    engine = open_database(path)
+    assert last_seq(engine) == 0
+    engine.dispose()

@@ -1,0 +1,76 @@
+"""Alembic owns the schema, and what it builds is exactly what tables.py describes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from app import cli
+from app.store import commands, migrate
+from app.store.engine import create_engine, open_database
+from app.store.tables import metadata
+
+
+def _tables(engine: sqlalchemy.Engine) -> set[str]:
+    return set(sqlalchemy.inspect(engine).get_table_names())
+
+
+def test_upgrade_head_builds_exactly_the_metadata(tmp_path: Path) -> None:
+    engine = open_database(tmp_path / "gpulane.db")
+    with engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn), metadata)
+    engine.dispose()
+    assert diffs == []
+
+
+def test_downgrade_base_then_upgrade_head(tmp_path: Path) -> None:
+    engine = create_engine(tmp_path / "gpulane.db")
+    migrate.upgrade_to_head(engine)
+    assert set(metadata.tables) <= _tables(engine)
+    migrate.downgrade_to_base(engine)
+    assert _tables(engine) == {"alembic_version"}
+    migrate.upgrade_to_head(engine)
+    assert set(metadata.tables) <= _tables(engine)
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+    engine.dispose()
+
+
+def test_one_linear_history() -> None:
+    scripts = ScriptDirectory.from_config(migrate.alembic_config())
+    assert len(scripts.get_heads()) == 1
+    assert scripts.get_base() == "0001"
+
+
+def test_opening_twice_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "gpulane.db"
+    open_database(path).dispose()
+    engine = open_database(path)
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+    engine.dispose()
+
+
+def test_db_upgrade_runs_from_any_directory_without_alembic_ini(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["db", "upgrade", "--db", "new.db"]) == 0
+    assert f"at schema revision {migrate.head_revision()}" in capsys.readouterr().out
+    engine = create_engine(tmp_path / "new.db")
+    assert set(metadata.tables) <= _tables(engine)
+    engine.dispose()
+
+
+def test_db_upgrade_refuses_an_unusable_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("shopping list\n")
+    assert commands.upgrade(str(path)) == 1
+    assert f"{path}: not an SQLite database" in capsys.readouterr().err

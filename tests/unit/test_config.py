@@ -1,0 +1,552 @@
+"""Config loading: llama-swap compatibility, strict errors, macros, check-config."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.config import (
+    DEFAULT_IGNORE_PATHS,
+    NEVER_MATCHES,
+    Config,
+    ConfigError,
+    load_config,
+    parse_config,
+)
+from app.macros import split_args, strip_comments
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "config.example.yaml"
+LLAMA_SWAP = ROOT / "tests" / "fixtures" / "config" / "llama-swap.yaml"
+ENV = {"HOME": "/home/tester"}
+
+
+def parse(text: str, environ: dict[str, str] | None = None) -> Config:
+    return parse_config(textwrap.dedent(text), environ=ENV if environ is None else environ)
+
+
+def errors_of(text: str, environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse(text, environ)
+    assert str(caught.value) == "\n".join(caught.value.errors)
+    return caught.value.errors
+
+
+def one_model(extra: str = "", cmd: str = "server --port ${PORT}") -> str:
+    body = textwrap.indent(textwrap.dedent(extra), "    ")
+    return f"models:\n  m:\n    cmd: {cmd}\n{body}"
+
+
+def serial_settings(line: str) -> str:
+    return f"routing:\n  scheduler:\n    settings:\n      serial:\n        {line}\n"
+
+
+# --- loading real configs ---------------------------------------------------------
+
+
+def test_example_config_loads_with_home_from_environ() -> None:
+    config = load_config(EXAMPLE, environ=ENV)
+
+    assert list(config.models) == ["smollm2", "smollm2-long"]
+    short, long = config.models["smollm2"], config.models["smollm2-long"]
+    server = "/home/tester/.cache/gpulane/bin/llama-server"
+    gguf = "/home/tester/.cache/gpulane/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert short.cmd == (server, "--port", "5800", "-m", gguf, "-c", "2048", "--log-disable")
+    assert long.cmd == (server, "--port", "5801", "-m", gguf, "-c", "4096", "--log-disable")
+    assert (short.proxy, long.proxy) == ("http://localhost:5800", "http://localhost:5801")
+    assert config.resolve_model("smollm2-4k") == "smollm2-long"
+    assert config.warnings == ()
+    assert config.scheduler == "serial"
+    assert config.database_path == "gpulane.db"
+    assert config.source == str(EXAMPLE)
+
+
+def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
+    config = load_config(LLAMA_SWAP, environ={**ENV, "API_KEY_1": "sk-env"})
+
+    warned = sorted(w.split(":", 1)[0] for w in config.warnings)
+    assert warned == sorted(
+        [
+            "logTimeFormat",
+            "logToStdout",
+            "metricsMaxInMemory",
+            "captureBuffer",
+            "includeAliasesInList",
+            "groups",
+            "profiles",
+            "peers",
+            "models.gpt-oss-120b.filters.setParamsByID",
+            "models.gpt-oss-120b.timeouts",
+        ]
+    )
+    assert all("ignored" in w for w in config.warnings)
+    assert config.health_check_timeout == 500
+    assert config.api_keys == ("sk-hunter2", "sk-env")
+    assert config.preload == ("gpt-oss-120b",)  # given as an alias
+
+
+def test_llama_swap_model_settings_resolve() -> None:
+    config = load_config(LLAMA_SWAP, environ={**ENV, "API_KEY_1": "k"})
+    gpt = config.models["gpt-oss-120b"]
+
+    # model macros override global ones, even inside other global macros
+    assert gpt.cmd == (
+        "/opt/llama.cpp/llama-server",
+        "--port",
+        "10001",
+        "--model",
+        "/home/tester/models/gpt-oss-120B.gguf",
+        "--ctx-size",
+        "16384",
+        "--temperature",
+        "0.7",
+    )
+    assert gpt.metadata["port"] == 10001  # a lone macro keeps its type
+    assert gpt.metadata["temperature"] == 0.7
+    assert gpt.metadata["note"] == (
+        "The gpt-oss-120b is running on port 10001 temp=0.7, context=16384"
+    )
+    assert gpt.strip_params == ("temperature", "top_p", "top_k")
+    assert gpt.set_params == {"temperature": 0.7, "top_p": 0.9}
+    assert gpt.env == {"CUDA_VISIBLE_DEVICES": "0,1,2"}
+    assert gpt.ttl == 60
+    assert gpt.use_model_name == "openai/gpt-oss-120B"
+    assert gpt.concurrency_limit == 10  # 0 means the default
+    assert gpt.send_loading_state is False  # model overrides the global true
+
+    docker = config.models["docker-llama"]
+    assert docker.port is None
+    assert docker.proxy == "http://127.0.0.1:9790"
+    assert docker.cmd_stop == ("docker", "stop", "docker-llama")
+    assert docker.check_endpoint is None
+    assert docker.ttl == 300  # globalTTL
+    assert docker.unload_timeout == 30
+    assert config.models["qwen-unlisted"].unlisted is True
+
+
+# --- strictness ------------------------------------------------------------------
+
+
+def test_unknown_key_names_full_path_and_closest_key() -> None:
+    errors = errors_of(one_model("chekEndpoint: /health\n"))
+    assert errors == ["models.m.chekEndpoint: unknown key; did you mean 'checkEndpoint'?"]
+
+
+def test_snake_case_key_suggests_camel_case() -> None:
+    errors = errors_of(one_model() + "health_check_timeout: 10\n")
+    assert errors == ["health_check_timeout: unknown key; did you mean 'healthCheckTimeout'?"]
+
+
+def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
+    (error,) = errors_of(one_model() + "routing:\n  zzz: 1\n")
+    assert error.startswith("routing.zzz: unknown key; allowed keys: scheduler")
+
+
+def test_all_errors_are_reported_together() -> None:
+    errors = errors_of(
+        """
+        logLevel: verbose
+        startPort: 0
+        models:
+          a:
+            cmd: server --port ${PORT}
+            ttl: 5m
+            bogus: 1
+          b:
+            proxy: http://localhost:9000
+        """
+    )
+    assert len(errors) == 5, errors
+    text = "\n".join(errors)
+    assert "logLevel: 'verbose' is not allowed; expected one of debug, info, warn, error" in text
+    assert "startPort: 0 is out of range; expected 1..65535" in text
+    assert "models.a.ttl: expected a number, got '5m' (a string)" in text
+    assert "models.a.bogus: unknown key" in text
+    assert "models.b.cmd: required key is missing" in text
+
+
+def test_wrong_type_names_key_value_and_expected_type() -> None:
+    errors = errors_of(one_model("unlisted: 3\nenv: [A=1, 7]\n"))
+    assert "models.m.unlisted: expected a boolean, got 3 (an integer)" in errors
+    assert "models.m.env[1]: expected a string, got 7 (an integer)" in errors
+
+
+@pytest.mark.parametrize("bonus", [-1, 100])
+def test_swap_affinity_bonus_out_of_range_names_key_value_and_range(bonus: int) -> None:
+    (error,) = errors_of(one_model() + serial_settings(f"swapAffinityBonus: {bonus}"))
+    assert error.startswith(
+        f"routing.scheduler.settings.serial.swapAffinityBonus: {bonus} is out of range; "
+        "expected an integer 0..99"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("-1", "-1.0 is out of range"), ("0.0000000001", "1e-10 has too many decimal places")],
+)
+def test_aging_divisor_out_of_range_names_key_value_and_range(value: str, problem: str) -> None:
+    (error,) = errors_of(one_model() + serial_settings(f"agingDivisor: {value}"))
+    assert error.startswith(f"routing.scheduler.settings.serial.agingDivisor: {problem}")
+    assert "a number >= 0 (0 disables aging) with at most 9 decimal places" in error
+
+
+@pytest.mark.parametrize(
+    ("value", "ns"),
+    [("60", 60_000_000_000), ("0", 0), ("0.1", 100_000_000), ("1.000000001", 1_000_000_001)],
+)
+def test_aging_divisor_converts_exactly_to_nanoseconds(value: str, ns: int) -> None:
+    config = parse(one_model() + serial_settings(f"agingDivisor: {value}"))
+    assert config.aging_divisor_ns == ns
+
+
+def test_duplicate_alias_across_models_is_an_error() -> None:
+    errors = errors_of(
+        """
+        models:
+          a: {cmd: "x --port ${PORT}", aliases: [shared]}
+          b: {cmd: "y --port ${PORT}", aliases: [shared]}
+        """
+    )
+    assert errors == ["models.b.aliases[0]: alias 'shared' is already an alias of 'a'"]
+
+
+def test_alias_equal_to_another_model_id_is_an_error() -> None:
+    errors = errors_of(
+        """
+        models:
+          a: {cmd: "x --port ${PORT}", aliases: [b]}
+          b: {cmd: "y --port ${PORT}"}
+        """
+    )
+    assert errors == ["models.a.aliases[0]: alias 'b' is also a model id"]
+
+
+def test_port_in_proxy_but_not_in_cmd_is_an_error() -> None:
+    errors = errors_of(one_model("proxy: http://localhost:${PORT}\n", cmd="server --port 9000"))
+    assert errors == ["models.m.proxy: uses ${PORT} but cmd does not use ${PORT}"]
+
+
+def test_default_proxy_needs_port_in_cmd() -> None:
+    (error,) = errors_of(one_model(cmd="server --port 9000"))
+    assert error.startswith("models.m.proxy: not set, and the default http://localhost:${PORT}")
+
+
+def test_duplicate_yaml_key_is_an_error() -> None:
+    errors = errors_of(
+        """
+        models:
+          m: {cmd: "x --port ${PORT}"}
+          m: {cmd: "y --port ${PORT}"}
+        """
+    )
+    assert any("duplicate key 'm'" in e for e in errors)
+
+
+def test_invalid_yaml_names_line_and_column() -> None:
+    errors = errors_of("models:\n  m: {cmd: x\n")
+    assert len(errors) == 1
+    assert errors[0].startswith("<string>: invalid YAML: line 3, column 1:")
+
+
+def test_preload_and_fifo_priority_must_name_known_models() -> None:
+    errors = errors_of(
+        one_model()
+        + "hooks:\n  on_startup:\n    preload: [mm]\n"
+        + "routing:\n  scheduler:\n    use: fifo\n    settings:\n      fifo:\n"
+        + "        priority: {ghost: 1}\n"
+    )
+    assert errors == [
+        "routing.scheduler.settings.fifo.priority.ghost: unknown model 'ghost'",
+        "hooks.on_startup.preload[0]: unknown model 'mm'; did you mean 'm'?",
+    ]
+
+
+def test_fifo_priority_applies_per_model_with_default_zero() -> None:
+    config = parse(
+        """
+        routing:
+          scheduler:
+            use: fifo
+            settings: {fifo: {priority: {a: 10, b: -5}}}
+        models:
+          a: {cmd: "x --port ${PORT}"}
+          b: {cmd: "x --port ${PORT}"}
+          c: {cmd: "x --port ${PORT}"}
+        """
+    )
+    assert config.scheduler == "fifo"
+    assert [m.fifo_priority for m in config.models.values()] == [10, -5, 0]
+
+
+def test_ignored_hook_warns_but_a_misspelt_one_is_an_error() -> None:
+    config = parse(one_model() + "hooks:\n  on_shutdown: {}\n")
+    assert config.warnings == (
+        "hooks.on_shutdown: llama-swap key ignored: gpulane only runs hooks.on_startup",
+    )
+    errors = errors_of(one_model() + "hooks:\n  on_statup: {}\n")
+    assert errors == ["hooks.on_statup: unknown key; did you mean 'on_startup'?"]
+
+
+# --- ports and cmd -----------------------------------------------------------------
+
+
+def test_ports_assigned_in_sorted_id_order_only_to_models_using_port() -> None:
+    config = parse(
+        """
+        startPort: 7000
+        models:
+          zeta: {cmd: "srv --port ${PORT}"}
+          alpha: {cmd: "srv --port ${PORT}"}
+          fixed: {cmd: "srv --port 9999", proxy: "http://127.0.0.1:9999"}
+          mid: {cmd: "srv --port ${PORT}"}
+        """
+    )
+    ports = {model_id: model.port for model_id, model in config.models.items()}
+    assert ports == {"alpha": 7000, "fixed": None, "mid": 7001, "zeta": 7002}
+    assert config.models["mid"].proxy == "http://localhost:7001"
+
+
+def test_port_in_a_user_macro_counts_as_cmd_using_port() -> None:
+    config = parse('macros: {srv: "server --port ${PORT}"}\n' + one_model(cmd="${srv} -m x"))
+    assert config.models["m"].cmd == ("server", "--port", "5800", "-m", "x")
+
+
+def test_multiline_cmd_with_comments_continuations_and_quotes_splits_like_a_shell() -> None:
+    config = parse(
+        r"""
+        models:
+          m:
+            cmd: |
+              # the server binary
+              /opt/llama-server --port ${PORT} \
+                --alias 'my model'   # trailing comment
+              --chat-template "a # not a comment"
+                --color=#fff --url=http://h/#frag
+              --joined=a\
+              b
+              --escaped \"q\"
+        """
+    )
+    assert config.models["m"].cmd == (
+        "/opt/llama-server",
+        "--port",
+        "5800",
+        "--alias",
+        "my model",
+        "--chat-template",
+        "a # not a comment",
+        "--color=#fff",
+        "--url=http://h/#frag",
+        "--joined=ab",
+        "--escaped",
+        '"q"',
+    )
+
+
+def test_comment_in_cmd_may_mention_an_undefined_macro() -> None:
+    assert strip_comments("# uses ${nothing}\nrun") == "\nrun"
+
+
+@given(st.lists(st.text(min_size=1), min_size=1, max_size=6))
+def test_quoted_arguments_survive_comment_stripping_and_splitting(argv: list[str]) -> None:
+    assert split_args(strip_comments(shlex.join(argv))) == argv
+
+
+def test_unbalanced_quote_in_cmd_is_an_error() -> None:
+    errors = errors_of(one_model(cmd='"srv --port ${PORT} \'open"'))
+    assert errors == ["models.m.cmd: cannot split into arguments: No closing quotation"]
+
+
+def test_cmd_stop_keeps_pid_for_the_runtime() -> None:
+    config = parse(one_model("cmdStop: kill -INT ${PID}\n"))
+    assert config.models["m"].cmd_stop == ("kill", "-INT", "${PID}")
+    errors = errors_of(one_model(cmd="srv --port ${PORT} --pid ${PID}"))
+    assert errors == ["models.m.cmd: ${PID} is only available in cmdStop"]
+
+
+# --- macros ---------------------------------------------------------------------------
+
+
+def test_missing_env_variable_is_an_error_naming_it() -> None:
+    errors = errors_of(one_model(cmd="srv --port ${PORT} -m ${env.GPULANE_MODELS}/x.gguf"))
+    assert errors == [
+        "models.m.cmd: environment variable GPULANE_MODELS is not set "
+        "(used as ${env.GPULANE_MODELS})"
+    ]
+
+
+def test_missing_env_variable_in_a_macro_is_reported_once_at_the_macro() -> None:
+    errors = errors_of(
+        """
+        macros: {dir: "${env.NOPE}/models"}
+        models:
+          a: {cmd: "srv --port ${PORT} ${dir}"}
+          b: {cmd: "srv --port ${PORT} ${dir}"}
+        """
+    )
+    assert errors == ["macros.dir: environment variable NOPE is not set (used as ${env.NOPE})"]
+
+
+def test_macro_cycle_is_an_error() -> None:
+    errors = errors_of('macros: {a: "x ${b}", b: "${c}", c: "${a}"}\n' + one_model())
+    assert errors == ["macros: cycle: a -> b -> c -> a"]
+
+
+def test_macros_may_reference_macros_defined_later() -> None:
+    config = parse(
+        'macros: {a: "${b} -c ${ctx}", b: srv, ctx: 2048}\n' + one_model(cmd="${a} --port ${PORT}")
+    )
+    assert config.models["m"].cmd == ("srv", "-c", "2048", "--port", "5800")
+
+
+def test_unknown_macro_names_model_and_macro() -> None:
+    errors = errors_of(one_model(cmd="srv --port ${PORT} -c ${ctxx}"))
+    assert errors == ["models.m.cmd: unknown macro ${ctxx}"]
+
+
+def test_reserved_macro_name_is_an_error() -> None:
+    errors = errors_of("macros: {MODEL_ID: x}\n" + one_model())
+    assert errors == ["macros.MODEL_ID: MODEL_ID is a reserved macro name"]
+
+
+def test_macros_expand_in_env_and_check_endpoint() -> None:
+    config = parse(
+        'macros: {root: "/srv"}\n'
+        + one_model('env: ["DIR=${root}/${MODEL_ID}", "P=${PORT}"]\ncheckEndpoint: /ready\n')
+    )
+    model = config.models["m"]
+    assert model.env == {"DIR": "/srv/m", "P": "5800"}
+    assert model.check_endpoint == "/ready"
+
+
+# --- defaults and gpulane keys -----------------------------------------------------------
+
+
+def test_defaults() -> None:
+    config = parse(one_model())
+    model = config.models["m"]
+    assert (config.health_check_timeout, config.start_port, config.log_level) == (120, 5800, "info")
+    assert (config.scheduler, config.aging_divisor, config.swap_affinity_bonus) == (
+        "serial",
+        60,
+        10,
+    )
+    assert (config.database_path, config.database_synchronous) == ("gpulane.db", "full")
+    assert (config.result_retention_s, config.max_attempts) == (7 * 86400, 3)
+    assert config.max_body_bytes == 64 * 1024 * 1024
+    assert config.ignore_paths == DEFAULT_IGNORE_PATHS
+    assert (config.api_keys, config.preload, config.send_loading_state) == ((), (), False)
+    assert model.check_endpoint == "/health"
+    assert (model.ttl, model.unload_timeout, model.concurrency_limit) == (0, 10, 10)
+    assert (model.aliases, model.strip_params, model.cmd_stop, model.fifo_priority) == (
+        (),
+        (),
+        None,
+        0,
+    )
+
+
+@pytest.mark.parametrize(("model_ttl", "expected"), [(None, 300), (-1, 300), (0, 0), (45, 45)])
+def test_model_ttl_merges_with_global_ttl(model_ttl: int | None, expected: float) -> None:
+    extra = "" if model_ttl is None else f"ttl: {model_ttl}\n"
+    assert parse("globalTTL: 300\n" + one_model(extra)).models["m"].ttl == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("7d", 604800), ("12h", 43200), ("30m", 1800), ("45s", 45), ("1d12h", 129600), ("90", 90)],
+)
+def test_result_retention_accepts_seconds_or_durations(value: str, seconds: float) -> None:
+    config = parse(one_model() + f"jobs: {{resultRetention: {value}}}\n")
+    assert config.result_retention_s == seconds
+
+
+def test_bad_result_retention_names_allowed_forms() -> None:
+    (error,) = errors_of(one_model() + "jobs: {resultRetention: 2w}\n")
+    assert error.startswith("jobs.resultRetention: '2w' is not a duration; expected seconds > 0")
+
+
+def test_strip_params_accepts_comma_string_or_list() -> None:
+    from_string = parse(one_model('filters: {stripParams: "a, b ,,c"}\n'))
+    from_list = parse(one_model("filters: {stripParams: [a, b, c]}\n"))
+    assert from_string.models["m"].strip_params == from_list.models["m"].strip_params
+    assert from_list.models["m"].strip_params == ("a", "b", "c")
+
+
+def test_ignore_paths_accepts_a_list_of_regexes_or_empty() -> None:
+    listed = parse(one_model() + "upstream: {ignorePaths: ['\\.js$', '^/static/']}\n")
+    assert listed.ignore_paths == r"(?:\.js$)|(?:^/static/)"
+    assert parse(one_model() + "upstream: {ignorePaths: ''}\n").ignore_paths == NEVER_MATCHES
+    (error,) = errors_of(one_model() + "upstream: {ignorePaths: '(unclosed'}\n")
+    assert error.startswith("upstream.ignorePaths: '(unclosed' is not a valid regex")
+
+
+def test_config_hash_is_stable_and_changes_with_settings_and_keys() -> None:
+    base = parse(one_model())
+    assert base.config_hash == parse(one_model()).config_hash
+    assert len(base.config_hash) == 16
+    assert base.config_hash != parse(one_model() + "logLevel: debug\n").config_hash
+    assert base.config_hash != parse(one_model() + "apiKeys: [k1]\n").config_hash
+    assert (
+        parse(one_model() + "apiKeys: [k1]\n").config_hash
+        != parse(one_model() + "apiKeys: [k2]\n").config_hash
+    )
+
+
+def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+
+
+# --- check-config -----------------------------------------------------------------------
+
+
+def run_check_config(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": "/home/tester"}
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "check-config", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_check_config_prints_resolved_config_and_exits_0(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text(one_model() + "apiKeys: [sk-secret]\ncaptureBuffer: 5\n")
+    result = run_check_config(str(path))
+    assert result.returncode == 0, result.stderr
+    assert "sk-secret" not in result.stdout
+    assert "- '***'" in result.stdout
+    assert "- '5800'" in result.stdout
+    assert "warning: captureBuffer: llama-swap key ignored" in result.stderr
+
+
+def test_check_config_json_output(tmp_path: Path) -> None:
+    import json
+
+    result = run_check_config(str(EXAMPLE), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["models"]["smollm2"]["port"] == 5800
+
+
+def test_check_config_reports_errors_and_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(one_model("chekEndpoint: /x\n"))
+    result = run_check_config(str(path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "1 config error" in result.stderr
+    assert "models.m.chekEndpoint: unknown key; did you mean 'checkEndpoint'?" in result.stderr

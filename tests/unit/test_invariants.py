@@ -1,0 +1,140 @@
+"""Each rule `gpulane db check` enforces, broken once, and the logs that must pass."""
+
+from __future__ import annotations
+
+from app.core import events as ev
+from app.store.invariants import audit
+
+T = 1_735_689_600_000_000_000
+
+
+def enq(rid: str, attempt: int = 1) -> ev.AnyEvent:
+    return ev.RequestEnqueued(
+        at=T,
+        request_id=rid,
+        model="m",
+        model_requested="m",
+        endpoint="/v1/chat/completions",
+        priority=0,
+        band="normal",
+        attempt=attempt,
+    )
+
+
+def dispatch(rid: str, attempt: int = 1) -> ev.AnyEvent:
+    return ev.RequestDispatched(at=T, request_id=rid, model="m", attempt=attempt)
+
+
+def done(rid: str) -> ev.AnyEvent:
+    return ev.RequestCompleted(at=T, request_id=rid, http_status=200)
+
+
+def failed(rid: str) -> ev.AnyEvent:
+    return ev.RequestFailed(at=T, request_id=rid, error="x")
+
+
+def swap(to: str) -> ev.AnyEvent:
+    return ev.SwapStarted(at=T, from_model=None, to_model=to)
+
+
+def swapped(model: str) -> ev.AnyEvent:
+    return ev.SwapFinished(at=T, model=model, duration_ms=1.0)
+
+
+def restart() -> ev.AnyEvent:
+    return ev.ServerStarted(
+        at=T, version="0", config_hash="", scheduler="serial", aging_divisor_ns=0,
+        swap_affinity_bonus=0,
+    )  # fmt: skip
+
+
+def violations(*events: ev.AnyEvent) -> list[tuple[int, str]]:
+    found = audit(enumerate(events, start=1)).violations
+    return [(v.seq, v.message) for v in found]
+
+
+def seqs(*events: ev.AnyEvent) -> list[int]:
+    return [seq for seq, _ in violations(*events)]
+
+
+def test_a_valid_log_passes_and_is_counted() -> None:
+    result = audit(
+        enumerate(
+            [
+                restart(),
+                enq("a"),
+                enq("b"),
+                swap("m"),
+                dispatch("a"),
+                swapped("m"),
+                done("a"),
+                ev.RequestCancelled(at=T, request_id="b", reason="client_gone"),
+                ev.RequestRejected(
+                    at=T, request_id="c", endpoint="/v1/x", http_status=400, error="bad"
+                ),
+            ],
+            start=1,
+        )
+    )
+    assert result.violations == []
+    assert (result.events, result.requests) == (9, 3)
+
+
+def test_dispatch_without_an_earlier_enqueue() -> None:
+    assert violations(dispatch("ghost"), enq("ghost")) == [
+        (1, "request_dispatched for ghost with no earlier request_enqueued")
+    ]
+
+
+def test_two_terminal_events_for_one_attempt() -> None:
+    found = violations(enq("a"), dispatch("a"), done("a"), failed("a"))
+    assert found == [
+        (4, "second terminal event (request_failed) for a attempt 1; the first is seq 3")
+    ]
+
+
+def test_a_new_attempt_may_end_again() -> None:
+    log = [enq("a"), dispatch("a"), failed("a"), enq("a", attempt=2), dispatch("a", 2), done("a")]
+    assert violations(*log) == []
+    requeued = [
+        enq("a"),
+        dispatch("a"),
+        failed("a"),
+        ev.RequestRequeued(at=T, request_id="a", attempt=2),
+    ]
+    assert violations(*requeued, dispatch("a", 2), done("a")) == []
+
+
+def test_dispatch_after_terminal_without_a_new_attempt() -> None:
+    assert seqs(enq("a"), done("a"), dispatch("a")) == [3]
+    # Requeueing with the same attempt number does not open a new attempt.
+    same = ev.RequestRequeued(at=T, request_id="a", attempt=1)
+    assert seqs(enq("a"), dispatch("a"), failed("a"), same, dispatch("a")) == [5]
+    assert seqs(enq("a"), failed("a"), enq("a", attempt=1), dispatch("a")) == [4]
+
+
+def test_requeue_of_an_unknown_request() -> None:
+    assert seqs(ev.RequestRequeued(at=T, request_id="x", attempt=2)) == [1]
+
+
+def test_a_swap_started_inside_another() -> None:
+    assert violations(swap("a"), swap("b"), swapped("b")) == [
+        (2, "swap to b started while the swap to a (seq 1) is unfinished")
+    ]
+
+
+def test_a_swap_finished_for_another_model() -> None:
+    assert violations(swap("a"), swapped("b")) == [
+        (2, "swap_finished for b but the swap in progress (seq 1) is to a")
+    ]
+
+
+def test_a_swap_failed_with_none_in_progress() -> None:
+    assert violations(swap("a"), swapped("a"), ev.SwapFailed(at=T, model="a", error="x")) == [
+        (3, "swap_failed for a with no swap in progress")
+    ]
+
+
+def test_a_restart_ends_the_swap_in_progress() -> None:
+    assert violations(swap("a"), restart(), swap("b"), swapped("b")) == []
+
