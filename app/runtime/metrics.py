@@ -30,8 +30,8 @@ class _QueueCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self._state()
         now = self._clock()
-        depth = dict.fromkeys(BANDS, 0)
-        oldest = dict.fromkeys(BANDS, 0.0)
+        depth: dict[str, int] = dict.fromkeys(BANDS, 0)
+        oldest: dict[str, float] = dict.fromkeys(BANDS, 0.0)
         for q in state.queue:
             band = band_of(state.requests[q.request_id].priority)
             depth[band] += 1
@@ -44,9 +44,9 @@ class _QueueCollector(Collector):
             "Wait so far of the oldest waiting request, by band",
             labels=["band"],
         )
-        for band in BANDS:
-            g_depth.add_metric([band], depth[band])
-            g_oldest.add_metric([band], oldest[band])
+        for label in BANDS:
+            g_depth.add_metric([label], depth[label])
+            g_oldest.add_metric([label], oldest[label])
         yield g_depth
         yield g_oldest
 
@@ -71,7 +71,9 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
-        self.swaps = Counter("gpulane_swaps", "Model swaps, by model and outcome", ["model", "outcome"], registry=r)
+        self.swaps = Counter(
+            "gpulane_swaps", "Model swaps, by model and outcome", ["model", "outcome"], registry=r
+        )
         self.swap_seconds = Histogram(
             "gpulane_swap_duration_seconds",
             "Time to load a model (start to healthy), by model",
@@ -80,10 +82,16 @@ class Metrics:
             registry=r,
         )
         self.upstream_up = Gauge(
-            "gpulane_upstream_up", "1 while the model's upstream process runs", ["model"], registry=r
+            "gpulane_upstream_up",
+            "1 while the model's upstream process runs",
+            ["model"],
+            registry=r,
         )
         self.finished = Counter(
-            "gpulane_requests_finished", "Requests that ended, by band and status", ["band", "status"], registry=r
+            "gpulane_requests_finished",
+            "Requests that ended, by band and status",
+            ["band", "status"],
+            registry=r,
         )
         r.register(_QueueCollector(state, clock))
 

@@ -1,7 +1,8 @@
 """Start-up recovery: close what a previous process left open.
 
-Only open requests and unstopped processes are read (from the read models),
-so recovery costs time in proportion to what was open, not to the log.
+Only open requests and unstopped processes are read (from the read models and
+their enqueue events), so recovery costs time in proportion to what was open,
+not to the length of the log.
 """
 
 from __future__ import annotations
@@ -10,40 +11,84 @@ import asyncio
 import logging
 from typing import Any
 
+import msgspec
+
 from app.core import events as ev
-from app.runtime.scheduler import Scheduler
+from app.runtime.scheduler import Scheduler, Ticket
 from app.runtime.upstream import kill_process_group, process_matches
-from app.store.event_store import open_processes, open_requests
+from app.store.event_store import open_processes
+from app.store.queries import open_enqueues
 
 log = logging.getLogger("gpulane.recovery")
 
 
-async def recover(scheduler: Scheduler, engine: Any) -> ev.RecoveryFinished:
-    counts = {"abandoned": 0, "processes_stopped": 0, "processes_left": 0}
+class Recovered(msgspec.Struct):
+    summary: ev.RecoveryFinished
+    jobs: list[tuple[Ticket, dict[str, Any]]]
+    """Durable jobs back in the queue, to be run when their turn comes."""
+
+
+async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recovered:
+    counts = dict.fromkeys(
+        ("requeued", "resumed", "abandoned", "failed", "processes_stopped", "processes_left"), 0
+    )
     events: list[ev.AnyEvent] = []
     for proc in open_processes(engine):
-        cmdline = list(proc.cmdline)
-        if process_matches(proc.pid, cmdline):
-            # A crash must never leave a model holding GPU memory.
+        if process_matches(proc.pid, list(proc.cmdline)):
+            # Stop it before anything new starts: a crash never leaves a model holding the GPU.
             await asyncio.to_thread(kill_process_group, proc.pid, 10.0)
             counts["processes_stopped"] += 1
         else:
             # Gone already, or the PID now belongs to someone else: leave it alone.
             counts["processes_left"] += 1
         events.append(
-            ev.ProcessStopped(at=scheduler.clock(), model=proc.model, pid=proc.pid, reason="recovered")
+            ev.ProcessStopped(
+                at=scheduler.clock(), model=proc.model, pid=proc.pid, reason="recovered"
+            )
         )
-    for row in open_requests(engine):
-        # Synchronous clients vanished with the previous process.
-        events.append(ev.RequestAbandoned(at=scheduler.clock(), request_id=row.id))
-        counts["abandoned"] += 1
+    jobs: list[tuple[Ticket, dict[str, Any]]] = []
+    for row, data in open_enqueues(engine):
+        now = scheduler.clock()
+        if not row.durable:
+            # A synchronous client vanished with the previous process.
+            events.append(ev.RequestAbandoned(at=now, request_id=row.id))
+            counts["abandoned"] += 1
+            continue
+        enqueued = ev.decode(data)
+        assert isinstance(enqueued, ev.RequestEnqueued)
+        if row.status == "running" and row.attempt >= max_attempts:
+            events.append(
+                ev.RequestFailed(
+                    at=now,
+                    request_id=row.id,
+                    error=f"was running when gpulane stopped, {row.attempt} times "
+                    f"(jobs.maxAttempts is {max_attempts})",
+                )
+            )
+            counts["failed"] += 1
+            continue
+        # Aging continues from the original enqueue time.
+        original = enqueued.enqueued_at if enqueued.enqueued_at is not None else enqueued.at
+        ticket = scheduler.restore(
+            msgspec.structs.replace(enqueued, attempt=row.attempt, enqueued_at=original)
+        )
+        if row.status == "running":
+            events.append(ev.RequestRequeued(at=now, request_id=row.id, attempt=row.attempt + 1))
+            counts["requeued"] += 1
+        else:
+            counts["resumed"] += 1
+        jobs.append((ticket, enqueued.job or {}))
     summary = ev.RecoveryFinished(at=scheduler.clock(), **counts)
     scheduler.emit([*events, summary])
     if any(counts.values()):
         log.info(
-            "recovery: %d requests abandoned, %d upstream processes stopped, %d left alone",
+            "recovery: %d jobs resumed, %d re-queued, %d failed after max attempts, "
+            "%d requests abandoned, %d upstream processes stopped, %d left alone",
+            counts["resumed"],
+            counts["requeued"],
+            counts["failed"],
             counts["abandoned"],
             counts["processes_stopped"],
             counts["processes_left"],
         )
-    return summary
+    return Recovered(summary=summary, jobs=jobs)

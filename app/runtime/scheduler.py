@@ -57,7 +57,16 @@ class Refused(Exception):
 class Ticket:
     """A caller's handle on its request: resolves to the upstream's base URL when it may run."""
 
-    __slots__ = ("request_id", "band", "priority", "enqueued_ns", "ready", "score", "queue_wait_ms")
+    __slots__ = (
+        "request_id",
+        "band",
+        "priority",
+        "enqueued_ns",
+        "ready",
+        "committed",
+        "score",
+        "queue_wait_ms",
+    )
 
     def __init__(self, request_id: str, priority: int, enqueued_ns: int) -> None:
         self.request_id = request_id
@@ -65,6 +74,8 @@ class Ticket:
         self.band = band_of(priority)
         self.enqueued_ns = enqueued_ns
         self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.committed: asyncio.Future[list[int]] | None = None
+        """Resolves when the enqueue is on disk (durable jobs wait for it)."""
         self.score: float | None = None
         self.queue_wait_ms: float | None = None
 
@@ -105,14 +116,24 @@ class Scheduler:
 
     # -- messages ------------------------------------------------------------
 
-    def emit(self, events: Iterable[ev.AnyEvent]) -> None:
-        """Apply events to the state and hand them to the log, in one order."""
+    def emit(self, events: Iterable[ev.AnyEvent]) -> asyncio.Future[list[int]]:
+        """Apply events to the state and hand them to the log, in one order.
+        The returned future resolves when they are committed."""
         batch = list(events)
         for event in batch:
             apply(self.state, event)
             self.metrics.observe(event, self.state)
         fut = self.store.submit(batch)
         fut.add_done_callback(_consume_error)
+        return fut
+
+    def restore(self, enqueued: ev.RequestEnqueued) -> Ticket:
+        """Put back a request that is already in the log (recovery): applied, not recorded."""
+        apply(self.state, enqueued)
+        at = enqueued.enqueued_at if enqueued.enqueued_at is not None else enqueued.at
+        ticket = Ticket(enqueued.request_id, enqueued.priority, at)
+        self.tickets[ticket.request_id] = ticket
+        return ticket
 
     def admit(self, admission: Admission) -> Ticket:
         """Queue a request (RequestEnqueued) and dispatch whatever can run now."""
@@ -121,7 +142,7 @@ class Scheduler:
         now = self.clock()
         ticket = Ticket(new_request_id(), admission.priority, now)
         self.tickets[ticket.request_id] = ticket
-        self.emit(
+        ticket.committed = self.emit(
             [
                 ev.RequestEnqueued(
                     at=now,
@@ -146,7 +167,9 @@ class Scheduler:
         request = self.state.requests.get(request_id)
         if request is None or request.running:
             return False
-        self._end(ev.RequestCancelled(at=self.clock(), request_id=request_id, reason=reason), "cancelled")
+        self._end(
+            ev.RequestCancelled(at=self.clock(), request_id=request_id, reason=reason), "cancelled"
+        )
         return True
 
     def started(self, request_id: str) -> None:
@@ -167,6 +190,31 @@ class Scheduler:
             self._stop(name, reason)
             stopped.append(name)
         return stopped
+
+    async def reload_crashed(self, request_id: str) -> bool:
+        """The request's upstream refused the connection: if its process died
+        (a crash racing this dispatch), load it again for this request and say
+        True; False when the process is alive, so the error is real."""
+        model = self.state.running.get(request_id)
+        if model is None:
+            return False
+        proc = self.upstreams.get(model)
+        if proc is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait_exit()), 1.0)
+            if proc.running:
+                return False
+        ticket = self.tickets.get(request_id)
+        if ticket is None or request_id not in self.state.running:
+            return False
+        ticket.ready = asyncio.get_running_loop().create_future()
+        if self.state.loading != model:
+            self._begin_swap(model, request_id)
+        try:
+            await ticket.ready
+        except (asyncio.CancelledError, UpstreamStartError):
+            return False
+        return True
 
     def preload(self, model: str) -> None:
         if self.state.loading is None and self.state.resident != model and not self.state.running:
@@ -227,7 +275,13 @@ class Scheduler:
     def _begin_swap(self, model: str, request_id: str | None) -> None:
         now = self.clock()
         self._swap_started_ns = now
-        self.emit([ev.SwapStarted(at=now, from_model=self.state.resident, to_model=model, request_id=request_id)])
+        self.emit(
+            [
+                ev.SwapStarted(
+                    at=now, from_model=self.state.resident, to_model=model, request_id=request_id
+                )
+            ]
+        )
         self._swap_task = self._spawn(self._swap(model))
 
     async def _swap(self, model: str) -> None:
@@ -298,7 +352,9 @@ class Scheduler:
                 ticket = self.tickets.get(rid)
                 if ticket is not None and not ticket.ready.done():
                     ticket.ready.set_exception(UpstreamStartError(error))
-                self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502), "failed")
+                self._end(
+                    ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502), "failed"
+                )
         self.pump()
 
     def _stop(self, model: str, reason: ev.StopReason) -> None:
@@ -313,7 +369,15 @@ class Scheduler:
                 self._stopping.pop(model, None)
             if proc.pid is not None:
                 self.emit(
-                    [ev.ProcessStopped(at=self.clock(), model=model, pid=proc.pid, reason=reason, exit_code=code)]
+                    [
+                        ev.ProcessStopped(
+                            at=self.clock(),
+                            model=model,
+                            pid=proc.pid,
+                            reason=reason,
+                            exit_code=code,
+                        )
+                    ]
                 )
             self.pump()
 
@@ -328,7 +392,11 @@ class Scheduler:
                 del self.upstreams[model]
             log.warning("upstream %s (pid %s) exited with %s", model, proc.pid, code)
             self.emit(
-                [ev.ProcessStopped(at=self.clock(), model=model, pid=proc.pid, reason="crashed", exit_code=code)]
+                [
+                    ev.ProcessStopped(
+                        at=self.clock(), model=model, pid=proc.pid, reason="crashed", exit_code=code
+                    )
+                ]
             )
             self.pump()
 

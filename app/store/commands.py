@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from itertools import islice
 from pathlib import Path
@@ -11,9 +12,9 @@ import sqlalchemy
 from sqlalchemy import Table, func, select
 from sqlalchemy.engine import Engine
 
-from app.core.events import decode
+from app.core.events import AnyEvent, decode
 from app.store import migrate, read_model
-from app.store.engine import DatabaseError, open_database
+from app.store.engine import DatabaseError, describe, open_database
 from app.store.event_store import driver_cursor, event_rows
 from app.store.invariants import LogAudit
 from app.store.tables import processes, requests
@@ -35,25 +36,49 @@ def upgrade(path: str) -> int:
 
 
 def rebuild(path: str) -> int:
-    """Recompute every read model from `events`, in one transaction."""
+    """Recompute every read model from `events`, in one transaction (all or nothing).
+
+    Holds the write lock throughout; a running server's writes wait for it.
+    """
     try:
         engine = _open_existing(path, upgrade=True)
     except DatabaseError as exc:
         return _fail(exc)
     count = 0
-    with engine.connect() as conn:
-        conn.execution_options(sqlite_begin="IMMEDIATE")
-        with conn.begin():
-            cur = driver_cursor(conn)
-            read_model.clear(cur)
-            rows = event_rows(conn)
-            while batch := list(islice(rows, REBUILD_BATCH)):
-                count += read_model.project_all(cur, ((seq, decode(d)) for seq, d in batch))
+    try:
+        with engine.connect() as conn:
+            conn.execution_options(sqlite_begin="IMMEDIATE")
+            with conn.begin():
+                cur = driver_cursor(conn)
+                read_model.clear(cur)
+                rows = event_rows(conn)
+                while batch := list(islice(rows, REBUILD_BATCH)):
+                    count += read_model.project_all(cur, map(_decoded, batch))
         n_requests = _count(engine, requests)
         n_processes = _count(engine, processes)
-    engine.dispose()
+    except _Undecodable as exc:
+        return _fail(DatabaseError(f"{path}: rebuild failed, nothing changed: {exc}"))
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error) as exc:
+        return _fail(DatabaseError(f"{path}: rebuild failed, nothing changed: {describe(exc)}"))
+    finally:
+        engine.dispose()
     print(f"ok: rebuilt from {count} events: {n_requests} requests, {n_processes} processes")
     return 0
+
+
+class _Undecodable(Exception):
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"seq {seq}: cannot decode: {reason}")
+        self.seq = seq
+        self.reason = f"cannot decode: {reason}"
+
+
+def _decoded(row: tuple[int, str]) -> tuple[int, AnyEvent]:
+    seq, data = row
+    try:
+        return seq, decode(data)
+    except msgspec.MsgspecError as exc:
+        raise _Undecodable(seq, str(exc)) from exc
 
 
 def check(path: str) -> int:
@@ -71,15 +96,13 @@ def check(path: str) -> int:
                 print(f"failed: {path} is damaged (PRAGMA integrity_check)")
                 return 1
             audit = LogAudit()
-            for seq, data in event_rows(conn):
+            for row in event_rows(conn):
                 try:
-                    event = decode(data)
-                except msgspec.MsgspecError as exc:
-                    audit.flag(seq, f"cannot decode: {exc}")
-                    continue
-                audit.feed(seq, event)
+                    audit.feed(*_decoded(row))
+                except _Undecodable as exc:
+                    audit.flag(exc.seq, exc.reason)
     except sqlalchemy.exc.DatabaseError as exc:
-        print(f"failed: {path} is damaged ({exc.orig})")
+        print(f"failed: {path} is damaged ({describe(exc)})")
         return 1
     finally:
         engine.dispose()

@@ -86,8 +86,12 @@ def open_database(
             migrate.upgrade_to_head(engine)
     except sqlalchemy.exc.DatabaseError as exc:
         engine.dispose()
+        # OperationalError is about access (locked, unreadable); its base class
+        # is what SQLite raises for a damaged file.
+        if isinstance(exc.orig, sqlite3.OperationalError):
+            raise DatabaseError(f"{path}: cannot use the database ({describe(exc)})") from exc
         raise DatabaseError(
-            f"{path}: file is corrupt or not an SQLite database ({exc.orig})"
+            f"{path}: file is corrupt or not an SQLite database ({describe(exc)})"
         ) from exc
     except DatabaseError:
         engine.dispose()
@@ -95,11 +99,19 @@ def open_database(
     return engine
 
 
+def describe(exc: BaseException) -> str:
+    """An error in the database's own words, without SQLAlchemy's wrapping and links."""
+    cause = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+    return f"{type(cause).__name__}: {cause}"
+
+
 def check_file(path: str | Path) -> None:
     """Refuse a file that is not SQLite before SQLite (and WAL mode) touch it."""
     p = Path(path)
     if p.is_dir():
         raise DatabaseError(f"{path}: is a directory, not an SQLite database")
+    if not p.parent.is_dir():
+        raise DatabaseError(f"{path}: directory {p.parent} does not exist")
     if not p.exists() or p.stat().st_size == 0:
         return
     with p.open("rb") as f:

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine
 
 from app.core.events import AnyEvent, decode, encode, model_of, request_id_of, type_name
 from app.store import read_model
+from app.store.engine import describe
 from app.store.port import StoreError
 from app.store.tables import OPEN_STATUSES, processes, requests
 from app.store.tables import events as events_table
@@ -153,7 +154,7 @@ class SqliteEventStore:
             try:
                 first = await self._commit(events)
             except Exception as exc:  # a failed write must not kill the writer
-                self.failure = _describe(exc)
+                self.failure = describe(exc)
                 log.error("event store: %d events not stored: %s", len(events), self.failure)
                 for _, future in batch:
                     if not future.done():
@@ -200,12 +201,6 @@ class SqliteEventStore:
                 self._conn = None
             raise
         return self._conn
-
-
-def _describe(exc: Exception) -> str:
-    """The database's own words, without SQLAlchemy's wrapping and links."""
-    cause = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
-    return f"{type(cause).__name__}: {cause}"
 
 
 def event_rows(

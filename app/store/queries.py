@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
-from app.store.tables import requests
+from app.store.tables import OPEN_STATUSES, events, requests
 
 
 def activity(engine: Engine, limit: int, offset: int) -> list[dict[str, Any]]:
@@ -25,3 +25,16 @@ def activity(engine: Engine, limit: int, offset: int) -> list[dict[str, Any]]:
         item["serial_queue_wait_ms"] = row["queue_wait_ms"]
         out.append(item)
     return out
+
+
+def open_enqueues(engine: Engine) -> list[tuple[Any, str]]:
+    """(requests row, its request_enqueued event JSON) for every queued or running
+    request, in arrival order: one indexed join, proportional to what is open."""
+    query = (
+        select(requests, events.c.data.label("enqueued_event"))
+        .join(events, events.c.seq == requests.c.enqueue_seq)
+        .where(requests.c.status.in_(OPEN_STATUSES))
+        .order_by(requests.c.enqueue_seq)
+    )
+    with engine.connect() as conn:
+        return [(row, row.enqueued_event) for row in conn.execute(query)]

@@ -9,7 +9,18 @@ exact nanoseconds in `data`. Documented column by column in docs/events.md.
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Column, Float, Index, Integer, MetaData, Table, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+)
 
 metadata = MetaData()
 
@@ -118,3 +129,17 @@ projection_position = Table(
 )
 
 READ_MODELS = (requests, processes, swaps, projection_position)
+
+# The upstream's answer to a durable job (Prefer: respond-async). Not a read
+# model: bodies are not in the events. Written before the job's completion
+# event, pruned after jobs.resultRetention.
+job_results = Table(
+    "job_results",
+    metadata,
+    Column("request_id", Text, primary_key=True),
+    Column("http_status", Integer, nullable=False),
+    Column("headers", Text, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("stored_at", Float, nullable=False),
+    Index("ix_job_results_stored_at", "stored_at"),
+)

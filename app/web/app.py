@@ -39,6 +39,7 @@ def create_app(
     logs: LogBuffer,
     *,
     activity: Callable[[int, int], list[dict[str, Any]]] | None = None,
+    extra_handlers: Sequence[BaseRouteHandler] = (),
     on_startup: Sequence[Callable[[], Any]] = (),
     on_shutdown: Sequence[Callable[[], Any]] = (),
 ) -> Litestar:
@@ -107,8 +108,13 @@ def create_app(
         resolved = config.resolve_model(model)
         if resolved is None:
             return Response(
-                {"error": {"message": f"model {model!r} is not configured", "type": "not_found_error",
-                           "code": "model_not_found"}},
+                {
+                    "error": {
+                        "message": f"model {model!r} is not configured",
+                        "type": "not_found_error",
+                        "code": "model_not_found",
+                    }
+                },
                 status_code=404,
             )
         return Response({"unloaded": scheduler.unload(resolved)})
@@ -135,8 +141,19 @@ def create_app(
         rows = activity(limit, max(0, offset)) if activity is not None else []
         return {"data": rows, "limit": limit, "offset": offset}
 
-    handlers += [health, models, running, unload_all_get, unload_all, unload_one, metrics, logs_text,
-                 logs_stream, activity_page]
+    handlers += [
+        health,
+        models,
+        running,
+        unload_all_get,
+        unload_all,
+        unload_one,
+        metrics,
+        logs_text,
+        logs_stream,
+        activity_page,
+    ]
+    handlers += list(extra_handlers)
     middleware = [api_key_middleware(config.api_keys)] if config.api_keys else []
     return Litestar(
         route_handlers=handlers,

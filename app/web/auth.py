@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hmac
 
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from app.web.errors import send_error
@@ -37,10 +38,12 @@ def caller_label(keys: tuple[str, ...], key: str) -> str | None:
 def api_key_middleware(keys: tuple[str, ...]):  # type: ignore[no-untyped-def]
     def factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            if scope["type"] != ScopeType.HTTP or scope["path"] in OPEN_PATHS:
                 await app(scope, receive, send)
                 return
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
             key = presented_key(headers)
             label = caller_label(keys, key) if key else None
             if label is None:
@@ -50,7 +53,9 @@ def api_key_middleware(keys: tuple[str, ...]):  # type: ignore[no-untyped-def]
                     "missing or invalid API key: send it as 'Authorization: Bearer KEY', "
                     "as the Basic-auth password, or as 'x-api-key'",
                     code="invalid_api_key",
-                    headers=[(b"www-authenticate", b'Bearer realm="gpulane", Basic realm="gpulane"')],
+                    headers=[
+                        (b"www-authenticate", b'Bearer realm="gpulane", Basic realm="gpulane"')
+                    ],
                 )
                 return
             scope.setdefault("state", {})["caller"] = label

@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from litestar.types import Receive, Scope, Send
@@ -27,9 +27,12 @@ from app.runtime.usage import UsageSniffer
 from app.web.errors import send_error
 from app.web.request_body import BadRequest, form_model, json_model, read_body, rewrite
 
+if TYPE_CHECKING:
+    from app.web.jobs import JobRunner
+
 log = logging.getLogger("gpulane.proxy")
 
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -52,8 +55,12 @@ class Proxy:
         self.scheduler = scheduler
         self.client = client
         self._ignore = re.compile(config.ignore_paths)
+        self.jobs: JobRunner | None = None
+        """Set by serve: takes requests sent with `Prefer: respond-async`."""
 
-    def handler(self, source: Literal["json", "form"]) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    def handler(
+        self, source: Literal["json", "form"]
+    ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             await self.inference(scope, receive, send, source)
 
@@ -105,13 +112,18 @@ class Proxy:
         params = scope["path_params"]
         model = self.config.resolve_model(params["model"])
         if model is None:
-            await send_error(send, 404, f"model {params['model']!r} is not configured", code="model_not_found")
+            await send_error(
+                send, 404, f"model {params['model']!r} is not configured", code="model_not_found"
+            )
             return
         path = "/" + params.get("path", "").lstrip("/")
         if self._ignore.search(path) and self.scheduler.state.resident != model:
             # A browser asking for a favicon must not trigger a model swap.
             await send_error(
-                send, 409, f"model {model!r} is not loaded; static paths do not load it", code="model_not_loaded"
+                send,
+                409,
+                f"model {model!r} is not loaded; static paths do not load it",
+                code="model_not_loaded",
             )
             return
         headers = _headers(scope)
@@ -143,32 +155,53 @@ class Proxy:
         headers: dict[str, str],
         upstream_path: str | None = None,
     ) -> None:
+        if self.jobs is not None and "respond-async" in headers.get("prefer", "").lower():
+            path = upstream_path or scope["path"]
+            query = bytes(scope.get("query_string", b"")).decode("latin-1")
+            method = str(scope.get("method", "POST"))
+            await self.jobs.accept(send, admission, method, path, query, body, headers)
+            return
         try:
             ticket = self.scheduler.admit(admission)
         except Refused as exc:
-            self._reject(admission.endpoint, 503, str(exc), admission.model_requested, admission.priority, admission.caller)
+            self._reject(
+                admission.endpoint,
+                503,
+                str(exc),
+                admission.model_requested,
+                admission.priority,
+                admission.caller,
+            )
             await send_error(send, 503, str(exc), code="event_log_unavailable")
             return
-        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
+        disconnected: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(receive))
         try:
-            await asyncio.wait({ticket.ready, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected]
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if not ticket.ready.done():
                 self._client_gone(ticket.request_id)
                 return
             if ticket.ready.cancelled():
                 return
-            exc = ticket.ready.exception()
-            if exc is not None:
-                message = f"model {admission.model!r} failed to start: {exc}"
-                status = 502 if isinstance(exc, UpstreamStartError) else 500
-                await send_error(send, status, message, code="upstream_start_failed", headers=_ticket_headers(ticket))
+            failure = ticket.ready.exception()
+            if failure is not None:
+                message = f"model {admission.model!r} failed to start: {failure}"
+                status = 502 if isinstance(failure, UpstreamStartError) else 500
+                await send_error(
+                    send,
+                    status,
+                    message,
+                    code="upstream_start_failed",
+                    headers=_ticket_headers(ticket),
+                )
                 return
             base_url = ticket.ready.result()
-            path = upstream_path or scope["path"]
-            query = scope.get("query_string", b"")
-            url = base_url.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
+            raw_query: bytes = scope.get("query_string", b"")
+            url = upstream_url(
+                base_url, upstream_path or scope["path"], raw_query.decode("latin-1")
+            )
             streaming = asyncio.ensure_future(
-                self._forward(scope["method"], url, body, headers, ticket, send)
+                self.forward(str(scope.get("method", "GET")), url, body, headers, ticket, send)
             )
             await asyncio.wait({streaming, disconnected}, return_when=asyncio.FIRST_COMPLETED)
             if not streaming.done():
@@ -181,24 +214,47 @@ class Proxy:
         finally:
             disconnected.cancel()
 
-    async def _forward(
-        self, method: str, url: str, body: bytes, headers: dict[str, str], ticket: Ticket, send: Send
+    async def forward(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        ticket: Ticket,
+        send: Send,
+        before_completed: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """Send one dispatched request upstream and stream the answer to `send`.
+        `before_completed` runs once the whole answer is through and before the
+        completion is recorded (durable jobs store their result there)."""
         rid = ticket.request_id
         self.scheduler.started(rid)
         t0 = time.monotonic()
         forward = {
             k: v
             for k, v in headers.items()
-            if k not in _HOP_BY_HOP and not (self.config.api_keys and k in _CREDENTIALS)
+            if k not in HOP_BY_HOP and not (self.config.api_keys and k in _CREDENTIALS)
         }
         request = self.client.build_request(method, url, content=body, headers=forward)
         try:
-            response = await self.client.send(request, stream=True)
+            try:
+                response = await self.client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+                # No answer at all: if the process just died, load it again and retry once.
+                if not await self.scheduler.reload_crashed(rid):
+                    raise
+                response = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
             message = f"upstream request failed: {type(exc).__name__}: {exc}"
-            self.scheduler.finish(ev.RequestFailed(at=self.scheduler.clock(), request_id=rid, error=message, http_status=502), "failed")
-            await send_error(send, 502, message, code="upstream_error", headers=_ticket_headers(ticket))
+            self.scheduler.finish(
+                ev.RequestFailed(
+                    at=self.scheduler.clock(), request_id=rid, error=message, http_status=502
+                ),
+                "failed",
+            )
+            await send_error(
+                send, 502, message, code="upstream_error", headers=_ticket_headers(ticket)
+            )
             return
         sniffer = UsageSniffer()
         ttfb_ms: float | None = None
@@ -206,7 +262,7 @@ class Proxy:
             out_headers = [
                 (k.encode("latin-1"), v.encode("latin-1"))
                 for k, v in response.headers.multi_items()
-                if k.lower() not in _HOP_BY_HOP or k.lower() == "content-length"
+                if k.lower() not in HOP_BY_HOP or k.lower() == "content-length"
             ]
             await send(
                 {
@@ -237,6 +293,8 @@ class Proxy:
         finally:
             await response.aclose()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if before_completed is not None:
+            await before_completed()
         tokens_in, tokens_out, tps = sniffer.result()
         self.scheduler.finish(
             ev.RequestCompleted(
@@ -250,16 +308,27 @@ class Proxy:
                 output_tokens=tokens_out,
                 tokens_per_second=tps,
             ),
-            "completed" if response.status_code < 400 else "failed",
+            "completed",
         )
 
     def _client_gone(self, request_id: str) -> None:
-        event = ev.RequestCancelled(at=self.scheduler.clock(), request_id=request_id, reason="client_gone")
-        if not self.scheduler.cancel(request_id, "client_gone") and request_id in self.scheduler.state.requests:
+        event = ev.RequestCancelled(
+            at=self.scheduler.clock(), request_id=request_id, reason="client_gone"
+        )
+        if (
+            not self.scheduler.cancel(request_id, "client_gone")
+            and request_id in self.scheduler.state.requests
+        ):
             self.scheduler.finish(event, "cancelled")
 
     def _reject(
-        self, endpoint: str, status: int, message: str, model: str | None, priority: int, caller: str | None
+        self,
+        endpoint: str,
+        status: int,
+        message: str,
+        model: str | None,
+        priority: int,
+        caller: str | None,
     ) -> None:
         self.scheduler.emit(
             [
@@ -296,3 +365,7 @@ async def _wait_disconnect(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def upstream_url(base_url: str, path: str, query: str) -> str:
+    return base_url.rstrip("/") + path + (f"?{query}" if query else "")

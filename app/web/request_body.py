@@ -24,11 +24,14 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ConnectionError("client disconnected while sending the body")
-        chunk = message.get("body", b"")
+        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
         size += len(chunk)
         if size > limit:
-            raise BadRequest(413, f"request body is larger than the limit of {limit} bytes "
-                             "(server.maxBodyBytes)", "request_too_large")
+            raise BadRequest(
+                413,
+                f"request body is larger than the limit of {limit} bytes (server.maxBodyBytes)",
+                "request_too_large",
+            )
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
@@ -44,26 +47,30 @@ def json_model(body: bytes) -> tuple[dict[str, Any], str]:
         raise BadRequest(400, "request body must be a JSON object", "invalid_json")
     model = doc.get("model")
     if not isinstance(model, str) or not model:
-        raise BadRequest(400, "request body has no 'model' (a string naming a model)", "missing_model")
+        raise BadRequest(
+            400, "request body has no 'model' (a string naming a model)", "missing_model"
+        )
     return doc, model
 
 
 def form_model(body: bytes, content_type: str) -> str:
     """The `model` field of a multipart/form-data body."""
-    boundary = None
+    boundary: str | None = None
     for part in content_type.split(";"):
         key, _, value = part.strip().partition("=")
         if key.lower() == "boundary":
             boundary = value.strip('"')
     if not content_type.lower().startswith("multipart/form-data") or not boundary:
-        raise BadRequest(400, "expected a multipart/form-data body with a 'model' field", "invalid_form")
+        raise BadRequest(
+            400, "expected a multipart/form-data body with a 'model' field", "invalid_form"
+        )
     delimiter = b"--" + boundary.encode()
     for section in body.split(delimiter)[1:]:
-        head, sep, value = section.partition(b"\r\n\r\n")
+        head, sep, raw = section.partition(b"\r\n\r\n")
         if not sep:
             continue
         if b'name="model"' in head.lower():
-            model = value.rsplit(b"\r\n", 1)[0].decode("utf-8", "replace").strip()
+            model = raw.rsplit(b"\r\n", 1)[0].decode("utf-8", "replace").strip()
             if model:
                 return model
     raise BadRequest(400, "form has no 'model' field", "missing_model")

@@ -20,6 +20,7 @@ from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
 from app.store.queries import activity
 from app.web.app import create_app
+from app.web.jobs import JobRunner, job_routes
 from app.web.proxy import Proxy
 
 log = logging.getLogger("gpulane")
@@ -45,7 +46,7 @@ def serve_command(config_path: str, listen: str, db: str | None) -> int:
         log.warning("config: %s", warning)
     db_path = db or config.database_path
     try:
-        engine = open_database(db_path, synchronous=config.database_synchronous)
+        engine = open_database(db_path, synchronous=config.database_synchronous)  # type: ignore[arg-type]
     except DatabaseError as exc:
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
@@ -76,17 +77,34 @@ async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[
             )
         ]
     )
-    await recover(scheduler, engine)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+    recovered = await recover(scheduler, engine, config.max_attempts)
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(None, connect=10.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
     proxy = Proxy(config, scheduler, client)
+    jobs = JobRunner(config, scheduler, proxy, engine)
+    proxy.jobs = jobs
+    background: list[asyncio.Task[None]] = []
 
     async def startup() -> None:
+        for ticket, job in recovered.jobs:
+            jobs.run(ticket, job)
+        background.append(asyncio.get_running_loop().create_task(jobs.prune_forever()))
         for model in config.preload:
             scheduler.preload(model)
         scheduler.pump()
-        log.info("gpulane %s listening on http://%s:%d (db %s)", __version__, host, port, engine.url.database)
+        log.info(
+            "gpulane %s listening on http://%s:%d (db %s)",
+            __version__,
+            host,
+            port,
+            engine.url.database,
+        )
 
     async def shutdown() -> None:
+        for task in background:
+            task.cancel()
         await scheduler.shutdown()
         await client.aclose()
         await store.close()
@@ -97,11 +115,14 @@ async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[
         proxy,
         logs,
         activity=lambda limit, offset: activity(engine, limit, offset),
+        extra_handlers=job_routes(jobs),
         on_startup=[startup],
         on_shutdown=[shutdown],
     )
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
+        )
     )
     await server.serve()
 

@@ -101,7 +101,17 @@ def upgrade() -> None:
         sa.Column("seq", sa.Integer, nullable=False),
     )
 
+    op.create_table(
+        "job_results",
+        sa.Column("request_id", sa.Text, primary_key=True),
+        sa.Column("http_status", sa.Integer, nullable=False),
+        sa.Column("headers", sa.Text, nullable=False),
+        sa.Column("body", sa.LargeBinary, nullable=False),
+        sa.Column("stored_at", sa.Float, nullable=False),
+    )
+    op.create_index("ix_job_results_stored_at", "job_results", ["stored_at"])
+
 
 def downgrade() -> None:
-    for table in ("projection_position", "swaps", "processes", "requests", "events"):
+    for table in ("job_results", "projection_position", "swaps", "processes", "requests", "events"):
         op.drop_table(table)

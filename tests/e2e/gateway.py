@@ -51,8 +51,18 @@ class Gateway:
     def start(self, timeout: float = 30) -> Gateway:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--config", str(self.config),
-             "--listen", f"127.0.0.1:{self.port}", "--db", str(self.db)],
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "serve",
+                "--config",
+                str(self.config),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--db",
+                str(self.db),
+            ],
             cwd=REPO,
             env=env,
             stdout=self.log.open("ab"),
@@ -61,7 +71,9 @@ class Gateway:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gpulane exited with {self.proc.returncode}:\n{self.log.read_text()}")
+                raise RuntimeError(
+                    f"gpulane exited with {self.proc.returncode}:\n{self.log.read_text()}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=1).text == "OK":
                     return self

@@ -1,6 +1,6 @@
 """The real llama.cpp server with the real SmolLM2 model, talked to directly (no proxy).
 
-The session fixture builds llama-server on first use (`tools.fetch_llama`, about six
+The session fixture builds llama-server on first use (`tools.fetch_llama`, about four
 minutes on two cores; later runs find it in ~/.cache/gpulane), starts it on a free port
 and stops it at the end.
 """

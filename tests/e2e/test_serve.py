@@ -17,7 +17,9 @@ from tests.e2e.gateway import Gateway, fake_model
 Start = Callable[[str], Gateway]
 
 
-def chat(model: str, priority: str | None = None, **fake: object) -> tuple[dict[str, object], dict[str, str]]:
+def chat(
+    model: str, priority: str | None = None, **fake: object
+) -> tuple[dict[str, object], dict[str, str]]:
     body: dict[str, object] = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
     if fake:
         body["fake"] = fake
@@ -36,7 +38,9 @@ def three_models(**serial: object) -> str:
     )
 
 
-def post_in_order(gw: Gateway, requests: list[tuple[str, str | None]], gap: float = 0.15) -> list[str]:
+def post_in_order(
+    gw: Gateway, requests: list[tuple[str, str | None]], gap: float = 0.15
+) -> list[str]:
     """Send requests one after another (each enqueued before the next) while a
     long job holds the GPU; return request ids in the order their responses ended."""
     finished: list[str] = []
@@ -54,9 +58,10 @@ def post_in_order(gw: Gateway, requests: list[tuple[str, str | None]], gap: floa
         blocker.result()
         ids = [f.result().headers["x-request-id"] for f in futures]
     # Order of dispatch, from the log (response end times can race by microseconds).
+    marks = ",".join("?" * len(ids))
     rows = gw.wait_for(
-        "SELECT id FROM requests WHERE status='completed' AND id IN (%s) ORDER BY dispatched_at"
-        % ",".join("?" * len(ids)),
+        f"SELECT id FROM requests WHERE status='completed' AND id IN ({marks})"
+        " ORDER BY dispatched_at",
         *ids,
         count=len(ids),
     )
@@ -76,7 +81,9 @@ def test_chat_completion_through_the_proxy_carries_decision_headers(gateway: Sta
     assert r.headers["x-gpulane-band"] == "interactive"
     assert float(r.headers["x-gpulane-score"]) >= 100
     assert float(r.headers["x-gpulane-queue-wait-ms"]) >= 0
-    rows = gw.wait_for("SELECT * FROM requests WHERE id=? AND status='completed'", r.headers["x-request-id"])
+    rows = gw.wait_for(
+        "SELECT * FROM requests WHERE id=? AND status='completed'", r.headers["x-request-id"]
+    )
     assert rows[0]["priority"] == 100
     assert rows[0]["input_tokens"] is not None and rows[0]["output_tokens"] is not None
 
@@ -121,7 +128,9 @@ def test_streamed_chunks_arrive_as_the_upstream_sends_them(gateway: Start) -> No
 
 def test_mixed_priorities_are_served_by_score_while_a_long_job_runs(gateway: Start) -> None:
     gw = gateway(three_models(swapAffinityBonus=0))
-    order = post_in_order(gw, [("A", "batch"), ("A", None), ("A", "interactive"), ("A", "101"), ("A", "-99")])
+    order = post_in_order(
+        gw, [("A", "batch"), ("A", None), ("A", "interactive"), ("A", "101"), ("A", "-99")]
+    )
     # 101 > interactive(100) > normal > -99 > batch(-100)
     assert order == [3, 2, 1, 4, 0]
 
@@ -152,14 +161,22 @@ def test_queued_client_that_disconnects_is_cancelled_and_the_queue_moves_on(gate
     with cf.ThreadPoolExecutor(3) as pool, gw.client() as client:
         blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5)[0])
         time.sleep(0.3)
-        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=gw.url, timeout=0.3) as impatient:
+        with (
+            pytest.raises(httpx.ReadTimeout),
+            httpx.Client(base_url=gw.url, timeout=0.3) as impatient,
+        ):
             impatient.post("/v1/chat/completions", json=chat("A", "interactive")[0])
         after = pool.submit(client.post, "/v1/chat/completions", json=chat("A")[0])
         assert blocker.result().status_code == 200
         assert after.result().status_code == 200
     rows = gw.wait_for("SELECT status, error FROM requests WHERE status='cancelled'")
     assert len(rows) == 1
-    assert gw.sql("SELECT data FROM events WHERE type='request_cancelled'")[0]["data"].find("client_gone") > 0
+    assert (
+        gw.sql("SELECT data FROM events WHERE type='request_cancelled'")[0]["data"].find(
+            "client_gone"
+        )
+        > 0
+    )
 
 
 def test_client_leaving_mid_stream_frees_the_gpu_at_once(gateway: Start) -> None:
@@ -180,7 +197,11 @@ def test_client_leaving_mid_stream_frees_the_gpu_at_once(gateway: Start) -> None
 def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(gateway: Start) -> None:
     gw = gateway(three_models() + "server:\n  maxBodyBytes: 2000\n")
     with gw.client() as client:
-        r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        r = client.post(
+            "/v1/chat/completions",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        )
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
         r = client.post("/v1/chat/completions", json={"messages": []})
         assert r.status_code == 400 and "model" in r.json()["error"]["message"]
@@ -190,15 +211,15 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(gateway: Sta
         r = client.post("/v1/chat/completions", json={"model": "A", "pad": "x" * 5000})
         assert r.status_code == 413 and "2000" in r.json()["error"]["message"]
         assert client.post("/v1/chat/completions", json=chat("A")[0]).status_code == 200
-    rows = gw.wait_for("SELECT http_status FROM requests WHERE status='failed' ORDER BY enqueued_at", count=4)
+    rows = gw.wait_for(
+        "SELECT http_status FROM requests WHERE status='failed' ORDER BY enqueued_at", count=4
+    )
     statuses = [r["http_status"] for r in rows]
     assert statuses == [400, 400, 404, 413]
 
 
 def test_upstream_that_fails_to_start_gives_502_with_its_output(gateway: Start) -> None:
-    config = three_models() + "".join(
-        fake_model("broken", "--exit-at-start").replace("\n", "\n  ")
-    )
+    config = three_models() + "".join(fake_model("broken", "--exit-at-start").replace("\n", "\n  "))
     gw = gateway(config.replace("models:", "models:", 1))
     with gw.client() as client:
         r = client.post("/v1/chat/completions", json=chat("broken")[0])
@@ -209,7 +230,9 @@ def test_upstream_that_fails_to_start_gives_502_with_its_output(gateway: Start) 
     assert rows[0]["http_status"] == 502
 
 
-def test_upstream_dying_mid_stream_is_recorded_failed_and_the_next_request_works(gateway: Start) -> None:
+def test_upstream_dying_mid_stream_is_recorded_failed_and_the_next_request_works(
+    gateway: Start,
+) -> None:
     gw = gateway(three_models())
     body, _ = chat("A", chunks=6, chunk_delay=0.05, die_mid_stream=True)
     body["stream"] = True
@@ -221,7 +244,9 @@ def test_upstream_dying_mid_stream_is_recorded_failed_and_the_next_request_works
         assert r2.status_code == 200
     rows = gw.wait_for("SELECT error FROM requests WHERE status='failed'")
     assert "early" in rows[0]["error"]
-    assert gw.wait_for("SELECT 1 FROM events WHERE type='process_stopped' AND data LIKE '%crashed%'")
+    assert gw.wait_for(
+        "SELECT 1 FROM events WHERE type='process_stopped' AND data LIKE '%crashed%'"
+    )
 
 
 def test_one_model_resident_at_a_time(gateway: Start) -> None:

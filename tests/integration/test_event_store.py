@@ -69,6 +69,12 @@ async def test_append_returns_increasing_seqs_and_reads_back_in_order(store: Eve
     assert [seq for seq, _ in store.read()] == [*first, *second]
 
 
+async def test_a_large_group_commits_whole_and_in_order(store: EventStore) -> None:
+    seqs = await store.append([enqueued(f"r{i}") for i in range(1000)])
+    assert seqs == list(range(seqs[0], seqs[0] + 1000))
+    assert [e.request_id for _, e in store.read()] == [f"r{i}" for i in range(1000)]  # type: ignore[union-attr]
+
+
 async def test_empty_append_is_a_no_op(store: EventStore) -> None:
     assert await store.append([]) == []
     assert store.read() == []
@@ -287,6 +293,10 @@ def _directory(path: Path) -> None:
     path.mkdir()
 
 
+def _in_a_missing_directory(path: Path) -> None:
+    path.parent.rmdir()
+
+
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
@@ -295,13 +305,15 @@ def _directory(path: Path) -> None:
         (_foreign_sqlite, "not a gpulane database"),
         (_newer_schema, "newer than this gpulane"),
         (_directory, "is a directory"),
+        (_in_a_missing_directory, "does not exist"),
     ],
-    ids=["random-bytes", "corrupt", "foreign-sqlite", "newer-schema", "directory"],
+    ids=["random-bytes", "corrupt", "foreign-sqlite", "newer-schema", "directory", "no-dir"],
 )
 def test_unusable_files_give_a_database_error_naming_the_file(
     tmp_path: Path, make: Any, problem: str
 ) -> None:
-    path = tmp_path / "gpulane.db"
+    path = tmp_path / "data" / "gpulane.db"
+    path.parent.mkdir()
     make(path)
     with pytest.raises(DatabaseError) as info:
         open_database(path)

@@ -370,6 +370,18 @@ async def test_check_reports_an_undecodable_event(
     assert "seq 3: cannot decode" in capsys.readouterr().out
 
 
+async def test_rebuild_refuses_an_undecodable_event_and_changes_nothing(
+    db: tuple[Path, Engine], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, engine = db
+    before = snapshot(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE events SET data = 'not json' WHERE seq = 5")
+    assert commands.rebuild(str(path)) == 1
+    assert "rebuild failed, nothing changed: seq 5: cannot decode" in capsys.readouterr().err
+    assert snapshot(engine) == before
+
+
 def test_check_refuses_a_file_that_is_not_a_database(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -396,3 +408,25 @@ def test_check_reports_a_damaged_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert commands.check(str(path)) == 1
     captured = capsys.readouterr()
     assert "failed" in captured.out + captured.err
+
+
+# -- the SQL in docs/events.md ---------------------------------------------------------------
+
+DOC = Path(__file__).parents[2] / "docs" / "events.md"
+
+
+def doc_queries() -> list[str]:
+    blocks = DOC.read_text().split("```sql\n")[1:]
+    return [block.split("```")[0] for block in blocks]
+
+
+def test_the_docs_have_example_sql() -> None:
+    assert len(doc_queries()) >= 8
+
+
+@pytest.mark.parametrize("query", doc_queries(), ids=lambda q: q.split("\n")[0][:40])
+async def test_the_sql_in_the_docs_runs(db: tuple[Path, Engine], query: str) -> None:
+    with db[1].connect() as conn:
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        columns = cursor.execute(query, {"request_id": "r2"}).description
+    assert columns

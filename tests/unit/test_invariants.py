@@ -137,4 +137,3 @@ def test_a_swap_failed_with_none_in_progress() -> None:
 
 def test_a_restart_ends_the_swap_in_progress() -> None:
     assert violations(swap("a"), restart(), swap("b"), swapped("b")) == []
-

@@ -1,0 +1,381 @@
+"""Durable jobs: `Prefer: respond-async` requests that survive a restart.
+
+The enqueue event, carrying what is needed to run the request again, is on
+disk before the caller gets `202 Accepted`. The job then waits its turn like
+any request; when dispatched, gpulane itself sends it upstream and stores the
+answer in `job_results` before recording the completion, so a completed job
+always has its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+import msgspec
+from litestar import Response, delete, get
+from litestar.handlers import BaseRouteHandler
+from litestar.types import Message, Send
+from sqlalchemy import Engine, select
+from sqlalchemy import delete as sql_delete
+
+from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket
+from app.store.port import StoreError
+from app.store.tables import job_results, requests
+from app.web.errors import send_error
+from app.web.proxy import HOP_BY_HOP, Proxy, upstream_url
+
+log = logging.getLogger("gpulane.jobs")
+
+# Headers that only concern gpulane or the connection; the rest is replayed upstream.
+_NOT_REPLAYED = HOP_BY_HOP | {"prefer", "idempotency-key", "authorization", "x-api-key", "cookie"}
+
+
+class _Captured:
+    """An ASGI `send` that keeps the response instead of sending it."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.body = bytearray()
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = [
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]
+            ]
+        elif message["type"] == "http.response.body":
+            self.body += message.get("body", b"")
+
+
+class JobRunner:
+    def __init__(self, config: Any, scheduler: Scheduler, proxy: Proxy, engine: Engine) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.proxy = proxy
+        self.engine = engine
+        self._pending_keys: dict[str, tuple[str, str]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- accepting ------------------------------------------------------------
+
+    async def accept(
+        self,
+        send: Send,
+        admission: Admission,
+        method: str,
+        path: str,
+        query: str,
+        body: bytes,
+        headers: dict[str, str],
+    ) -> None:
+        digest = hashlib.sha256(body).hexdigest()
+        key = headers.get("idempotency-key") or None
+        if key is not None:
+            existing = self._pending_keys.get(key) or await asyncio.to_thread(self._find_key, key)
+            if existing is not None:
+                request_id, existing_digest = existing
+                if existing_digest != digest:
+                    await send_error(
+                        send,
+                        409,
+                        f"Idempotency-Key {key!r} was already used for job {request_id} "
+                        "with a different body",
+                        code="idempotency_key_reused",
+                    )
+                    return
+                await _send_json(send, 200, self.view(request_id) or {"id": request_id}, request_id)
+                return
+        job = {
+            "method": method,
+            "path": path,
+            "query": query,
+            "headers": {k: v for k, v in headers.items() if k not in _NOT_REPLAYED},
+            "body": base64.b64encode(body).decode(),
+            "body_sha256": digest,
+        }
+        admission = msgspec.structs.replace(admission, durable=True, idempotency_key=key, job=job)
+        try:
+            ticket = self.scheduler.admit(admission)
+        except Refused as exc:
+            await send_error(send, 503, str(exc), code="event_log_unavailable")
+            return
+        if key is not None:
+            self._pending_keys[key] = (ticket.request_id, digest)
+        try:
+            assert ticket.committed is not None
+            await ticket.committed
+        except StoreError as exc:
+            # Not on disk, so not accepted: take it back out of the queue.
+            self.scheduler.cancel(ticket.request_id, "explicit")
+            await send_error(
+                send, 503, f"the job could not be recorded: {exc}", code="event_log_unavailable"
+            )
+            return
+        finally:
+            if key is not None:
+                self._pending_keys.pop(key, None)
+        self.run(ticket, job)
+        view = self.view(ticket.request_id) or {"id": ticket.request_id}
+        await _send_json(send, 202, view, ticket.request_id)
+
+    def _find_key(self, key: str) -> tuple[str, str] | None:
+        query = select(requests.c.id, requests.c.job).where(requests.c.idempotency_key == key)
+        with self.engine.connect() as conn:
+            row = conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(1)).first()
+        if row is None:
+            return None
+        job = row.job if isinstance(row.job, dict) else json.loads(row.job or "{}")
+        return row.id, job.get("body_sha256", "")
+
+    # -- running --------------------------------------------------------------
+
+    def run(self, ticket: Ticket, job: dict[str, Any]) -> None:
+        """Run a job when its turn comes (also used for jobs recovered at start)."""
+        task = asyncio.get_running_loop().create_task(self._run(ticket, job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, ticket: Ticket, job: dict[str, Any]) -> None:
+        try:
+            base_url = await ticket.ready
+        except (asyncio.CancelledError, Exception):
+            return  # cancelled, or failed to load: already recorded by the scheduler
+        url = upstream_url(base_url, job["path"], job["query"])
+        captured = _Captured()
+
+        async def store_result() -> None:
+            await asyncio.to_thread(self._store, ticket.request_id, captured)
+
+        await self.proxy.forward(
+            job["method"],
+            url,
+            base64.b64decode(job["body"]),
+            dict(job["headers"]),
+            ticket,
+            captured.send,
+            before_completed=store_result,
+        )
+
+    def _store(self, request_id: str, captured: _Captured) -> None:
+        row = {
+            "request_id": request_id,
+            "http_status": captured.status,
+            "headers": json.dumps(captured.headers),
+            "body": bytes(captured.body),
+            "stored_at": time.time(),
+        }
+        with self.engine.begin() as conn:
+            # A job re-run after a crash overwrites the result of the run that never completed.
+            conn.execute(sql_delete(job_results).where(job_results.c.request_id == request_id))
+            conn.execute(job_results.insert().values(row))
+
+    def prune(self) -> int:
+        """Delete results older than jobs.resultRetention; the events stay."""
+        cutoff = time.time() - self.config.result_retention_s
+        with self.engine.begin() as conn:
+            return conn.execute(
+                sql_delete(job_results).where(job_results.c.stored_at < cutoff)
+            ).rowcount
+
+    async def prune_forever(self, every_s: float = 3600.0) -> None:
+        while True:
+            try:
+                removed = await asyncio.to_thread(self.prune)
+                if removed:
+                    log.info("pruned %d job results older than the retention", removed)
+            except Exception:
+                log.exception("pruning job results failed")
+            await asyncio.sleep(every_s)
+
+    # -- reading --------------------------------------------------------------
+
+    def view(self, request_id: str) -> dict[str, Any] | None:
+        """A job's status: live state for open jobs, the read model for the rest."""
+        state = self.scheduler.state
+        request = state.requests.get(request_id)
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(select(requests).where(requests.c.id == request_id)).mappings().first()
+            )
+            result = None
+            if row is not None and row["status"] == "completed":
+                result = (
+                    conn.execute(select(job_results).where(job_results.c.request_id == request_id))
+                    .mappings()
+                    .first()
+                )
+        if request is None and row is None:
+            return None
+        out: dict[str, Any] = {"id": request_id, "object": "job"}
+        if row is not None:
+            out.update(
+                status=row["status"],
+                model=row["model"],
+                priority=row["priority"],
+                band=row["band"],
+                attempt=row["attempt"],
+                durable=bool(row["durable"]),
+                enqueued_at=row["enqueued_at"],
+                dispatched_at=row["dispatched_at"],
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+                http_status=row["http_status"],
+                error=row["error"],
+            )
+        if request is not None:
+            # The log commits in groups; the live state is never behind.
+            out.update(status="running" if request.running else "queued", attempt=request.attempt)
+            if not request.running:
+                queued = state.queue.get(request_id)
+                assert queued is not None
+                now = self.scheduler.clock()
+                params = state.queue.params
+                out["position"] = state.queue.position(request_id, state.resident)
+                out["score"] = msgspec.to_builtins(
+                    params.breakdown(
+                        queued.priority, queued.enqueued_ns, now, queued.model == state.resident
+                    )
+                )
+        if result is not None:
+            out["result"] = {
+                "http_status": result["http_status"],
+                "headers": dict(json.loads(result["headers"])),
+                "body": _body_for_json(result["body"]),
+            }
+        return out
+
+    def result(self, request_id: str) -> tuple[int, list[tuple[str, str]], bytes] | None:
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(select(job_results).where(job_results.c.request_id == request_id))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            return None
+        return row["http_status"], json.loads(row["headers"]), row["body"]
+
+    def listing(self, status: str | None, limit: int) -> list[dict[str, Any]]:
+        query = select(requests.c.id).where(requests.c.durable.is_(True))
+        if status:
+            query = query.where(requests.c.status == status)
+        with self.engine.connect() as conn:
+            ids = (
+                conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(limit))
+                .scalars()
+                .all()
+            )
+        return [v for v in (self.view(i) for i in ids) if v is not None]
+
+    def cancel(self, request_id: str) -> tuple[int, dict[str, Any]]:
+        request = self.scheduler.state.requests.get(request_id)
+        view = self.view(request_id)
+        if view is None:
+            return 404, {
+                "error": {
+                    "message": f"no job {request_id}",
+                    "type": "not_found_error",
+                    "code": "job_not_found",
+                }
+            }
+        if request is None or request.running:
+            return 409, {
+                "error": {
+                    "message": f"job {request_id} is {view['status']}; "
+                    "only queued jobs can be cancelled",
+                    "type": "conflict_error",
+                    "code": "job_not_queued",
+                }
+            }
+        self.scheduler.cancel(request_id, "explicit")
+        return 200, self.view(request_id) or view
+
+
+def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
+    @get("/v1/jobs", sync_to_thread=True)
+    def list_jobs(status: str | None = None, limit: int = 50) -> dict[str, Any]:
+        allowed = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
+        if status is not None and status not in allowed:
+            return {
+                "error": {
+                    "message": f"status must be one of {', '.join(allowed)}",
+                    "type": "invalid_request_error",
+                }
+            }
+        return {"object": "list", "data": jobs.listing(status, max(1, min(limit, 1000)))}
+
+    @get("/v1/jobs/{job_id:str}", sync_to_thread=True)
+    def get_job(job_id: str) -> Response[Any]:
+        view = jobs.view(job_id)
+        if view is None:
+            return Response(_not_found(job_id), status_code=404)
+        return Response(view)
+
+    @get("/v1/jobs/{job_id:str}/result", sync_to_thread=True)
+    def get_result(job_id: str) -> Response[Any]:
+        found = jobs.result(job_id)
+        if found is None:
+            view = jobs.view(job_id)
+            if view is None:
+                return Response(_not_found(job_id), status_code=404)
+            return Response(
+                {
+                    "error": {
+                        "message": f"job {job_id} is {view.get('status')}; no result yet",
+                        "type": "conflict_error",
+                        "code": "no_result",
+                    }
+                },
+                status_code=409,
+            )
+        status, headers, body = found
+        keep = {k: v for k, v in headers if k.lower() in ("content-type", "content-encoding")}
+        return Response(body, status_code=status, headers=keep, media_type=keep.get("content-type"))
+
+    @delete("/v1/jobs/{job_id:str}", status_code=200, sync_to_thread=False)
+    def cancel_job(job_id: str) -> Response[Any]:
+        status, body = jobs.cancel(job_id)
+        return Response(body, status_code=status)
+
+    return [list_jobs, get_job, get_result, cancel_job]
+
+
+def _not_found(job_id: str) -> dict[str, Any]:
+    return {
+        "error": {"message": f"no job {job_id}", "type": "not_found_error", "code": "job_not_found"}
+    }
+
+
+def _body_for_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        pass
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(body).decode()}
+
+
+async def _send_json(send: Send, status: int, doc: dict[str, Any], request_id: str) -> None:
+    body = msgspec.json.encode(doc)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"location", f"/v1/jobs/{request_id}".encode()),
+                (b"x-request-id", request_id.encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
