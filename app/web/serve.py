@@ -22,6 +22,7 @@ from app.store.queries import activity
 from app.web.app import create_app
 from app.web.jobs import JobRunner, job_routes
 from app.web.proxy import Proxy
+from app.web.report_routes import report_routes
 
 log = logging.getLogger("gpulane")
 
@@ -42,6 +43,9 @@ def serve_command(config_path: str, listen: str, db: str | None) -> int:
         ),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Per-request and per-migration lines would drown the scheduler's own.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     for warning in config.warnings:
         log.warning("config: %s", warning)
     db_path = db or config.database_path
@@ -115,7 +119,7 @@ async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[
         proxy,
         logs,
         activity=lambda limit, offset: activity(engine, limit, offset),
-        extra_handlers=job_routes(jobs),
+        extra_handlers=[*job_routes(jobs), *report_routes(scheduler, engine)],
         on_startup=[startup],
         on_shutdown=[shutdown],
     )

@@ -41,6 +41,9 @@ class Gateway:
     def __init__(self, tmp: Path, config_text: str) -> None:
         self.tmp = tmp
         self.config = tmp / "config.yaml"
+        if "startPort" not in config_text:
+            # Not the default 5800: a gpulane the user runs must not collide with tests.
+            config_text = f"startPort: {free_port()}\n" + config_text
         self.config.write_text(config_text)
         self.db = tmp / "gpulane.db"
         self.port = free_port()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import contextlib
 import json
+import random
 import socket
 import struct
 import threading
@@ -28,17 +30,35 @@ Start = Callable[[str], Gateway]
 KEY = "sk-gpulane-e2e-7f3a9c"
 
 
-def model(name: str, *args: str, **keys: Any) -> str:
+def model(model_id: str, /, *args: str, **keys: Any) -> str:
     """One `models:` entry (indented) for a fake upstream; `keys` are extra YAML keys
     given in camelCase (`useModelName=...`), written as JSON, which YAML reads."""
-    entry = fake_model(name, *args)
+    entry = fake_model(model_id, *args)
     for key, value in keys.items():
         entry += f"  {key}: {json.dumps(value)}\n"
     return entry.replace("\n", "\n  ")
 
 
+def free_port_block(n: int) -> int:
+    """The first of N consecutive ports that are free now (upstreams get startPort + i)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 40000)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + n):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 def config(*models: str, **top: Any) -> str:
-    """A config: top-level keys (as JSON values) and the given model entries."""
+    """A config: top-level keys (as JSON values) and the given model entries. Upstream
+    ports start at a free block, not 5800, so parallel test runs cannot collide."""
+    top.setdefault("startPort", free_port_block(len(models)))
     head = "".join(f"{key}: {json.dumps(value)}\n" for key, value in top.items())
     return head + "models:" + "".join(models) + "\n"
 
@@ -135,7 +155,7 @@ def test_upstream_passthrough_forwards_get_and_post_to_the_model(gateway: Start)
         assert r.status_code == 200, r.text
         echo = r.json()
         assert (echo["method"], echo["path"], echo["served_by"]) == ("GET", "/props/x?full=1", "B")
-        assert echo["headers"]["X-Custom"] == "kept"
+        assert {k.lower(): v for k, v in echo["headers"].items()}["x-custom"] == "kept"
         assert r.headers["x-request-id"]
         payload = b'{"raw":  "bytes pass through",\n "n": 1.50}'
         r = client.post(
@@ -191,6 +211,7 @@ def test_unload_routes_stop_idle_models(gateway: Start) -> None:
         # Unloaded models load again on demand.
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
         assert client.post("/api/models/unload").json() == {"unloaded": ["A"]}
+    assert len(events(gw, "process_stopped", count=3)) == 3
     assert gw.sql("SELECT count(*) AS n FROM processes WHERE stopped_at IS NULL")[0]["n"] == 0
 
 
@@ -334,7 +355,8 @@ def test_multipart_transcription_is_routed_by_its_form_model_field(gateway: Star
             assert r.status_code == 200, r.text
             echo = r.json()
             assert (echo["served_by"], echo["path"]) == ("B", "/v1/audio/transcriptions")
-            assert echo["headers"]["Content-Type"].startswith("multipart/form-data; boundary=")
+            sent_type = {k.lower(): v for k, v in echo["headers"].items()}["content-type"]
+            assert sent_type.startswith("multipart/form-data; boundary=")
             assert f'name="model"\r\n\r\n{name}\r\n' in echo["body"]  # the form is untouched
             assert "fake-wave-data" in echo["body"]
         r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", audio, "audio/wav")})

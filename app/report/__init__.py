@@ -1,0 +1,1 @@
+"""Reports for people: a request's story (explain), the live queue, run-time estimates."""

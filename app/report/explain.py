@@ -1,0 +1,565 @@
+"""`explain`: a request's story, recomputed from the event log with the scheduler's own core.
+
+The replay (documented in docs/queries.md, "How explain works"):
+
+1. Start point. Only requests open when the request arrived (its enqueue seq
+   E) can compete with it, and every later one arrives after E. So the replay
+   starts at S0, the smallest enqueue seq of the requests open at E (found with
+   the `requests` read model plus an indexed look for an event after E), or
+   at E. Every event from S0 on is folded with `core.state.apply`, as the live
+   run loop and recovery do; requests that ended before E are absent and
+   apply ignores events about them. The resident/loading model at S0 comes
+   from the last `swap_started` or `server_started` before S0 and the swap
+   and process events after it; the scoring parameters from the last
+   `server_started`. Cost: the events since S0, not the history.
+2. At each recorded `scores_computed` while the request waits, `core.policy.decide`
+   runs on the replayed state at the recorded time; its ScoresComputed must
+   equal the recorded one field for field (`Decision.matches_record`). The
+   request's own score is `ScoringParams.breakdown`, as decide computes it,
+   and why the winner beat it is read off the terms (`why_won`).
+3. Every stretch between two events of the wait is charged to what the GPU
+   was doing: a swap, the job running at arrival, or a request dispatched
+   ahead (under the reason it won). The stretches partition the wait, so the
+   summary adds up to the measured wait exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy import Engine, select
+
+from app.core import events as ev
+from app.core.policy import decide
+from app.core.priority import band_of
+from app.core.queue import Queued
+from app.core.scoring import NS_PER_S, ScoringParams
+from app.core.state import SchedulerState, apply
+from app.report.live_queue import position_of
+from app.report.run_times import RunTimes, load_run_times
+from app.report.story import (
+    CAUSES,
+    Ahead,
+    Cause,
+    Decision,
+    Explanation,
+    Outcome,
+    Part,
+    Position,
+    Reason,
+    RunningAtArrival,
+    SwapWaited,
+)
+from app.store.event_store import event_rows
+from app.store.tables import requests
+
+CLOCK_SLACK_S = 3600.0
+"""How far the wall clock may step back without the start point missing a request."""
+
+_BAND_RANK = {"batch": 0, "normal": 1, "interactive": 2}
+
+_OPEN_AT = """
+SELECT min(r.enqueue_seq) FROM (
+    SELECT id, enqueue_seq FROM requests WHERE status IN ('queued', 'running')
+    UNION ALL
+    SELECT id, enqueue_seq FROM requests WHERE finished_at >= :since
+) AS r
+WHERE r.enqueue_seq < :seq
+  AND EXISTS (SELECT 1 FROM events AS e WHERE e.request_id = r.id AND e.seq > :seq)
+"""
+_RESIDENCY = (
+    "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq "
+    "AND type IN ('server_started', 'swap_started', 'swap_finished', 'swap_failed', "
+    "'process_stopped') ORDER BY seq"
+)
+
+
+def explain(
+    engine: Engine,
+    request_id: str,
+    *,
+    now_ns: int | None = None,
+    run_times: RunTimes | None = None,
+    model_priority: Mapping[str, int] | None = None,
+    concurrency: Mapping[str, int] | None = None,
+) -> Explanation | None:
+    """The story of `request_id`, or None when the database has never seen it.
+
+    `now_ns` is the moment a still-open request is explained as of (default:
+    the last event in the log). `model_priority`/`concurrency` are the fifo
+    scheduler's per-model settings, which the log does not record.
+    """
+    with engine.connect() as conn:
+        row = conn.execute(select(requests).where(requests.c.id == request_id)).mappings().first()
+        if row is None:
+            return None
+        arrival = conn.exec_driver_sql(
+            "SELECT seq, at FROM events WHERE request_id = ? "
+            "AND type IN ('request_enqueued', 'request_requeued') ORDER BY seq DESC LIMIT 1",
+            (request_id,),
+        ).first()
+        if arrival is None:
+            return _rejected(row)
+        start = replay_start(conn, arrival.seq, arrival.at, row["enqueue_seq"])
+        replay = _Replay(model_priority or {}, concurrency or {})
+        replay.prime(conn, start)
+        story = _Story(replay, request_id, arrival.seq)
+        for seq, data in event_rows(conn, after_seq=start - 1):
+            if story.feed(seq, ev.decode(data)):
+                break
+    as_of = now_ns if now_ns is not None else story.last_event_ns
+    if story.phase == "waiting" and run_times is None:
+        run_times = load_run_times(engine)
+    return story.finish(row, as_of, run_times or RunTimes())
+
+
+def replay_start(
+    conn: sqlalchemy.Connection, arrival_seq: int, arrival_at_s: float, first_enqueue_seq: int
+) -> int:
+    """S0: the first event the replay must fold for the request arriving at `arrival_seq`."""
+    found = conn.exec_driver_sql(
+        _OPEN_AT, {"since": arrival_at_s - CLOCK_SLACK_S, "seq": arrival_seq}
+    ).scalar()
+    return min(arrival_seq, first_enqueue_seq, found if found is not None else arrival_seq)
+
+
+def why_won(
+    params: ScoringParams,
+    winner: Queued,
+    loser: Queued,
+    resident: str | None,
+    winner_priority: int,
+    loser_priority: int,
+) -> list[Reason]:
+    """Why `winner` beat `loser` at a decision, most decisive term first.
+
+    Priority and affinity are the terms that do not change with time; when
+    they favour the winner, they won it the pick (higher band or tier, swap
+    affinity). When they are equal, the winner had waited longer (arrived
+    earlier); when they favour the loser, the winner made up the gap by aging.
+    `*_priority` are the header priorities, which name the bands.
+    """
+    bonus = params.swap_affinity_bonus
+    d_priority = winner.priority - loser.priority
+    d_affinity = (bonus if winner.model == resident else 0) - (
+        bonus if loser.model == resident else 0
+    )
+    favour: list[Reason] = []
+    if d_priority > 0:
+        higher = _BAND_RANK[band_of(winner_priority)] > _BAND_RANK[band_of(loser_priority)]
+        favour.append("higher_band" if higher else "higher_tier")
+    if d_affinity > 0:
+        favour.append("swap_affinity")
+    static = d_priority + d_affinity
+    primary: Reason
+    if static < 0:
+        primary = "aging"
+    elif static == 0:
+        primary = "arrived_earlier"
+    else:
+        primary = favour[0]
+    return [primary, *(r for r in favour if r != primary)]
+
+
+# -- the replay ---------------------------------------------------------------
+
+
+@dataclass
+class _Swap:
+    from_model: str | None
+    to_model: str
+    request_id: str | None
+    started_ns: int
+    finished_ns: int | None = None
+    duration_ms: float | None = None
+    error: str | None = None
+    waited_ns: int = 0
+
+    def value(self, waited_ns: int | None = None) -> SwapWaited:
+        return SwapWaited(
+            from_model=self.from_model,
+            to_model=self.to_model,
+            request_id=self.request_id,
+            started_at=self.started_ns / NS_PER_S,
+            duration_s=None if self.duration_ms is None else self.duration_ms / 1000.0,
+            error=self.error,
+            waited_s=(self.waited_ns if waited_ns is None else waited_ns) / NS_PER_S,
+        )
+
+
+@dataclass
+class _Holder:
+    """A request that held the GPU while the explained one waited."""
+
+    request_id: str
+    model: str
+    priority: int
+    enqueued_ns: int
+    dispatched_ns: int | None
+    reasons: list[Reason]
+    held_ns: int = 0
+
+
+class _Replay:
+    """SchedulerState folded with `apply`, plus what reports need and the state lacks:
+    dispatch times and the swap in progress."""
+
+    def __init__(self, model_priority: Mapping[str, int], concurrency: Mapping[str, int]) -> None:
+        self.model_priority = model_priority
+        self.concurrency = concurrency
+        self.state = SchedulerState(ScoringParams())
+        self.running_since: dict[str, int] = {}
+        self.swap: _Swap | None = None
+
+    def prime(self, conn: sqlalchemy.Connection, start: int) -> None:
+        """Parameters and resident model as of just before seq `start`."""
+        server = conn.exec_driver_sql(
+            "SELECT seq, data FROM events WHERE type = 'server_started' AND seq < ? "
+            "ORDER BY seq DESC LIMIT 1",
+            (start,),
+        ).first()
+        last_swap = conn.exec_driver_sql("SELECT max(seq) FROM swaps WHERE seq < ?", (start,))
+        from_seq = max(last_swap.scalar() or 0, server.seq if server is not None else 0)
+        if server is not None and server.seq < from_seq:
+            self.feed(ev.decode(server.data))
+        rows = conn.exec_driver_sql(_RESIDENCY, {"from_seq": from_seq, "to_seq": start})
+        for _, data in rows:
+            self.feed(ev.decode(data))
+
+    def feed(self, event: ev.AnyEvent) -> None:
+        match event:
+            case ev.ServerStarted():
+                # A new process starts with a fresh state, as the live server does.
+                self.state = SchedulerState(
+                    ScoringParams(event.aging_divisor_ns, event.swap_affinity_bonus),
+                    scheduler=event.scheduler,
+                    model_priority=self.model_priority,
+                    concurrency=self.concurrency,
+                    config_hash=event.config_hash,
+                )
+                self.running_since.clear()
+                self.swap = None
+            case ev.SwapStarted():
+                self.swap = _Swap(event.from_model, event.to_model, event.request_id, event.at)
+            case ev.SwapFinished() | ev.SwapFailed():
+                if self.swap is not None and self.swap.to_model == event.model:
+                    self.swap.finished_ns = event.at
+                    self.swap.duration_ms = event.duration_ms
+                    self.swap.error = event.error if isinstance(event, ev.SwapFailed) else None
+                    self.swap = None
+            case ev.RequestDispatched():
+                if event.request_id in self.state.requests:
+                    self.running_since[event.request_id] = event.at
+            case ev.RequestRequeued() | ev.RequestEnqueued():
+                self.running_since.pop(event.request_id, None)
+            case _ if isinstance(event, ev.TERMINAL):
+                self.running_since.pop(event.request_id, None)
+            case _:
+                pass
+        apply(self.state, event)
+
+
+class _Story:
+    """Follows one request through the replay: arrival, wait, dispatch, end."""
+
+    def __init__(self, replay: _Replay, request_id: str, arrival_seq: int) -> None:
+        self.replay = replay
+        self.request_id = request_id
+        self.arrival_seq = arrival_seq
+        self.phase = "before"
+        self.last_event_ns = 0
+        self.last_t = 0
+        self.enqueued_ns = 0
+        self.arrived_ns = 0
+        self.params = ScoringParams()
+        self.scheduler = "serial"
+        self.resident_at_arrival: str | None = None
+        self.depth_at_arrival = 0
+        self.at_arrival: dict[str, _Holder] = {}
+        self.ahead: dict[str, _Holder] = {}
+        self.swaps: list[_Swap] = []
+        self.parts: dict[Cause, int] = dict.fromkeys(CAUSES, 0)
+        self.decisions: list[Decision] = []
+        self.replay_matches = True
+        self.dispatched_ns: int | None = None
+        self.own_swap: _Swap | None = None
+        self.started_ns: int | None = None
+        self.outcome: Outcome | None = None
+        self.run_s: float | None = None
+
+    # -- events ---------------------------------------------------------------
+
+    def feed(self, seq: int, event: ev.AnyEvent) -> bool:
+        """Take the next event; True once the request's story has ended."""
+        self.last_event_ns = event.at
+        mine = ev.request_id_of(event) == self.request_id
+        if self.phase == "before":
+            depth = len(self.replay.state.queue)
+            self.replay.feed(event)
+            if seq == self.arrival_seq:
+                self._arrive(event, depth)
+            return False
+        if self.phase == "waiting":
+            self._charge(event.at, restart=isinstance(event, ev.ServerStarted))
+            if isinstance(event, ev.ScoresComputed):
+                self._decision(seq, event)
+            self.replay.feed(event)
+            if isinstance(event, ev.SwapStarted) and self.replay.swap is not None:
+                self.swaps.append(self.replay.swap)
+            if mine and isinstance(event, ev.RequestDispatched):
+                self.phase = "running"
+                self.dispatched_ns = event.at
+                self._join_load()
+            elif mine and isinstance(event, ev.TERMINAL):
+                self._end(event)
+            return self.phase == "done"
+        # running: its own swap, start and end
+        self.replay.feed(event)
+        if isinstance(event, ev.SwapStarted) and event.request_id == self.request_id:
+            self.own_swap = self.replay.swap
+        elif mine and isinstance(event, ev.RequestStarted):
+            self.started_ns = event.at
+        elif mine and isinstance(event, ev.TERMINAL):
+            self._end(event)
+        return self.phase == "done"
+
+    def _arrive(self, event: ev.AnyEvent, depth: int) -> None:
+        state = self.replay.state
+        request = state.requests.get(self.request_id)
+        self.phase = "waiting"
+        self.params = state.queue.params
+        self.scheduler = state.scheduler
+        self.arrived_ns = event.at
+        self.enqueued_ns = request.enqueued_ns if request is not None else event.at
+        self.parts["earlier_attempts"] = event.at - self.enqueued_ns
+        self.last_t = event.at
+        self.resident_at_arrival = state.resident
+        self.depth_at_arrival = depth
+        for rid, model in state.running.items():
+            other = state.requests[rid]
+            self.at_arrival[rid] = _Holder(
+                rid,
+                model,
+                other.priority,
+                other.enqueued_ns,
+                self.replay.running_since.get(rid),
+                [],
+            )
+        if state.loading is not None and self.replay.swap is not None:
+            self.swaps.append(self.replay.swap)
+
+    def _charge(self, at: int, *, restart: bool = False) -> None:
+        """Charge the time since the previous event to what the GPU was doing
+        (`restart`: to the server being down, before a ServerStarted at `at`)."""
+        elapsed = at - self.last_t
+        self.last_t = at
+        if restart:
+            self.parts["restart"] += elapsed
+            return
+        state = self.replay.state
+        cause: Cause = "other"
+        if state.loading is not None:
+            cause = "swaps"
+            if self.replay.swap is not None:
+                self.replay.swap.waited_ns += elapsed
+        elif state.running:
+            rid = min(state.running, key=lambda r: self.replay.running_since.get(r, 0))
+            holder = self.at_arrival.get(rid) or self.ahead.get(rid)
+            if holder is not None:
+                holder.held_ns += elapsed
+                cause = holder.reasons[0] if holder.reasons else "running_at_arrival"
+        self.parts[cause] += elapsed
+
+    def _decision(self, seq: int, recorded: ev.ScoresComputed) -> None:
+        state = self.replay.state
+        recomputed = decide(state, recorded.at)
+        matches = bool(recomputed) and recomputed[0] == recorded
+        self.replay_matches &= matches
+        mine = state.queue.get(self.request_id)
+        winner = state.queue.get(recorded.request_id)
+        if mine is None or winner is None:
+            self.replay_matches = False
+            return
+        params = state.queue.params
+        score = params.breakdown(
+            mine.priority, mine.enqueued_ns, recorded.at, mine.model == state.resident
+        )
+        won = recorded.request_id == self.request_id
+        reasons: list[Reason] = []
+        if not won:
+            reasons = why_won(
+                params,
+                winner,
+                mine,
+                state.resident,
+                state.requests[winner.request_id].priority,
+                state.requests[self.request_id].priority,
+            )
+            self.ahead[winner.request_id] = _Holder(
+                winner.request_id,
+                winner.model,
+                state.requests[winner.request_id].priority,
+                winner.enqueued_ns,
+                recorded.at,
+                reasons,
+            )
+        self.decisions.append(
+            Decision(
+                seq=seq,
+                at=recorded.at / NS_PER_S,
+                queue_depth=recorded.queue_depth,
+                resident=state.resident,
+                score=score,
+                winner_id=recorded.request_id,
+                winner_model=winner.model,
+                winner=params.breakdown(
+                    winner.priority, winner.enqueued_ns, recorded.at, winner.model == state.resident
+                ),
+                reason=None if won else reasons[0],
+                matches_record=matches,
+            )
+        )
+
+    def _join_load(self) -> None:
+        request = self.replay.state.requests.get(self.request_id)
+        if request is not None and self.replay.state.loading == request.model:
+            self.own_swap = self.replay.swap
+
+    def _end(self, event: ev.AnyEvent) -> None:
+        self.phase = "done"
+        at = event.at
+        match event:
+            case ev.RequestCompleted():
+                self.outcome = Outcome("completed", at / NS_PER_S, http_status=event.http_status)
+                self.run_s = event.run_ms / 1000.0 if event.run_ms is not None else None
+            case ev.RequestFailed():
+                self.outcome = Outcome(
+                    "failed", at / NS_PER_S, http_status=event.http_status, error=event.error
+                )
+            case ev.RequestCancelled():
+                self.outcome = Outcome("cancelled", at / NS_PER_S, cancel_reason=event.reason)
+            case _:
+                self.outcome = Outcome("abandoned", at / NS_PER_S)
+        if self.run_s is None and self.started_ns is not None:
+            self.run_s = (at - self.started_ns) / NS_PER_S
+
+    # -- the result -----------------------------------------------------------
+
+    def finish(self, row: Any, as_of_ns: int, times: RunTimes) -> Explanation:
+        position: Position | None = None
+        if self.phase == "waiting":
+            end = max(as_of_ns, self.last_t)
+            self._charge(end)
+            position = self._position(end, times)
+            wait_end = end
+        elif self.dispatched_ns is not None:
+            wait_end = self.dispatched_ns
+        else:  # ended while waiting
+            assert self.outcome is not None
+            wait_end = self.last_t
+        wait_ns = wait_end - self.enqueued_ns
+        end_ns = max(as_of_ns, self.last_t) if self.outcome is None else self.last_event_ns
+        status = {"waiting": "queued", "running": "running"}.get(self.phase)
+        if status is None:
+            assert self.outcome is not None
+            status = self.outcome.status
+        return Explanation(
+            request_id=self.request_id,
+            model=row["model"],
+            model_requested=row["model_requested"],
+            endpoint=row["endpoint"],
+            caller=row["caller"],
+            priority=row["priority"],
+            band=row["band"],
+            attempt=row["attempt"],
+            status=status,
+            as_of=as_of_ns / NS_PER_S,
+            arrived_at=self.enqueued_ns / NS_PER_S,
+            scheduler=self.scheduler,
+            aging_divisor_s=self.params.aging_divisor_ns / NS_PER_S,
+            swap_affinity_bonus=self.params.swap_affinity_bonus,
+            resident_at_arrival=self.resident_at_arrival,
+            queue_depth_at_arrival=self.depth_at_arrival,
+            running_at_arrival=[
+                RunningAtArrival(
+                    request_id=h.request_id,
+                    model=h.model,
+                    priority=h.priority,
+                    band=band_of(h.priority),
+                    since=None if h.dispatched_ns is None else h.dispatched_ns / NS_PER_S,
+                    held_s=h.held_ns / NS_PER_S,
+                )
+                for h in self.at_arrival.values()
+            ],
+            decisions=self.decisions,
+            ahead=[
+                Ahead(
+                    request_id=h.request_id,
+                    model=h.model,
+                    priority=h.priority,
+                    band=band_of(h.priority),
+                    arrived_at=h.enqueued_ns / NS_PER_S,
+                    dispatched_at=(h.dispatched_ns or 0) / NS_PER_S,
+                    reason=h.reasons[0],
+                    reasons=h.reasons,
+                    held_s=h.held_ns / NS_PER_S,
+                )
+                for h in self.ahead.values()
+            ],
+            swaps=[s.value() for s in self.swaps],
+            dispatched_at=None if self.dispatched_ns is None else self.dispatched_ns / NS_PER_S,
+            wait_s=wait_ns / NS_PER_S,
+            wait=[
+                Part(cause, ns / NS_PER_S, 100.0 * ns / wait_ns if wait_ns else 0.0)
+                for cause, ns in self.parts.items()
+                if ns
+            ],
+            own_swap=None if self.own_swap is None else self.own_swap.value(0),
+            started_at=None if self.started_ns is None else self.started_ns / NS_PER_S,
+            run_s=self.run_s,
+            outcome=self.outcome,
+            waiting=position,
+            total_s=(end_ns - self.enqueued_ns) / NS_PER_S,
+            replay_matches=self.replay_matches,
+        )
+
+    def _position(self, now_ns: int, times: RunTimes) -> Position | None:
+        replay = self.replay
+        found = position_of(replay.state, replay.running_since, now_ns, times, self.request_id)
+        return None if found is None else live_position(found, now_ns)
+
+
+def live_position(found: tuple[int, int, int], now_ns: int) -> Position:
+    """A `Position` from `live_queue.position_of`'s answer."""
+    position, depth, start = found
+    return Position(
+        position=position,
+        queue_depth=depth,
+        estimated_start_at=start / NS_PER_S,
+        estimated_start_in_s=(start - now_ns) / NS_PER_S,
+    )
+
+
+def _rejected(row: Any) -> Explanation:
+    """A request refused at admission: it never queued."""
+    at_s = float(row["enqueued_at"])
+    return Explanation(
+        request_id=row["id"],
+        model=None,
+        model_requested=row["model_requested"],
+        endpoint=row["endpoint"],
+        caller=row["caller"],
+        priority=row["priority"],
+        band=row["band"],
+        attempt=row["attempt"],
+        status="rejected",
+        as_of=at_s,
+        arrived_at=at_s,
+        scheduler="",
+        aging_divisor_s=0.0,
+        swap_affinity_bonus=0,
+        outcome=Outcome("rejected", at_s, http_status=row["http_status"], error=row["error"]),
+    )

@@ -1,0 +1,169 @@
+"""The live queue (`GET /api/queue`, `gpulane queue`): who waits, in what order, until when.
+
+Computed from `SchedulerState` with the core's own scoring, so the positions
+and scores are the ones the next decision will use. Pure: the caller passes
+the state, the dispatch times of what is running, `now` and the measured run
+times. `explain` uses the same functions on a replayed state.
+
+Estimated starts simulate the serial policy on a copy of the queue: the
+running job ends after its model's median run time (counted from its
+dispatch, plus a median load if its model is still loading), then the best
+request given the model that would then be resident goes next, paying a
+median load when its model differs, and so on. Requests arriving later can
+overtake; the estimate is for the queue as it stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from app.core.priority import band_of
+from app.core.queue import ScoreQueue
+from app.core.scoring import NS_PER_S, Breakdown
+from app.core.state import SchedulerState
+from app.report.run_times import RunTimes
+
+
+class WaitingEntry(msgspec.Struct, frozen=True):
+    position: int
+    """1 = dispatched next if nothing else arrives."""
+    request_id: str
+    model: str
+    priority: int
+    band: str
+    score: Breakdown
+    """Its score as of now (the next decision adds the resident model's bonus the same way)."""
+    enqueued_at: float
+    waited_s: float
+    estimated_start_at: float
+    """Unix seconds when it is expected to start running (after its own swap, if any)."""
+    estimated_start_in_s: float
+
+
+class RunningEntry(msgspec.Struct, frozen=True):
+    request_id: str
+    model: str
+    priority: int
+    band: str
+    since: float | None
+    """Unix seconds when it was dispatched (None when not known)."""
+    for_s: float | None
+    loading: bool
+    """Its model is still being loaded."""
+
+
+class QueueView(msgspec.Struct, frozen=True):
+    as_of: float
+    scheduler: str
+    resident: str | None
+    loading: str | None
+    aging_divisor_s: float
+    swap_affinity_bonus: int
+    running: list[RunningEntry]
+    waiting: list[WaitingEntry]
+
+
+def next_resident(state: SchedulerState) -> str | None:
+    """The model loaded at the next decision: the one loading now, else the resident one."""
+    return state.loading or state.resident
+
+
+def estimate_starts(
+    state: SchedulerState, running_since: Mapping[str, int], now_ns: int, times: RunTimes
+) -> dict[str, int]:
+    """request id -> estimated start (unix ns) for every waiting request."""
+    busy_until = now_ns
+    for request_id, model in state.running.items():
+        expected = times.run(model) + (times.swap(model) if state.loading == model else 0.0)
+        elapsed = (now_ns - running_since.get(request_id, now_ns)) / NS_PER_S
+        busy_until = max(busy_until, now_ns + _ns(max(0.0, expected - elapsed)))
+    queue = ScoreQueue(state.queue.params)
+    for waiting in state.queue:
+        queue.push(waiting)
+    resident = next_resident(state)
+    t = busy_until
+    starts: dict[str, int] = {}
+    while (item := queue.best(resident)) is not None:
+        if item.model != resident:
+            t += _ns(times.swap(item.model))
+            resident = item.model
+        starts[item.request_id] = t
+        t += _ns(times.run(item.model))
+        queue.remove(item.request_id)
+    return starts
+
+
+def position_of(
+    state: SchedulerState,
+    running_since: Mapping[str, int],
+    now_ns: int,
+    times: RunTimes,
+    request_id: str,
+) -> tuple[int, int, int] | None:
+    """(position from 1, queue depth, estimated start ns) of a waiting request, else None."""
+    if request_id not in state.queue:
+        return None
+    ranked = [q.request_id for q in state.queue.ranked(next_resident(state))]
+    start = estimate_starts(state, running_since, now_ns, times)[request_id]
+    return ranked.index(request_id) + 1, len(ranked), start
+
+
+def queue_view(
+    state: SchedulerState, running_since: Mapping[str, int], now_ns: int, times: RunTimes
+) -> QueueView:
+    params = state.queue.params
+    resident = next_resident(state)
+    starts = estimate_starts(state, running_since, now_ns, times)
+    waiting = []
+    for position, item in enumerate(state.queue.ranked(resident), start=1):
+        header_priority = state.requests[item.request_id].priority
+        start = starts[item.request_id]
+        waiting.append(
+            WaitingEntry(
+                position=position,
+                request_id=item.request_id,
+                model=item.model,
+                priority=header_priority,
+                band=band_of(header_priority),
+                score=params.breakdown(
+                    item.priority, item.enqueued_ns, now_ns, item.model == resident
+                ),
+                enqueued_at=item.enqueued_ns / NS_PER_S,
+                waited_s=(now_ns - item.enqueued_ns) / NS_PER_S,
+                estimated_start_at=start / NS_PER_S,
+                estimated_start_in_s=(start - now_ns) / NS_PER_S,
+            )
+        )
+    running = []
+    for request_id, model in sorted(
+        state.running.items(), key=lambda kv: running_since.get(kv[0], now_ns)
+    ):
+        request = state.requests[request_id]
+        since = running_since.get(request_id)
+        running.append(
+            RunningEntry(
+                request_id=request_id,
+                model=model,
+                priority=request.priority,
+                band=band_of(request.priority),
+                since=None if since is None else since / NS_PER_S,
+                for_s=None if since is None else (now_ns - since) / NS_PER_S,
+                loading=state.loading == model,
+            )
+        )
+    return QueueView(
+        as_of=now_ns / NS_PER_S,
+        scheduler=state.scheduler,
+        resident=state.resident,
+        loading=state.loading,
+        aging_divisor_s=state.params.aging_divisor_ns / NS_PER_S,
+        swap_affinity_bonus=state.params.swap_affinity_bonus,
+        running=running,
+        waiting=waiting,
+    )
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * NS_PER_S)

@@ -1,0 +1,183 @@
+"""Plain-text renderings of an `Explanation` and a `QueueView`, for the CLI."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from app.core.scoring import Breakdown
+from app.report.live_queue import QueueView
+from app.report.story import Cause, Explanation
+
+CAUSE_TEXT: dict[Cause, str] = {
+    "running_at_arrival": "behind the job running when it arrived",
+    "higher_band": "behind requests of a higher band",
+    "higher_tier": "behind higher priorities in its band",
+    "swap_affinity": "behind requests for the loaded model (affinity)",
+    "aging": "behind requests that aged past it",
+    "arrived_earlier": "behind requests that arrived earlier",
+    "swaps": "model swaps",
+    "restart": "gpulane not running (restart)",
+    "earlier_attempts": "earlier attempts of this job",
+    "other": "between decisions",
+}
+
+REASON_TEXT = {
+    "higher_band": "higher band",
+    "higher_tier": "higher priority in the same band",
+    "swap_affinity": "its model was loaded (swap affinity)",
+    "aging": "waited long enough to age past it",
+    "arrived_earlier": "same score terms, arrived earlier",
+}
+
+SHOWN = 25
+"""Decisions and requests ahead listed in full before eliding the middle."""
+
+
+def clock(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def score(b: Breakdown) -> str:
+    return f"{b.total:.2f} ({b.priority:+d} prio {b.affinity:+d} affinity +{b.aging:.2f} aging)"
+
+
+def seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:.3f} s"
+
+
+def _elide(lines: list[str], what: str) -> list[str]:
+    if len(lines) <= SHOWN:
+        return lines
+    half = SHOWN // 2
+    return [
+        *lines[:half],
+        f"    ... {len(lines) - 2 * half} more {what} (--json lists all)",
+        *lines[-half:],
+    ]
+
+
+def explanation_text(x: Explanation) -> str:
+    out = [f"request {x.request_id}: {x.status}"]
+    model = (
+        x.model if x.model == x.model_requested else f"{x.model} (asked for {x.model_requested})"
+    )
+    out.append(f"  {model} · {x.endpoint} · caller {x.caller or '-'}")
+    out.append(
+        f"  arrived {stamp(x.arrived_at)} · priority {x.priority} ({x.band}) · attempt {x.attempt}"
+    )
+    if x.status == "rejected":
+        assert x.outcome is not None
+        out.append(f"  rejected at admission: HTTP {x.outcome.http_status}: {x.outcome.error}")
+        return "\n".join(out) + "\n"
+    aging = f"1 point per {x.aging_divisor_s:g} s" if x.aging_divisor_s else "off"
+    out.append(
+        f"  scheduler {x.scheduler} · aging {aging} · swap affinity bonus {x.swap_affinity_bonus}"
+    )
+    out.append("")
+    running = ", ".join(
+        f"{r.request_id} ({r.model}, {r.band}) since {clock(r.since)}" for r in x.running_at_arrival
+    )
+    out.append(
+        f"On arrival: resident {x.resident_at_arrival or 'none'}; "
+        f"{x.queue_depth_at_arrival} waiting; running {running or 'nothing'}"
+    )
+    if x.decisions:
+        out.append("")
+        out.append("Decisions while it waited (its score, then the winner's):")
+        lines = []
+        for d in x.decisions:
+            if d.reason is None:
+                lines.append(f"  {clock(d.at)}  {score(d.score)}  -> it won")
+            else:
+                lines.append(
+                    f"  {clock(d.at)}  {score(d.score)}  -> {d.winner_id[:8]} ({d.winner_model}) "
+                    f"{d.winner.total:.2f}: {d.reason.replace('_', ' ')}"
+                )
+        out += _elide(lines, "decisions")
+    if x.ahead:
+        out.append("")
+        out.append("Dispatched ahead of it:")
+        lines = [
+            f"  {a.request_id} {a.model} {a.band} ({a.priority:+d}) held the GPU "
+            f"{seconds(a.held_s)}: {REASON_TEXT[a.reason]}"
+            for a in x.ahead
+        ]
+        out += _elide(lines, "requests")
+    if x.swaps:
+        out.append("")
+        out.append("Swaps it waited through:")
+        for s in x.swaps:
+            cause = f"for {s.request_id}" if s.request_id else "preload"
+            failed = f" FAILED: {s.error}" if s.error else ""
+            out.append(
+                f"  {s.from_model or 'none'} -> {s.to_model} {cause}: {seconds(s.duration_s)} "
+                f"({seconds(s.waited_s)} of its wait){failed}"
+            )
+    out.append("")
+    if x.dispatched_at is not None:
+        own = "no swap"
+        if x.own_swap is not None:
+            own = (
+                f"swap {x.own_swap.from_model or 'none'} -> {x.own_swap.to_model} "
+                f"{seconds(x.own_swap.duration_s)}"
+            )
+        out.append(
+            f"Its turn: dispatched {clock(x.dispatched_at)}, {own}, "
+            f"started {clock(x.started_at)}, ran {seconds(x.run_s)}"
+        )
+    if x.waiting is not None:
+        w = x.waiting
+        out.append(
+            f"Still waiting as of {clock(x.as_of)}: position {w.position} of {w.queue_depth}, "
+            f"estimated start {clock(w.estimated_start_at)} (in {w.estimated_start_in_s:.1f} s)"
+        )
+    if x.outcome is not None:
+        o = x.outcome
+        detail = ", ".join(
+            f"{k} {v}"
+            for k, v in (("HTTP", o.http_status), ("error", o.error), ("reason", o.cancel_reason))
+            if v is not None
+        )
+        out.append(f"Ended: {o.status} at {clock(o.at)}" + (f" ({detail})" if detail else ""))
+    out.append("")
+    out.append(f"Wait {x.wait_s:.3f} s:")
+    for part in x.wait:
+        out.append(f"  {CAUSE_TEXT[part.cause]:<50} {part.seconds:9.3f} s {part.percent:6.1f} %")
+    out.append(f"Total {x.total_s:.3f} s from arrival to {'end' if x.outcome else 'now'}.")
+    if not x.replay_matches:
+        out.append("WARNING: replaying the log did not reproduce every recorded decision.")
+    return "\n".join(out) + "\n"
+
+
+def queue_text(q: QueueView) -> str:
+    aging = f"1 point per {q.aging_divisor_s:g} s" if q.aging_divisor_s else "aging off"
+    out = [
+        f"as of {stamp(q.as_of)} · scheduler {q.scheduler} "
+        f"({aging}, bonus {q.swap_affinity_bonus})",
+        f"resident {q.resident or 'none'}" + (f" · loading {q.loading}" if q.loading else ""),
+    ]
+    if not q.running:
+        out.append("running: nothing")
+    for r in q.running:
+        since = f"since {clock(r.since)} ({r.for_s:.1f} s)" if r.for_s is not None else ""
+        loading = " (loading its model)" if r.loading else ""
+        out.append(f"running: {r.request_id} {r.model} {r.band} ({r.priority:+d}) {since}{loading}")
+    if not q.waiting:
+        out.append("waiting: nobody")
+        return "\n".join(out) + "\n"
+    out.append(
+        f"{'#':>3}  {'request':<32}  {'model':<12} {'band':<11} {'prio':>5} "
+        f"{'score':>9} {'waited':>9} {'starts in':>10}"
+    )
+    for w in q.waiting:
+        out.append(
+            f"{w.position:>3}  {w.request_id:<32}  {w.model:<12} {w.band:<11} {w.priority:>5} "
+            f"{w.score.total:>9.2f} {w.waited_s:>8.1f}s {w.estimated_start_in_s:>9.1f}s"
+        )
+    return "\n".join(out) + "\n"

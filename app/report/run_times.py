@@ -1,0 +1,95 @@
+"""Measured run and swap times per model, for estimating when a waiting request starts.
+
+Medians of the most recent samples only: the queries walk an index backwards
+and stop after a fixed number of rows, so their cost does not grow with the
+history. The server keeps one `CachedRunTimes` and refreshes it at most every
+few seconds, off the event loop.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+
+import msgspec
+from sqlalchemy import Engine
+
+RECENT_REQUESTS = 2000
+"""Finished requests sampled (newest first) for run times."""
+RECENT_SWAPS = 500
+"""Swaps sampled (newest first) for load times."""
+
+_RUNS = (
+    "SELECT model, run_ms FROM requests WHERE finished_at IS NOT NULL "
+    "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
+    "ORDER BY finished_at DESC LIMIT ?"
+)
+_SWAPS = (
+    "SELECT to_model, duration_ms FROM swaps WHERE error IS NULL AND duration_ms IS NOT NULL "
+    "ORDER BY seq DESC LIMIT ?"
+)
+
+
+class RunTimes(msgspec.Struct, frozen=True):
+    """Median seconds per model; `default_*` for a model with no samples."""
+
+    run_s: dict[str, float] = {}
+    swap_s: dict[str, float] = {}
+    default_run_s: float = 0.0
+    default_swap_s: float = 0.0
+
+    def run(self, model: str) -> float:
+        return self.run_s.get(model, self.default_run_s)
+
+    def swap(self, model: str) -> float:
+        return self.swap_s.get(model, self.default_swap_s)
+
+
+def medians(samples: Iterable[tuple[str, float]]) -> tuple[dict[str, float], float]:
+    """Median per key and over all samples (0.0 when there are none)."""
+    by_key: dict[str, list[float]] = defaultdict(list)
+    every: list[float] = []
+    for key, value in samples:
+        by_key[key].append(value)
+        every.append(value)
+    overall = statistics.median(every) if every else 0.0
+    return {k: statistics.median(v) for k, v in by_key.items()}, overall
+
+
+def load_run_times(engine: Engine) -> RunTimes:
+    """Medians of recent completed runs and successful swaps, in seconds."""
+    with engine.connect() as conn:
+        runs = conn.exec_driver_sql(_RUNS, (RECENT_REQUESTS,)).all()
+        swaps = conn.exec_driver_sql(_SWAPS, (RECENT_SWAPS,)).all()
+    run_s, default_run = medians((m, ms / 1000.0) for m, ms in runs)
+    swap_s, default_swap = medians((m, ms / 1000.0) for m, ms in swaps)
+    return RunTimes(run_s, swap_s, default_run, default_swap)
+
+
+class CachedRunTimes:
+    """`load_run_times` at most once per `max_age_s`; `get` blocks (call it in a thread)."""
+
+    def __init__(self, engine: Engine | None, max_age_s: float = 10.0) -> None:
+        self._engine = engine
+        self._max_age_s = max_age_s
+        self._value = RunTimes()
+        self._loaded_at: float | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> RunTimes:
+        """The last loaded value, without touching the database."""
+        return self._value
+
+    def get(self) -> RunTimes:
+        if self._engine is None:
+            return self._value
+        with self._lock:
+            now = time.monotonic()
+            if self._loaded_at is None or now - self._loaded_at >= self._max_age_s:
+                self._value = load_run_times(self._engine)
+                self._loaded_at = now
+            return self._value

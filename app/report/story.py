@@ -1,0 +1,166 @@
+"""What `explain` returns: a request's story as frozen values (JSON for the API, text for the CLI).
+
+Times are unix seconds (REAL, as in the tables), durations seconds. Field by
+field in docs/queries.md ("Explain a request").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from app.core.scoring import Breakdown
+
+Reason = Literal["higher_band", "higher_tier", "swap_affinity", "aging", "arrived_earlier"]
+"""Why a request dispatched ahead won its decision, most decisive term first."""
+
+Cause = Literal[
+    "running_at_arrival",
+    "higher_band",
+    "higher_tier",
+    "swap_affinity",
+    "aging",
+    "arrived_earlier",
+    "swaps",
+    "restart",
+    "earlier_attempts",
+    "other",
+]
+"""What the GPU was doing during a stretch of the wait (see `Part`)."""
+
+CAUSES: tuple[Cause, ...] = (
+    "running_at_arrival",
+    "higher_band",
+    "higher_tier",
+    "swap_affinity",
+    "aging",
+    "arrived_earlier",
+    "swaps",
+    "restart",
+    "earlier_attempts",
+    "other",
+)
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """One dispatch decision made while the request waited (the last one may be its own)."""
+
+    seq: int
+    at: float
+    queue_depth: int
+    resident: str | None
+    score: Breakdown
+    """The request's own score at this decision."""
+    winner_id: str
+    winner_model: str
+    winner: Breakdown
+    reason: Reason | None
+    """Why the winner beat this request; None when this request won."""
+    matches_record: bool
+    """The core, fed the replayed state, made exactly the recorded ScoresComputed."""
+
+
+class Ahead(msgspec.Struct, frozen=True):
+    """A request dispatched while this one waited."""
+
+    request_id: str
+    model: str
+    priority: int
+    band: str
+    arrived_at: float
+    dispatched_at: float
+    reason: Reason
+    reasons: list[Reason]
+    """Every term that favoured it, `reason` first."""
+    held_s: float
+    """Time it held the GPU (not counting its swap) while this request waited."""
+
+
+class RunningAtArrival(msgspec.Struct, frozen=True):
+    request_id: str
+    model: str
+    priority: int
+    band: str
+    since: float | None
+    held_s: float
+    """How long this request waited behind it (not counting its swap)."""
+
+
+class SwapWaited(msgspec.Struct, frozen=True):
+    from_model: str | None
+    to_model: str
+    request_id: str | None
+    """The request that caused it (None for a preload)."""
+    started_at: float
+    duration_s: float | None
+    """None while it is still in progress."""
+    error: str | None
+    waited_s: float
+    """The part of it that fell inside this request's wait."""
+
+
+class Part(msgspec.Struct, frozen=True):
+    """One cause's share of the wait; the parts add up to `Explanation.wait_s`."""
+
+    cause: Cause
+    seconds: float
+    percent: float
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    status: str
+    """completed, failed, cancelled, abandoned or rejected."""
+    at: float
+    http_status: int | None = None
+    error: str | None = None
+    cancel_reason: str | None = None
+
+
+class Position(msgspec.Struct, frozen=True):
+    """Where a still-waiting request stands as of `Explanation.as_of`."""
+
+    position: int
+    queue_depth: int
+    estimated_start_at: float
+    estimated_start_in_s: float
+
+
+class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    model: str | None
+    model_requested: str | None
+    endpoint: str
+    caller: str | None
+    priority: int
+    band: str
+    attempt: int
+    status: str
+    """queued, running, completed, failed, cancelled, abandoned or rejected."""
+    as_of: float
+    """The story is told up to here (the log's end, or now for the live API)."""
+    arrived_at: float
+    scheduler: str
+    aging_divisor_s: float
+    swap_affinity_bonus: int
+    resident_at_arrival: str | None = None
+    queue_depth_at_arrival: int = 0
+    """Requests already waiting when it arrived."""
+    running_at_arrival: list[RunningAtArrival] = []
+    decisions: list[Decision] = []
+    ahead: list[Ahead] = []
+    swaps: list[SwapWaited] = []
+    """Swaps that happened while it waited."""
+    dispatched_at: float | None = None
+    wait_s: float = 0.0
+    """Measured wait: arrival to dispatch (or to its end, or to `as_of`)."""
+    wait: list[Part] = []
+    own_swap: SwapWaited | None = None
+    started_at: float | None = None
+    run_s: float | None = None
+    outcome: Outcome | None = None
+    waiting: Position | None = None
+    total_s: float = 0.0
+    """Arrival to the end (or to `as_of`)."""
+    replay_matches: bool = True
+    """Every decision recomputed from the replayed log matched the recorded one."""

@@ -1,0 +1,59 @@
+"""`GET /api/queue` and `GET /api/requests/{id}/explain` (see app/report/)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from litestar import Response, get
+from litestar.handlers import BaseRouteHandler
+from sqlalchemy import Engine
+
+from app.report.explain import explain, live_position
+from app.report.live_queue import QueueView, position_of, queue_view
+from app.report.run_times import CachedRunTimes
+from app.runtime.scheduler import Scheduler
+from app.web.errors import error_body
+
+
+def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRouteHandler]:
+    """The handlers; scheduler state is read on the event loop, the database in threads."""
+    run_times = CachedRunTimes(engine)
+
+    @get("/api/queue")
+    async def live_queue() -> QueueView:
+        times = await asyncio.to_thread(run_times.get)
+        return queue_view(scheduler.state, scheduler.running_since, scheduler.clock(), times)
+
+    @get("/api/requests/{request_id:str}/explain")
+    async def explain_request(request_id: str) -> Response[Any]:
+        if engine is None:
+            return _error(503, "this server has no event log to explain from", "no_database")
+        times = await asyncio.to_thread(run_times.get)
+        state = scheduler.state
+        story = await asyncio.to_thread(
+            explain,
+            engine,
+            request_id,
+            now_ns=scheduler.clock(),
+            run_times=times,
+            model_priority=dict(state.model_priority),
+            concurrency=dict(state.concurrency),
+        )
+        if story is None:
+            return _error(404, f"no request {request_id!r}", "request_not_found")
+        # The log may trail the run loop by a group commit: position from the live state.
+        now = scheduler.clock()
+        found = position_of(scheduler.state, scheduler.running_since, now, times, request_id)
+        if found is not None:
+            story = msgspec.structs.replace(story, waiting=live_position(found, now))
+        return Response(story)
+
+    return [live_queue, explain_request]
+
+
+def _error(status: int, message: str, code: str) -> Response[Any]:
+    return Response(
+        error_body(status, message, code), status_code=status, media_type="application/json"
+    )

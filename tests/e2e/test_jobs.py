@@ -1,0 +1,167 @@
+"""Durable jobs and crash recovery, with real processes and SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+
+from tests.e2e.gateway import REPO, Gateway, fake_model
+
+Start = Callable[[str], Gateway]
+ASYNC = {"Prefer": "respond-async"}
+
+
+def config(extra: str = "") -> str:
+    models = "".join(fake_model(m) for m in ("A", "B")).replace("\n", "\n  ")
+    serial = "routing:\n  scheduler:\n    settings:\n      serial:\n        swapAffinityBonus: 0\n"
+    return f"{serial}{extra}models:{models}\n"
+
+
+def submit(
+    client: httpx.Client, model: str, priority: str = "normal", **fake: object
+) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "fake": fake}
+    return client.post(
+        "/v1/chat/completions", json=body, headers=ASYNC | {"X-LlamaSwap-Priority": priority}
+    )
+
+
+def wait_status(
+    client: httpx.Client, job_id: str, want: str, timeout: float = 20
+) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        view = client.get(f"/v1/jobs/{job_id}").json()
+        if view.get("status") == want or time.monotonic() > deadline:
+            return view
+        time.sleep(0.05)
+
+
+def test_durable_job_is_accepted_then_completed_with_its_result(gateway: Start) -> None:
+    gw = gateway(config())
+    with gw.client() as client:
+        r = submit(client, "A", "interactive", reply="the answer")
+        assert r.status_code == 202
+        job = r.json()
+        assert r.headers["location"] == f"/v1/jobs/{job['id']}"
+        assert job["band"] == "interactive"
+        view = wait_status(client, job["id"], "completed")
+        assert view["status"] == "completed"
+        assert view["result"]["http_status"] == 200
+        assert view["result"]["body"]["choices"][0]["message"]["content"] == "the answer"
+        raw = client.get(f"/v1/jobs/{job['id']}/result")
+        assert raw.status_code == 200
+        assert raw.json()["choices"][0]["message"]["content"] == "the answer"
+        listed = client.get("/v1/jobs", params={"status": "completed"}).json()["data"]
+        assert [j["id"] for j in listed] == [job["id"]]
+
+
+def test_queued_job_reports_its_position_and_can_be_cancelled(gateway: Start) -> None:
+    gw = gateway(config())
+    with gw.client() as client:
+        long = submit(client, "A", delay=2).json()["id"]
+        wait_status(client, long, "running")
+        first = submit(client, "A", "batch").json()
+        second = submit(client, "A", "interactive").json()
+        assert first["position"] == 0  # alone in the queue when it arrived
+        assert second["position"] == 0  # interactive goes ahead of the batch job
+        view = client.get(f"/v1/jobs/{first['id']}").json()
+        assert view["status"] == "queued" and view["position"] == 1
+        assert view["score"]["priority"] == -100
+        assert client.delete(f"/v1/jobs/{first['id']}").status_code == 200
+        assert client.delete(f"/v1/jobs/{first['id']}").status_code == 409
+        assert client.delete(f"/v1/jobs/{long}").status_code == 409  # running: not interrupted
+        assert wait_status(client, second["id"], "completed")["status"] == "completed"
+        assert client.get(f"/v1/jobs/{first['id']}").json()["status"] == "cancelled"
+        assert client.get(f"/v1/jobs/{first['id']}/result").status_code == 409
+        assert client.get("/v1/jobs/nope").status_code == 404
+
+
+def test_idempotency_key_returns_the_same_job_and_rejects_a_different_body(gateway: Start) -> None:
+    gw = gateway(config())
+    body = {"model": "A", "messages": [{"role": "user", "content": "once"}]}
+    headers = ASYNC | {"Idempotency-Key": "film-shot-17"}
+    with gw.client() as client:
+        first = client.post("/v1/chat/completions", json=body, headers=headers)
+        again = client.post("/v1/chat/completions", json=body, headers=headers)
+        other = client.post("/v1/chat/completions", json=body | {"n": 2}, headers=headers)
+    assert first.status_code == 202
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert other.status_code == 409 and "film-shot-17" in other.json()["error"]["message"]
+    assert len(gw.sql("SELECT id FROM requests WHERE idempotency_key='film-shot-17'")) == 1
+
+
+def test_results_older_than_the_retention_are_pruned_at_start(gateway: Start) -> None:
+    gw = gateway(config("jobs:\n  resultRetention: 1s\n"))
+    with gw.client() as client:
+        job = submit(client, "A").json()["id"]
+        assert wait_status(client, job, "completed")["status"] == "completed"
+    gw.stop()
+    time.sleep(1.2)
+    gw.start()
+    with gw.client() as client:
+        assert client.get(f"/v1/jobs/{job}").json()["status"] == "completed"  # the events stay
+        assert client.get(f"/v1/jobs/{job}/result").status_code == 409
+
+
+def test_sigkill_then_restart_runs_every_durable_job_once_in_score_order(gateway: Start) -> None:
+    gw = gateway(config("jobs:\n  maxAttempts: 3\n"))
+    with gw.client() as client:
+        running = submit(client, "A", delay=5).json()["id"]
+        wait_status(client, running, "running")
+        queued = {p: submit(client, "B", p).json()["id"] for p in ("-100", "0", "100", "-99", "1")}
+        sync = subprocess.Popen(  # a synchronous client waiting in the queue
+            [
+                sys.executable,
+                "-c",
+                f"import httpx; httpx.post('{gw.url}/v1/chat/completions', "
+                "json={'model': 'A', 'messages': []}, timeout=60)",
+            ],
+        )
+        time.sleep(0.5)
+    leftover = json.loads(gw.sql("SELECT data FROM events WHERE type='process_started'")[0]["data"])
+    gw.kill()
+    sync.kill()
+    os.kill(leftover["pid"], 0)  # the upstream outlived gpulane
+
+    gw.start()
+    with gw.client() as client:
+        for job in [running, *queued.values()]:
+            assert wait_status(client, job, "completed", timeout=60)["status"] == "completed"
+    try:
+        os.kill(leftover["pid"], 0)
+        raise AssertionError("the upstream left behind by the crash is still running")
+    except ProcessLookupError:
+        pass
+    events = gw.sql("SELECT seq, type, request_id, data FROM events ORDER BY seq")
+    restart = next(e["seq"] for e in events if e["type"] == "server_started" and e["seq"] > 1)
+    stopped = [e for e in events if e["type"] == "process_stopped" and '"recovered"' in e["data"]]
+    started = [e for e in events if e["type"] == "process_started" and e["seq"] > restart]
+    assert stopped and started and stopped[0]["seq"] < started[0]["seq"]
+    # Each job completed exactly once; the interrupted one ran again as attempt 2.
+    completions = [e["request_id"] for e in events if e["type"] == "request_completed"]
+    assert sorted(completions) == sorted([running, *queued.values()])
+    assert gw.sql("SELECT attempt FROM requests WHERE id=?", running)[0]["attempt"] == 2
+    # After the restart, score order: the re-queued job (priority 0) keeps its original
+    # enqueue time, so it has aged more than the B job at 0 and goes just before it.
+    order = [
+        e["request_id"] for e in events if e["type"] == "request_dispatched" and e["seq"] > restart
+    ]
+    b = queued
+    assert order == [b["100"], b["1"], running, b["0"], b["-99"], b["-100"]]
+    abandoned = gw.sql("SELECT endpoint FROM requests WHERE status='abandoned'")
+    assert len(abandoned) == 1
+    gw.stop()
+    check = subprocess.run(
+        [sys.executable, "-m", "app.cli", "db", "check", "--db", str(gw.db)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

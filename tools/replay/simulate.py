@@ -1,0 +1,377 @@
+"""Discrete-event re-run of a workload on the server's own core (`apply`, `decide`).
+
+The simulation is a run loop with a simulated clock: every arrival, cancel, swap and
+completion is the event the live server would record, folded into a `SchedulerState`
+with `app.core.state.apply`, and every dispatch is whatever `app.core.policy.decide`
+returns at that moment. Nothing here scores or orders requests; that is what makes a
+replay honest.
+
+The GPU: a request holds it for its measured run time once its model is loaded; a
+swap from A to B costs unload[A] + load[B] (measured medians). Under the `fifo`
+scheduler several requests of one model may be in flight; they share the GPU
+(processor sharing), so the total work is the same in every order.
+
+With `record`, every event is also appended to a list (in time order once sorted by
+`at`): that is how `generate` writes a plausible log.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from app.core import events as ev
+from app.core.policy import decide, reorder_reasons
+from app.core.priority import band_of
+from app.core.scoring import ScoringParams
+from app.core.state import FIFO, SERIAL, SchedulerState, apply
+from tools.replay.workload import Request, RunResult, Workload
+
+SwapCost = Callable[[str | None, str], tuple[int, int]]
+"""(from_model, to_model) -> (unload_ns, load_ns)."""
+
+_INF = 1 << 126
+_CANCEL = 0
+_ARRIVAL = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One way of scheduling: a scheduler, its parameters, and a label for reports."""
+
+    label: str
+    params: ScoringParams = field(default_factory=ScoringParams)
+    scheduler: str = SERIAL
+    ignore_priority: bool = False
+    """Enqueue every request at priority 0 (strict arrival order with bonus 0, no aging)."""
+    concurrency: int = 1
+    """fifo: requests in flight per model; they share the GPU."""
+    model_priority: tuple[tuple[str, int], ...] = ()
+    """fifo: per-model queue priority added to the header's."""
+    kind: str = "simulated"
+    """'simulated' (a parameter set) or 'reference' (a policy to compare against)."""
+
+
+def simulate(
+    workload: Workload,
+    policy: Policy,
+    *,
+    timeline: bool = False,
+    record: list[ev.AnyEvent] | None = None,
+    swap_cost: SwapCost | None = None,
+) -> RunResult:
+    """Run `workload` under `policy`; `record` collects the events a server would log."""
+    return _Sim(workload, policy, timeline, record, swap_cost or workload.swap_times.cost).run()
+
+
+class _Sim:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        timeline: bool,
+        record: list[ev.AnyEvent] | None,
+        swap_cost: SwapCost,
+    ) -> None:
+        self.reqs = workload.requests
+        self.policy = policy
+        models = {r.model for r in self.reqs}
+        self.state = SchedulerState(
+            policy.params,
+            scheduler=policy.scheduler,
+            model_priority=dict(policy.model_priority),
+            concurrency={m: max(1, policy.concurrency) for m in models},
+        )
+        self.record = record
+        self.swap_cost = swap_cost
+        n = len(self.reqs)
+        self.result = RunResult(
+            start_ns=[-1] * n,
+            arrival_ns=[r.arrival_ns for r in self.reqs],
+            order=[],
+            timeline=[] if timeline else None,
+        )
+        self.index = {r.request_id: i for i, r in enumerate(self.reqs)}
+        self.succ: dict[int, int] = {}
+        for i, r in enumerate(self.reqs):
+            if r.after >= 0:
+                self.succ[r.after] = i
+        self.pending: list[tuple[int, int, int]] = []  # (time, kind, index)
+        # The GPU: jobs started and sharing it (index -> remaining work, ns at full rate).
+        self.active: dict[int, float] = {}
+        self.last_t = 0
+        self.loading: str | None = None
+        self.load_end = _INF
+        self.load_waiters: list[int] = []
+        self.swap_took = 0
+        self.busy_since = -1
+        self.gpu_next = _INF
+        self.pids: dict[str, int] = {}
+        self.next_pid = 40_000
+
+    # -- the loop -------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        reqs = self.reqs
+        roots = [i for i, r in enumerate(reqs) if r.after < 0]
+        roots.sort(key=lambda i: reqs[i].arrival_ns)
+        root_t = [reqs[i].arrival_ns for i in roots]
+        n_roots = len(roots)
+        k = 0
+        pending = self.pending
+        state = self.state
+        serial = state.scheduler == SERIAL
+        arrive = self._arrive
+        res = self.result
+        if n_roots:
+            res.first_ns = root_t[0]
+        now = res.first_ns
+        while True:
+            t = root_t[k] if k < n_roots else _INF
+            if pending and pending[0][0] < t:
+                t = pending[0][0]
+            if self.gpu_next < t:
+                t = self.gpu_next
+            if t == _INF:
+                break
+            now = t
+            while self.gpu_next == now:
+                self._gpu_event(now)
+            while True:
+                if pending and pending[0][0] == now:
+                    _, kind, i = heapq.heappop(pending)
+                    if kind == _ARRIVAL:
+                        arrive(i, now)
+                    else:
+                        self._cancel(i, now)
+                elif k < n_roots and root_t[k] == now:
+                    arrive(roots[k], now)
+                    k += 1
+                else:
+                    break
+            if state.queue and not (serial and (state.running or state.loading is not None)):
+                self._pump(now)
+        res.last_ns = max(now, res.first_ns)
+        if self.record is not None:
+            self.record.sort(key=lambda e: e.at)
+        return res
+
+    def _emit(self, event: ev.AnyEvent) -> None:
+        apply(self.state, event)
+        if self.record is not None:
+            self.record.append(event)
+
+    def _arrive(self, i: int, now: int) -> None:
+        r = self.reqs[i]
+        self.result.arrival_ns[i] = now
+        self._emit(
+            ev.RequestEnqueued(
+                at=now,
+                request_id=r.request_id,
+                model=r.model,
+                model_requested=r.model,
+                endpoint=r.endpoint,
+                priority=0 if self.policy.ignore_priority else r.priority,
+                band=band_of(r.priority),
+                caller=r.caller,
+            )
+        )
+        if r.patience_ns is not None:
+            heapq.heappush(self.pending, (now + r.patience_ns, _CANCEL, i))
+
+    def _cancel(self, i: int, now: int) -> None:
+        r = self.reqs[i]
+        if r.request_id not in self.state.queue:
+            return  # dispatched before its client would have left
+        self._emit(ev.RequestCancelled(at=now, request_id=r.request_id, reason="client_gone"))
+        self._chain(i, now)
+
+    def _chain(self, i: int, now: int) -> None:
+        nxt = self.succ.get(i)
+        if nxt is not None:
+            heapq.heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
+
+    def _pump(self, now: int) -> None:
+        state = self.state
+        res = self.result
+        while True:
+            decision = decide(state, now)
+            if not decision:
+                return
+            scores, dispatched = decision
+            assert isinstance(scores, ev.ScoresComputed)
+            assert isinstance(dispatched, ev.RequestDispatched)
+            for reason in reorder_reasons(scores):
+                res.reorders[reason] += 1
+            if self.record is not None:
+                self._emit(scores)  # changes no state; recorded for the log
+            self._emit(dispatched)
+            i = self.index[dispatched.request_id]
+            res.order.append(i)
+            model = dispatched.model
+            if dispatched.swap:
+                self._begin_swap(i, model, now)
+            elif self.loading == model:
+                self.load_waiters.append(i)
+            else:
+                self._start(i, now)
+            if state.scheduler == SERIAL:
+                return  # one in flight: decide would say nothing more now
+
+    # -- the GPU ---------------------------------------------------------------
+
+    def _begin_swap(self, i: int, model: str, now: int) -> None:
+        frm = self.state.resident
+        unload, load = self.swap_cost(frm, model)
+        rid = self.reqs[i].request_id
+        self._emit(ev.SwapStarted(at=now, from_model=frm, to_model=model, request_id=rid))
+        if self.record is not None:
+            if frm is not None:
+                self.record.append(
+                    ev.ProcessStopped(
+                        at=now + unload, model=frm, pid=self.pids[frm], reason="evicted", exit_code=0
+                    )
+                )
+            self.next_pid += 1
+            self.pids[model] = self.next_pid
+            self.record.append(
+                ev.ProcessStarted(
+                    at=now + unload,
+                    model=model,
+                    pid=self.next_pid,
+                    cmdline=["llama-server", "--model", model],
+                )
+            )
+        self.loading = model
+        self.swap_took = unload + load
+        self.load_end = now + unload + load
+        self.load_waiters = [i]
+        res = self.result
+        res.swaps += 1
+        res.swap_ns += unload + load
+        if res.timeline is not None:
+            res.timeline.append((now, self.load_end, model, "swap"))
+        self._gpu_changed(now)
+
+    def _start(self, i: int, now: int) -> None:
+        if self.record is not None:
+            self._emit(ev.RequestStarted(at=now, request_id=self.reqs[i].request_id))
+        self._progress(now)
+        self.active[i] = float(self.reqs[i].run_ns)
+        self.result.start_ns[i] = now
+        self._gpu_changed(now)
+
+    def _gpu_event(self, now: int) -> None:
+        if self.load_end == now:
+            model = self.loading
+            assert model is not None
+            self._emit(ev.SwapFinished(at=now, model=model, duration_ms=self.swap_took / 1e6))
+            self.loading = None
+            self.load_end = _INF
+            waiters, self.load_waiters = self.load_waiters, []
+            for i in waiters:
+                self._start(i, now)
+        self._progress(now)
+        active = self.active
+        n = len(active)
+        done = [i for i, left in active.items() if left * n < 0.5]
+        for i in done:
+            del active[i]
+            self._finish(i, now)
+        self._gpu_changed(now)
+
+    def _finish(self, i: int, now: int) -> None:
+        r = self.reqs[i]
+        rid = r.request_id
+        event: ev.AnyEvent
+        if r.outcome == "failed":
+            event = ev.RequestFailed(at=now, request_id=rid, error="failed in the recorded run")
+        elif r.outcome in ("cancelled", "abandoned"):
+            event = ev.RequestCancelled(at=now, request_id=rid, reason="client_gone")
+        else:
+            event = ev.RequestCompleted(
+                at=now, request_id=rid, http_status=200, run_ms=r.run_ns / 1e6
+            )
+        self._emit(event)
+        res = self.result
+        if res.timeline is not None:
+            res.timeline.append((res.start_ns[i], now, r.model, "run"))
+        self._chain(i, now)
+
+    def _progress(self, now: int) -> None:
+        active = self.active
+        if active and now > self.last_t:
+            step = (now - self.last_t) / len(active)
+            for i in active:
+                active[i] -= step
+        self.last_t = now
+
+    def _gpu_changed(self, now: int) -> None:
+        active = self.active
+        nxt = self.load_end
+        if active:
+            n = len(active)
+            done = self.last_t + math.ceil(min(active.values()) * n)
+            if done < nxt:
+                nxt = done
+        self.gpu_next = nxt
+        busy = bool(active) or self.loading is not None
+        if busy:
+            if self.busy_since < 0:
+                self.busy_since = now
+        elif self.busy_since >= 0:
+            self.result.busy_ns += now - self.busy_since
+            self.busy_since = -1
+
+
+# -- perturbed workloads (--shake) ---------------------------------------------
+
+
+def shaken(workload: Workload, seed: int, noise: float) -> Workload:
+    """A copy with run and think times scaled by 1 +/- `noise` and arrivals moved by up
+    to `noise` of the median gap between arrivals, from a seeded generator."""
+    rng = random.Random(seed)
+    arrivals = sorted(r.arrival_ns for r in workload.requests)
+    gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    jitter = noise * (gaps[len(gaps) // 2] if gaps else 0)
+    uniform = rng.uniform
+    out: list[Request] = []
+    for r in workload.requests:
+        out.append(
+            replace(
+                r,
+                arrival_ns=r.arrival_ns + round(uniform(-jitter, jitter)),
+                run_ns=max(0, round(r.run_ns * (1 + uniform(-noise, noise)))),
+                think_ns=max(0, round(r.think_ns * (1 + uniform(-noise, noise)))),
+            )
+        )
+    # Arrival order may change; chains keep pointing at the same requests.
+    return replace(workload, requests=out, recorded=None)
+
+
+def reference_policies(workload: Workload, params: ScoringParams, fifo_concurrency: int) -> list[Policy]:
+    """What the score is compared against: arrival order, priority alone, llama-swap fifo."""
+    return [
+        Policy(
+            "arrival order",
+            ScoringParams(0, 0),
+            ignore_priority=True,
+            kind="reference",
+        ),
+        Policy(
+            "priority, no aging",
+            ScoringParams(0, params.swap_affinity_bonus),
+            kind="reference",
+        ),
+        Policy(
+            f"fifo (x{fifo_concurrency})",
+            ScoringParams(0, 0),
+            scheduler=FIFO,
+            concurrency=fifo_concurrency,
+            model_priority=tuple(sorted(workload.model_priority.items())),
+            kind="reference",
+        ),
+    ]

@@ -1,0 +1,161 @@
+"""Grids of parameter sets, run in parallel on the machine's cores.
+
+Workers are forked after the workload is loaded, so it is shared copy-on-write and
+never pickled; each task is one (policy, shake index) and returns its figures only.
+`--shake N` runs every policy again on N perturbed copies of the workload (the same
+N copies for every policy, so they are compared on equal terms).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from app.core.scoring import NS_PER_S, ScoringParams
+from tools.replay.report import Figures, figures, spread
+from tools.replay.simulate import Policy, shaken, simulate
+from tools.replay.workload import Workload
+
+AXES = {"aging": "aging divisor (seconds)", "bonus": "swap affinity bonus (0..99)"}
+
+
+class GridError(ValueError):
+    """A --sweep argument that cannot be read; the message says which and why."""
+
+
+def seconds_to_ns(text: str) -> int:
+    """'60', '0.004', '1.5' seconds -> exact integer ns (no float rounding)."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise GridError(f"{text!r} is not a number of seconds") from None
+    if not value.is_finite() or value < 0:
+        raise GridError(f"{text!r}: the aging divisor must be a number of seconds >= 0")
+    return int(value * NS_PER_S)
+
+
+def parse_bonus(text: str) -> int:
+    try:
+        bonus = int(text)
+    except ValueError:
+        raise GridError(f"{text!r} is not an integer bonus") from None
+    if not 0 <= bonus <= 99:
+        raise GridError(f"bonus {bonus}: must be 0..99 (it must never cross a band)")
+    return bonus
+
+
+def parse_grid(specs: list[str], base: ScoringParams) -> list[ScoringParams]:
+    """`aging=0,30,60 bonus=0,10` -> every combination; a missing axis keeps `base`'s value."""
+    aging = [base.aging_divisor_ns]
+    bonus = [base.swap_affinity_bonus]
+    seen = set()
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip()
+        if not sep or name not in AXES:
+            raise GridError(f"{spec!r}: expected aging=S1,S2,... or bonus=N1,N2,...")
+        if name in seen:
+            raise GridError(f"{name} is given twice")
+        seen.add(name)
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        if not items:
+            raise GridError(f"{spec!r}: no values")
+        if name == "aging":
+            aging = list(dict.fromkeys(seconds_to_ns(v) for v in items))
+        else:
+            bonus = list(dict.fromkeys(parse_bonus(v) for v in items))
+    return [ScoringParams(a, b) for a, b in itertools.product(aging, bonus)]
+
+
+def label_of(params: ScoringParams) -> str:
+    return f"aging={_secs(params.aging_divisor_ns)} bonus={params.swap_affinity_bonus}"
+
+
+def _secs(ns: int) -> str:
+    value = Decimal(ns) / NS_PER_S
+    text = format(value.normalize(), "f")
+    return text + "s"
+
+
+@dataclass(frozen=True)
+class Shake:
+    runs: int = 0
+    noise: float = 0.05
+    seed: int = 0
+
+
+# -- running ------------------------------------------------------------------------
+
+_WORKLOAD: Workload | None = None
+_SHAKEN: dict[int, Workload] = {}
+
+
+def _init(workload: Workload | None) -> None:
+    global _WORKLOAD
+    if workload is not None:  # spawn: shipped once per worker; fork: inherited
+        _WORKLOAD = workload
+    _SHAKEN.clear()
+
+
+def _task(args: tuple[Policy, int, Shake, bool]) -> Figures:
+    policy, shake_index, shake, quantiles = args
+    base = _WORKLOAD
+    assert base is not None
+    if shake_index < 0:
+        workload = base
+    else:
+        workload = _SHAKEN.get(shake_index) or shaken(base, shake.seed * 1_000_003 + shake_index, shake.noise)
+        if shake_index not in _SHAKEN:
+            _SHAKEN.clear()
+            _SHAKEN[shake_index] = workload
+    result = simulate(workload, policy)
+    return figures(
+        workload,
+        result,
+        label=policy.label,
+        kind=policy.kind,
+        params=policy.params,
+        scheduler=policy.scheduler,
+        quantiles=quantiles,
+    )
+
+
+def run_policies(
+    workload: Workload,
+    policies: list[Policy],
+    *,
+    jobs: int | None = None,
+    shake: Shake | None = None,
+    quantiles: bool = False,
+) -> list[Figures]:
+    """Figures for each policy, in order; with shake, each carries a `spread`."""
+    global _WORKLOAD
+    shake = shake or Shake()
+    tasks = [(p, -1, shake, quantiles) for p in policies]
+    tasks += [(p, s, shake, False) for s in range(shake.runs) for p in policies]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
+    if jobs == 1:
+        _init(workload)
+        results = [_task(t) for t in tasks]
+    else:
+        methods = multiprocessing.get_all_start_methods()
+        if "fork" in methods:
+            _WORKLOAD = workload  # inherited by the forked workers
+            ctx = multiprocessing.get_context("fork")
+            initargs: tuple[Workload | None] = (None,)
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            initargs = (workload,)
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init, initargs=initargs) as pool:
+            results = list(pool.map(_task, tasks, chunksize=1))
+    rows = results[: len(policies)]
+    for i, row in enumerate(rows):
+        samples = [results[len(policies) * (1 + s) + i] for s in range(shake.runs)]
+        if samples:
+            row["spread"] = spread(samples)
+            row["shake"] = {"runs": shake.runs, "noise": shake.noise, "seed": shake.seed}
+    return rows

@@ -1,0 +1,372 @@
+"""The workload of a recorded log: what arrived, what it cost, and what actually happened.
+
+`extract(path)` reads a gpulane database read-only, in one pass over `events`:
+
+- per request: arrival (first enqueue), priority, model, the GPU time it held once
+  started (`run_ms` of its completion, else started -> end), and, for a request
+  cancelled or abandoned while waiting, how long its client waited before leaving;
+- per model: the measured load time, and the unload time of a model a swap evicted
+  (medians when there are several);
+- chains: a request a caller sent within `chain_gap` of its previous request's end,
+  with nothing else of that caller open, is recorded as sent *after* that request, so
+  a what-if run delays it as the real client would have (the film scenario's render
+  submits each shot when the previous one finishes);
+- the recorded run itself (`RunResult`), for the first row of every report.
+"""
+
+from __future__ import annotations
+
+import statistics
+import urllib.parse
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy
+from sqlalchemy.engine import Engine
+
+from app.core import events as ev
+from app.core.policy import reorder_reasons
+from app.core.scoring import NS_PER_S, ScoringParams
+from app.core.state import SERIAL
+from app.store.engine import DatabaseError, check_file
+from app.store.event_store import read_events
+
+DEFAULT_CHAIN_GAP_NS = 5 * NS_PER_S
+"""A caller's request sent this soon after its previous one ended continues a chain."""
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(slots=True)
+class Request:
+    """One request of the workload. Times are unix ns; durations ns."""
+
+    request_id: str
+    model: str
+    priority: int
+    arrival_ns: int
+    run_ns: int
+    """GPU time once started (service time; does not depend on order)."""
+    patience_ns: int | None = None
+    """Its client gave up after waiting this long (cancelled or abandoned in the queue)."""
+    after: int = -1
+    """Index of the request this one was sent after (a chain), -1 for none."""
+    think_ns: int = 0
+    """Gap between the end of `after` and this request's arrival."""
+    outcome: str = "completed"
+    endpoint: str = "/v1/chat/completions"
+    run_estimated: bool = False
+    """Never ran in the log (its client left first): `run_ns` is the model's median."""
+    caller: str | None = None
+
+
+@dataclass(slots=True)
+class SwapTimes:
+    """Measured swap costs: a swap from A to B costs unload[A] + load[B]."""
+
+    load_ns: dict[str, int] = field(default_factory=dict)
+    unload_ns: dict[str, int] = field(default_factory=dict)
+    default_load_ns: int = 0
+    default_unload_ns: int = 0
+
+    def cost(self, from_model: str | None, to_model: str) -> tuple[int, int]:
+        """(unload, load) in ns for a swap from `from_model` (None: nothing loaded)."""
+        unload = 0 if from_model is None else self.unload_ns.get(from_model, self.default_unload_ns)
+        return unload, self.load_ns.get(to_model, self.default_load_ns)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one run (recorded or simulated) did to each request, and overall."""
+
+    start_ns: list[int]
+    """Per request index: when it started on a loaded model; -1 if it never did."""
+    arrival_ns: list[int]
+    """Per request index: its arrival in this run (chains move with their predecessor)."""
+    order: list[int]
+    """Request indices in dispatch order."""
+    swaps: int = 0
+    swap_ns: int = 0
+    busy_ns: int = 0
+    """Time the GPU was loading or running something."""
+    first_ns: int = 0
+    last_ns: int = 0
+    reorders: dict[str, int] = field(default_factory=lambda: {"aging": 0, "swap_affinity": 0})
+    timeline: list[tuple[int, int, str, str]] | None = None
+    """(start, end, model, 'swap' | 'run') spans, when asked for (plots)."""
+
+
+@dataclass(slots=True)
+class Workload:
+    requests: list[Request]
+    """In arrival order."""
+    swap_times: SwapTimes
+    params: ScoringParams
+    """The parameters in force at the end of the log (last `server_started`)."""
+    scheduler: str = SERIAL
+    recorded: RunResult | None = None
+    model_priority: dict[str, int] = field(default_factory=dict)
+    """fifo only: per-model queue priority, inferred from recorded decisions."""
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({r.model for r in self.requests})
+
+
+# -- reading the log ----------------------------------------------------------
+
+
+def open_readonly(path: str | Path) -> Engine:
+    """An engine that can only read `path` (SQLite `mode=ro`): the input is never modified."""
+    p = Path(path)
+    if not p.is_file():
+        raise DatabaseError(f"{path}: no such database file")
+    check_file(p)
+    uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
+    engine = sqlalchemy.create_engine("sqlite:///" + uri + "&uri=true")
+    try:
+        with engine.connect() as conn:
+            names = set(sqlalchemy.inspect(conn).get_table_names())
+    except sqlalchemy.exc.DatabaseError as exc:
+        engine.dispose()
+        raise DatabaseError(f"{path}: file is corrupt or not an SQLite database ({exc})") from exc
+    if "events" not in names:
+        engine.dispose()
+        raise DatabaseError(f"{path}: not a gpulane database (no events table)")
+    return engine
+
+
+def iter_log(path: str | Path) -> Iterator[tuple[int, ev.AnyEvent]]:
+    """(seq, event) of the database at `path`, in seq order, read-only."""
+    engine = open_readonly(path)
+    try:
+        yield from read_events(engine)
+    finally:
+        engine.dispose()
+
+
+def extract(path: str | Path, chain_gap_ns: int = DEFAULT_CHAIN_GAP_NS) -> Workload:
+    """The workload and the recorded run of the database at `path`."""
+    return extract_events(iter_log(path), chain_gap_ns)
+
+
+@dataclass(slots=True)
+class _Seen:
+    index: int
+    arrival_ns: int
+    dispatched_ns: int = -1
+    started_ns: int = -1
+    ended_ns: int = -1
+    run_ns: int | None = None
+    outcome: str = "open"
+
+
+def extract_events(
+    events: Iterable[tuple[int, ev.AnyEvent]], chain_gap_ns: int = DEFAULT_CHAIN_GAP_NS
+) -> Workload:
+    requests: list[Request] = []
+    seen: dict[str, _Seen] = {}
+    order: list[int] = []
+    reorders = {"aging": 0, "swap_affinity": 0}
+    params = ScoringParams()
+    scheduler = SERIAL
+    have_params = False
+    loads: dict[str, list[int]] = {}
+    unloads: dict[str, list[int]] = {}
+    model_priority: dict[str, int] = {}
+    open_swap: dict[str, tuple[int, str | None, int]] = {}  # to_model -> (start, from, unload)
+    swaps = 0
+    swap_ns = 0
+    spans: list[tuple[int, int, str, str]] = []
+    first_ns: int | None = None
+    last_ns = 0
+
+    for _seq, e in events:
+        match e:
+            case ev.ServerStarted():
+                params = ScoringParams(e.aging_divisor_ns, e.swap_affinity_bonus)
+                scheduler = e.scheduler
+                have_params = True
+            case ev.RequestEnqueued():
+                if e.request_id in seen:
+                    continue  # a later attempt: arrival, priority and model stay
+                arrival = e.enqueued_at if e.enqueued_at is not None else e.at
+                seen[e.request_id] = _Seen(len(requests), arrival)
+                requests.append(
+                    Request(
+                        e.request_id,
+                        e.model,
+                        e.priority,
+                        arrival,
+                        0,
+                        endpoint=e.endpoint,
+                        caller=e.caller,
+                    )
+                )
+                first_ns = arrival if first_ns is None else min(first_ns, arrival)
+            case ev.ScoresComputed():
+                if not have_params:  # a log without server_started (synthetic, truncated)
+                    params = ScoringParams(e.aging_divisor_ns, e.swap_affinity_bonus)
+                    scheduler = e.scheduler
+                    have_params = True
+                for reason in reorder_reasons(e):
+                    reorders[reason] += 1
+                if e.scheduler != SERIAL:
+                    s = seen.get(e.request_id)
+                    if s is not None:
+                        r = requests[s.index]
+                        model_priority.setdefault(r.model, e.winner.priority - r.priority)
+            case ev.RequestDispatched():
+                s = seen.get(e.request_id)
+                if s is not None and s.dispatched_ns < 0:
+                    s.dispatched_ns = e.at
+                    order.append(s.index)
+            case ev.SwapStarted():
+                swaps += 1
+                open_swap[e.to_model] = (e.at, e.from_model, 0)
+            case ev.ProcessStopped(reason="evicted") if open_swap:
+                # Stopped by the swap in progress: its unload part.
+                to_model, (start, frm, unload) = next(iter(open_swap.items()))
+                took = e.at - start
+                unloads.setdefault(e.model, []).append(took)
+                open_swap[to_model] = (start, frm, max(unload, took))
+            case ev.SwapFinished() | ev.SwapFailed():
+                took = round(e.duration_ms * NS_PER_MS)
+                swap_ns += took
+                opened = open_swap.pop(e.model, None)
+                if opened is not None:
+                    start, _frm, unload = opened
+                    spans.append((start, start + took, e.model, "swap"))
+                    if isinstance(e, ev.SwapFinished):
+                        loads.setdefault(e.model, []).append(max(0, took - unload))
+            case ev.RequestStarted():
+                s = seen.get(e.request_id)
+                if s is not None and s.started_ns < 0:
+                    s.started_ns = e.at
+            case (
+                ev.RequestCompleted()
+                | ev.RequestFailed()
+                | ev.RequestCancelled()
+                | ev.RequestAbandoned()
+            ):
+                s = seen.get(e.request_id)
+                if s is None:
+                    continue
+                s.ended_ns = e.at
+                last_ns = max(last_ns, e.at)
+                s.outcome = ev.type_name(e).removeprefix("request_")
+                if isinstance(e, ev.RequestCompleted) and e.run_ms is not None:
+                    s.run_ns = round(e.run_ms * NS_PER_MS)
+                elif s.started_ns >= 0:
+                    s.run_ns = e.at - s.started_ns
+                elif s.dispatched_ns >= 0:
+                    s.run_ns = 0  # ended during its swap
+            case _:
+                pass
+
+    start_ns = [-1] * len(requests)
+    busy: list[tuple[int, int]] = [(a, b) for a, b, _, _ in spans]
+    for s in seen.values():
+        r = requests[s.index]
+        r.outcome = s.outcome
+        if s.started_ns >= 0:
+            start_ns[s.index] = s.started_ns
+        if s.run_ns is not None:
+            r.run_ns = s.run_ns
+        if s.dispatched_ns < 0 and s.ended_ns >= 0:
+            r.patience_ns = s.ended_ns - r.arrival_ns
+        if s.started_ns >= 0 and s.ended_ns >= 0:
+            spans.append((s.started_ns, s.ended_ns, r.model, "run"))
+        if s.dispatched_ns >= 0:
+            busy.append((s.dispatched_ns, s.ended_ns if s.ended_ns >= 0 else s.dispatched_ns))
+    _estimate_unrun(requests, seen)
+    _link_chains(requests, seen, chain_gap_ns)
+    recorded = RunResult(
+        start_ns=start_ns,
+        arrival_ns=[r.arrival_ns for r in requests],
+        order=order,
+        swaps=swaps,
+        swap_ns=swap_ns,
+        busy_ns=_union_length(busy),
+        first_ns=first_ns or 0,
+        last_ns=max(last_ns, first_ns or 0),
+        reorders=reorders,
+        timeline=sorted(spans),
+    )
+    return Workload(
+        requests=requests,
+        swap_times=swap_times_from(loads, unloads),
+        params=params,
+        scheduler=scheduler,
+        recorded=recorded,
+        model_priority=model_priority,
+    )
+
+
+def swap_times_from(loads: dict[str, list[int]], unloads: dict[str, list[int]]) -> SwapTimes:
+    """Per-model medians; a model never measured gets the median over all models."""
+    every_load = [x for xs in loads.values() for x in xs]
+    every_unload = [x for xs in unloads.values() for x in xs]
+    return SwapTimes(
+        load_ns={m: int(statistics.median_low(xs)) for m, xs in loads.items()},
+        unload_ns={m: int(statistics.median_low(xs)) for m, xs in unloads.items()},
+        default_load_ns=int(statistics.median_low(every_load)) if every_load else 0,
+        default_unload_ns=int(statistics.median_low(every_unload)) if every_unload else 0,
+    )
+
+
+def _estimate_unrun(requests: list[Request], seen: dict[str, _Seen]) -> None:
+    """A request whose client left before it ran may run in another order: give it the
+    median run time of its model and band (else its model, else 0)."""
+    by_key: dict[tuple[str, bool], list[int]] = {}
+    by_model: dict[str, list[int]] = {}
+    for s in seen.values():
+        r = requests[s.index]
+        if s.started_ns >= 0 and s.outcome == "completed":
+            by_key.setdefault((r.model, r.priority >= 50), []).append(r.run_ns)
+            by_model.setdefault(r.model, []).append(r.run_ns)
+    for s in seen.values():
+        if s.dispatched_ns >= 0:
+            continue
+        r = requests[s.index]
+        samples = by_key.get((r.model, r.priority >= 50)) or by_model.get(r.model)
+        r.run_ns = int(statistics.median_low(samples)) if samples else 0
+        r.run_estimated = True
+
+
+def _link_chains(requests: list[Request], seen: dict[str, _Seen], gap_ns: int) -> None:
+    if gap_ns <= 0:
+        return
+    ends = {s.index: s.ended_ns for s in seen.values()}
+    last_of: dict[str, int] = {}  # caller -> index of its latest request so far
+    open_until: dict[str, int] = {}  # caller -> latest end among its requests so far
+    for i, r in enumerate(requests):
+        if r.caller is None:
+            continue
+        prev = last_of.get(r.caller)
+        if prev is not None:
+            prev_end = ends.get(prev, -1)
+            latest = open_until[r.caller]
+            if 0 <= prev_end <= r.arrival_ns and latest <= r.arrival_ns:
+                if r.arrival_ns - prev_end <= gap_ns:
+                    r.after = prev
+                    r.think_ns = r.arrival_ns - prev_end
+        end = ends.get(i, -1)
+        last_of[r.caller] = i
+        open_until[r.caller] = max(open_until.get(r.caller, -1), end if end >= 0 else 1 << 62)
+
+
+def _union_length(intervals: list[tuple[int, int]]) -> int:
+    total = 0
+    cur_start = cur_end = None
+    for a, b in sorted(intervals):
+        if cur_end is None or a > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        elif b > cur_end:
+            cur_end = b
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
