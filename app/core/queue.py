@@ -106,18 +106,60 @@ class ScoreQueue:
 
     def pick(self, resident: str | None) -> Pick | None:
         """The winner, the runner-up and the winners without aging and without affinity."""
-        win = self._best(resident, aging=True, affinity=True)
+        # One pass over the models answers all three questions; each candidate tuple
+        # is (negated key, arrival order, id), the smallest wins, exactly as `_best`.
+        bonus = self.params.affinity_key()
+        plain_bonus = self.params.swap_affinity_bonus  # the plain heap's keys are bare priorities
+        tops: list[tuple[_ModelHeaps, bool, _Entry]] = []
+        win: _Entry | None = None
+        win_heaps: _ModelHeaps | None = None
+        no_aging: _Entry | None = None
+        no_affinity: _Entry | None = None
+        live = self._live
+        for model, heaps in self._models.items():
+            # Inline fast path of `_top`: the top entry is usually live.
+            heap = heaps.aging
+            top = heap[0] if heap else None
+            if top is None or (q := live.get(top[2])) is None or q.order != top[1]:
+                top = self._top(heap)
+                if top is None:
+                    continue
+            heap = heaps.plain
+            plain = heap[0]
+            if (q := live.get(plain[2])) is None or q.order != plain[1]:
+                found = self._top(heap)
+                assert found is not None  # both heaps hold the same live requests
+                plain = found
+            is_resident = model == resident
+            if is_resident:
+                cand = (top[0] - bonus, top[1], top[2])
+                plain = (plain[0] - plain_bonus, plain[1], plain[2])
+            else:
+                cand = top
+            tops.append((heaps, is_resident, cand))
+            if win is None or cand < win:
+                win, win_heaps = cand, heaps
+            if no_aging is None or plain < no_aging:
+                no_aging = plain
+            if no_affinity is None or top < no_affinity:
+                no_affinity = top
         if win is None:
             return None
-        winner = self._live[win[2]]
-        no_aging = self._best(resident, aging=False, affinity=True)
-        no_affinity = self._best(resident, aging=True, affinity=False)
         assert no_aging is not None and no_affinity is not None
+        runner: _Entry | None = None
+        for heaps, is_resident, cand in tops:
+            if heaps is win_heaps:
+                second = self._second(heaps.aging)
+                if second is None:
+                    continue
+                cand = (second[0] - bonus, second[1], second[2]) if is_resident else second
+            if runner is None or cand < runner:
+                runner = cand
         return Pick(
-            winner=winner,
-            runner_up=self._runner_up(winner, resident),
-            without_aging=self._live[no_aging[2]],
-            without_affinity=self._live[no_affinity[2]],
+            winner=live[win[2]],
+            runner_up=None if runner is None else live[runner[2]],
+            without_aging=live[no_aging[2]],
+            without_affinity=live[no_affinity[2]],
         )
 
     def ranked(self, resident: str | None) -> list[Queued]:

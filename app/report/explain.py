@@ -61,17 +61,22 @@ CLOCK_SLACK_S = 3600.0
 
 _BAND_RANK = {"batch": 0, "normal": 1, "interactive": 2}
 
+# Requests open at seq E = :seq (a superset is safe: it only starts the replay earlier).
+# Open now, or finished after E: an event after E, looked up by ix_events_request_id
+# among the requests finished since shortly before E (ix_requests_finished_at).
 _OPEN_AT = """
-SELECT min(r.enqueue_seq) FROM (
-    SELECT id, enqueue_seq FROM requests WHERE status IN ('queued', 'running')
+SELECT min(enqueue_seq) FROM (
+    SELECT enqueue_seq FROM requests
+    WHERE status IN ('queued', 'running') AND enqueue_seq < :seq
     UNION ALL
-    SELECT id, enqueue_seq FROM requests WHERE finished_at >= :since
-) AS r
-WHERE r.enqueue_seq < :seq
-  AND EXISTS (SELECT 1 FROM events AS e WHERE e.request_id = r.id AND e.seq > :seq)
+    SELECT r.enqueue_seq FROM requests AS r
+    WHERE r.finished_at >= :since AND r.enqueue_seq < :seq
+      AND EXISTS (SELECT 1 FROM events AS e WHERE e.request_id = r.id AND e.seq > :seq)
+)
 """
+# The `at` bound lets ix_events_type_at skip the older history.
 _RESIDENCY = (
-    "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq "
+    "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq AND at >= :since "
     "AND type IN ('server_started', 'swap_started', 'swap_finished', 'swap_failed', "
     "'process_stopped') ORDER BY seq"
 )
@@ -225,7 +230,11 @@ class _Replay:
         from_seq = max(last_swap.scalar() or 0, server.seq if server is not None else 0)
         if server is not None and server.seq < from_seq:
             self.feed(ev.decode(server.data))
-        rows = conn.exec_driver_sql(_RESIDENCY, {"from_seq": from_seq, "to_seq": start})
+        from_at = conn.exec_driver_sql("SELECT at FROM events WHERE seq = ?", (from_seq,))
+        since = (from_at.scalar() or 0.0) - CLOCK_SLACK_S
+        rows = conn.exec_driver_sql(
+            _RESIDENCY, {"from_seq": from_seq, "to_seq": start, "since": since}
+        )
         for _, data in rows:
             self.feed(ev.decode(data))
 

@@ -64,9 +64,12 @@ def _elide(lines: list[str], what: str) -> list[str]:
 
 def explanation_text(x: Explanation) -> str:
     out = [f"request {x.request_id}: {x.status}"]
-    model = (
-        x.model if x.model == x.model_requested else f"{x.model} (asked for {x.model_requested})"
-    )
+    if x.model is None:
+        model = f"model {x.model_requested!r} (not resolved)"
+    elif x.model == x.model_requested:
+        model = x.model
+    else:
+        model = f"{x.model} (asked for {x.model_requested})"
     out.append(f"  {model} · {x.endpoint} · caller {x.caller or '-'}")
     out.append(
         f"  arrived {stamp(x.arrived_at)} · priority {x.priority} ({x.band}) · attempt {x.attempt}"

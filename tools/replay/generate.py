@@ -14,7 +14,7 @@ Scenario `film` (the seeds' scenario), one working day per `--days`:
 - interactive chat requests of seconds (qwen), at random;
 - normal skill-tool calls (qwen, a few seconds to a minute), at random;
 - twelve users on tiers 0..2 (priority = band + tier); interactive clients give up
-  after 5-15 min (chat) or 20-60 min (image, video) in the queue;
+  after 10-30 min (chat) or 30-90 min (image, video) in the queue;
 - loads are warm (page cache) for the two most recently loaded models and 2-3x
   slower cold; every time jitters by 10%.
 """
@@ -137,10 +137,10 @@ def film(seed: int, days: int = 1, limit: int | None = None) -> Scenario:
             out.append((planned, shot))
             planned += shot.run_ns + shot.think_ns
         interactive(
-            day0, IMAGE, "/v1/images/generations", 40.0, lambda: rng.uniform(240, 960), (20, 60)
+            day0, IMAGE, "/v1/images/generations", 50.0, lambda: rng.uniform(240, 960), (30, 90)
         )
         interactive(
-            day0, VIDEO, "/v1/video/generations", 60.0, lambda: rng.uniform(240, 960), (20, 60)
+            day0, VIDEO, "/v1/video/generations", 75.0, lambda: rng.uniform(240, 960), (30, 90)
         )
         interactive(
             day0,
@@ -148,7 +148,7 @@ def film(seed: int, days: int = 1, limit: int | None = None) -> Scenario:
             "/v1/chat/completions",
             4.0,
             lambda: min(60.0, rng.lognormvariate(math.log(6.0), 0.8)),
-            (5, 15),
+            (10, 30),
         )
         for t in poisson(day0, 6.0):
             user = rng.choice(users)

@@ -87,6 +87,7 @@ class _Sim:
         )
         self.record = record
         self.swap_cost = swap_cost
+        self.ignore_priority = policy.ignore_priority
         n = len(self.reqs)
         self.result = RunResult(
             start_ns=[-1] * n,
@@ -100,7 +101,11 @@ class _Sim:
             if r.after >= 0:
                 self.succ[r.after] = i
         self.pending: list[tuple[int, int, int]] = []  # (time, kind, index)
-        # The GPU: jobs started and sharing it (index -> remaining work, ns at full rate).
+        # The GPU. serial: one job, `run_i` until `run_end`. fifo: jobs started and
+        # sharing it (index -> remaining work in ns at full rate).
+        self.shared = policy.scheduler != SERIAL
+        self.run_i = -1
+        self.run_end = _INF
         self.active: dict[int, float] = {}
         self.last_t = 0
         self.loading: str | None = None
@@ -152,7 +157,8 @@ class _Sim:
                     k += 1
                 else:
                     break
-            if state.queue and not (serial and (state.running or state.loading is not None)):
+            # decide() would return nothing while the serial GPU is taken: skip the call.
+            if not (serial and (state.running or state.loading is not None)) and state.queue:
                 self._pump(now)
         res.last_ns = max(now, res.first_ns)
         if self.record is not None:
@@ -167,18 +173,19 @@ class _Sim:
     def _arrive(self, i: int, now: int) -> None:
         r = self.reqs[i]
         self.result.arrival_ns[i] = now
-        self._emit(
-            ev.RequestEnqueued(
-                at=now,
-                request_id=r.request_id,
-                model=r.model,
-                model_requested=r.model,
-                endpoint=r.endpoint,
-                priority=0 if self.policy.ignore_priority else r.priority,
-                band=band_of(r.priority),
-                caller=r.caller,
-            )
+        event = ev.RequestEnqueued(
+            at=now,
+            request_id=r.request_id,
+            model=r.model,
+            model_requested=r.model,
+            endpoint=r.endpoint,
+            priority=0 if self.ignore_priority else r.priority,
+            band=band_of(r.priority),
+            caller=r.caller,
         )
+        apply(self.state, event)
+        if self.record is not None:
+            self.record.append(event)
         if r.patience_ns is not None:
             heapq.heappush(self.pending, (now + r.patience_ns, _CANCEL, i))
 
@@ -207,8 +214,9 @@ class _Sim:
             for reason in reorder_reasons(scores):
                 res.reorders[reason] += 1
             if self.record is not None:
-                self._emit(scores)  # changes no state; recorded for the log
-            self._emit(dispatched)
+                self.record.append(scores)  # apply() ignores it: it changes no state
+                self.record.append(dispatched)
+            apply(state, dispatched)
             i = self.index[dispatched.request_id]
             res.order.append(i)
             model = dispatched.model
@@ -254,15 +262,25 @@ class _Sim:
         res.swap_ns += unload + load
         if res.timeline is not None:
             res.timeline.append((now, self.load_end, model, "swap"))
-        self._gpu_changed(now)
+        if self.shared:
+            self._gpu_changed(now)
+        else:
+            res.busy_ns += unload + load
+            self.gpu_next = self.load_end
 
     def _start(self, i: int, now: int) -> None:
         if self.record is not None:
             self._emit(ev.RequestStarted(at=now, request_id=self.reqs[i].request_id))
-        self._progress(now)
-        self.active[i] = float(self.reqs[i].run_ns)
         self.result.start_ns[i] = now
-        self._gpu_changed(now)
+        run = self.reqs[i].run_ns
+        if self.shared:
+            self._progress(now)
+            self.active[i] = float(run)
+            self._gpu_changed(now)
+        else:
+            self.run_i = i
+            self.run_end = self.gpu_next = now + run
+            self.result.busy_ns += run
 
     def _gpu_event(self, now: int) -> None:
         if self.load_end == now:
@@ -271,9 +289,16 @@ class _Sim:
             self._emit(ev.SwapFinished(at=now, model=model, duration_ms=self.swap_took / 1e6))
             self.loading = None
             self.load_end = _INF
+            self.gpu_next = _INF
             waiters, self.load_waiters = self.load_waiters, []
             for i in waiters:
                 self._start(i, now)
+        if not self.shared:
+            if self.run_end == now:
+                i = self.run_i
+                self.run_end = self.gpu_next = _INF
+                self._finish(i, now)
+            return
         self._progress(now)
         active = self.active
         n = len(active)
@@ -295,7 +320,9 @@ class _Sim:
             event = ev.RequestCompleted(
                 at=now, request_id=rid, http_status=200, run_ms=r.run_ns / 1e6
             )
-        self._emit(event)
+        apply(self.state, event)
+        if self.record is not None:
+            self.record.append(event)
         res = self.result
         if res.timeline is not None:
             res.timeline.append((res.start_ns[i], now, r.model, "run"))

@@ -1,0 +1,271 @@
+"""Command line: `python -m tools.replay ...`, also `gpulane replay ...` (`replay_command`).
+
+    replay DB [--verify] [--aging-divisor S] [--swap-affinity-bonus N]
+              [--sweep aging=0,30,60,120 bonus=0,5,10,20] [--shake N [--noise F] [--seed N]]
+              [--json | --csv] [--plot FILE.png] [--jobs N] [--fifo-concurrency N]
+              [--chain-gap S] [--no-reference]
+    replay generate SCENARIO --out DB [--seed N] [--days N] [--aging-divisor S]
+              [--swap-affinity-bonus N] [--force]
+
+Exit status: 0 ok, 1 a failed --verify or an unusable database, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.core.scoring import ScoringParams
+from app.store.engine import DatabaseError
+from tools.replay import report
+from tools.replay.simulate import Policy, reference_policies, simulate
+from tools.replay.sweep import (
+    GridError,
+    Shake,
+    label_of,
+    parse_bonus,
+    parse_grid,
+    run_policies,
+    seconds_to_ns,
+)
+from tools.replay.workload import DEFAULT_CHAIN_GAP_NS, Workload, extract, iter_log
+
+PROG = "gpulane replay"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Replay a gpulane log: verify its decisions, or re-run its workload under "
+        "other agingDivisor / swapAffinityBonus values and compare. The database is opened "
+        "read-only. `%(prog)s generate SCENARIO --out DB` writes a synthetic log instead.",
+    )
+    p.add_argument("db", help="gpulane SQLite database (read-only)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check that the core makes every recorded decision with the recorded parameters; "
+        "print the first divergence and exit 1 if not",
+    )
+    p.add_argument("--aging-divisor", metavar="S", help="one run with this agingDivisor (seconds)")
+    p.add_argument("--swap-affinity-bonus", metavar="N", help="one run with this bonus (0..99)")
+    p.add_argument(
+        "--sweep",
+        nargs="+",
+        metavar="AXIS=V,...",
+        help="a grid: aging=0,30,60,120 bonus=0,5,10,20 (seconds, points)",
+    )
+    p.add_argument("--shake", type=int, default=0, metavar="N", help="N perturbed re-runs: spread")
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.05,
+        metavar="F",
+        help="shake: run times x (1 +/- F), arrivals +/- F x median gap (default 0.05)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="shake seed (default 0)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="JSON instead of a table")
+    out.add_argument("--csv", action="store_true", help="CSV (one line per run) instead of a table")
+    p.add_argument("--plot", metavar="FILE.png", help="wait distributions and GPU timelines")
+    p.add_argument("--jobs", type=int, default=None, metavar="N", help="worker processes (default: cores)")
+    p.add_argument(
+        "--fifo-concurrency",
+        type=int,
+        default=10,
+        metavar="N",
+        help="requests in flight per model in the fifo reference row (default 10, llama-swap's)",
+    )
+    p.add_argument(
+        "--chain-gap",
+        type=float,
+        default=DEFAULT_CHAIN_GAP_NS / 1e9,
+        metavar="S",
+        help="a caller's request sent within S seconds of its previous one's end is sent after "
+        "it in every run (default 5; 0: arrivals are fixed)",
+    )
+    p.add_argument("--no-reference", action="store_true", help="omit the reference policies")
+    return p
+
+
+def build_generate_parser() -> argparse.ArgumentParser:
+    from tools.replay.generate import SCENARIOS
+
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} generate",
+        description="Write a synthetic log (same schema as the server's) by running a scenario "
+        "through the core's simulation.",
+    )
+    p.add_argument("scenario", choices=sorted(SCENARIOS), help="workload to generate")
+    p.add_argument("--out", required=True, metavar="DB", help="database to create")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    p.add_argument("--days", type=int, default=1, help="working days to generate (default 1)")
+    p.add_argument("--aging-divisor", default="60", metavar="S", help="recorded agingDivisor (default 60)")
+    p.add_argument("--swap-affinity-bonus", default="10", metavar="N", help="recorded bonus (default 10)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    return p
+
+
+def replay_command(argv: Sequence[str] | None = None) -> int:
+    """Entry point for `gpulane replay ...` and `python -m tools.replay ...`."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "generate":
+        return _generate(build_generate_parser(), args_list[1:])
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    try:
+        if args.verify:
+            return _verify(args.db)
+        return _report(parser, args)
+    except DatabaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _verify(db: str) -> int:
+    from tools.replay.verify import verify
+
+    result = verify(iter_log(db))
+    if result.divergence is not None:
+        print(result.divergence.describe())
+        print(f"failed: {db}: decision {result.decisions} differs from the core's")
+        return 1
+    print(f"ok: {result.decisions} decisions in {result.events} events match the core")
+    return 0
+
+
+def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.shake < 0 or args.fifo_concurrency < 1 or (args.jobs is not None and args.jobs < 1):
+        parser.error("--shake must be >= 0, --fifo-concurrency and --jobs >= 1")
+    t0 = time.perf_counter()
+    workload = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
+    try:
+        policies = _policies(workload, args)
+    except GridError as exc:
+        parser.error(str(exc))
+    shake = Shake(args.shake, args.noise, args.seed)
+    rows = run_policies(workload, policies, jobs=args.jobs, shake=shake, quantiles=bool(args.plot))
+    recorded = workload.recorded
+    assert recorded is not None
+    first = report.figures(
+        workload,
+        recorded,
+        label="recorded",
+        kind="recorded",
+        params=workload.params,
+        scheduler=workload.scheduler,
+        quantiles=bool(args.plot),
+    )
+    rows = [first, *rows]
+    best = report.mark_best(rows)
+    meta = {
+        "database": str(args.db),
+        "requests": len(workload.requests),
+        "models": workload.models,
+        "recorded": {
+            "scheduler": workload.scheduler,
+            "aging_divisor_s": workload.params.aging_divisor_ns / 1e9,
+            "swap_affinity_bonus": workload.params.swap_affinity_bonus,
+        },
+        "swap_times_s": {
+            m: {
+                "load": workload.swap_times.load_ns.get(m, workload.swap_times.default_load_ns) / 1e9,
+                "unload": workload.swap_times.unload_ns.get(m, workload.swap_times.default_unload_ns)
+                / 1e9,
+            }
+            for m in workload.models
+        },
+        "chained": sum(1 for r in workload.requests if r.after >= 0),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    if args.plot:
+        _plot(args.plot, workload, rows, policies, best)
+    for row in rows:
+        row.pop("quantiles", None)
+    if args.json:
+        print(report.to_json(rows, meta))
+    elif args.csv:
+        print(report.to_csv(rows), end="")
+    else:
+        header = (
+            f"{args.db}: {meta['requests']} requests, models {', '.join(workload.models)}; "
+            f"recorded {workload.scheduler}, {label_of(workload.params)}"
+            + (f"; spread over {args.shake} shaken runs (noise {args.noise})" if args.shake else "")
+        )
+        print(report.table(rows, header), end="")
+    return 0
+
+
+def _policies(workload: Workload, args: argparse.Namespace) -> list[Policy]:
+    recorded = workload.params
+    if args.sweep:
+        grid = parse_grid(args.sweep, recorded)
+        if args.aging_divisor is not None or args.swap_affinity_bonus is not None:
+            raise GridError("--sweep and --aging-divisor/--swap-affinity-bonus do not combine")
+    else:
+        aging = recorded.aging_divisor_ns
+        bonus = recorded.swap_affinity_bonus
+        if args.aging_divisor is not None:
+            aging = seconds_to_ns(args.aging_divisor)
+        if args.swap_affinity_bonus is not None:
+            bonus = parse_bonus(args.swap_affinity_bonus)
+        grid = [ScoringParams(aging, bonus)]
+    if recorded not in grid:
+        grid = [recorded, *grid]
+    policies = [
+        Policy(label_of(p) + (" (recorded)" if p == recorded else ""), p) for p in grid
+    ]
+    if not args.no_reference:
+        policies += reference_policies(workload, recorded, args.fifo_concurrency)
+    return policies
+
+
+def _plot(path: str, workload: Workload, rows: list[report.Figures], policies: list[Policy], best: report.Figures | None) -> None:
+    from tools.replay.plot import PlotUnavailable, plot
+
+    recorded = workload.recorded
+    timelines = [("recorded", recorded.timeline or [] if recorded else [])]
+    if best is not None:
+        policy = next(p for p in policies if p.label == best["label"])
+        result = simulate(workload, policy, timeline=True)
+        timelines.append((f"best: {best['label']}", result.timeline or []))
+    try:
+        plot(path, rows, timelines)
+    except PlotUnavailable as exc:
+        print(f"warning: {exc}", file=sys.stderr)
+
+
+def _generate(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    from tools.replay.generate import SCENARIOS, generate_events, write_log
+
+    args = parser.parse_args(argv)
+    try:
+        params = ScoringParams(seconds_to_ns(args.aging_divisor), parse_bonus(args.swap_affinity_bonus))
+    except GridError as exc:
+        parser.error(str(exc))
+    if args.days < 1:
+        parser.error("--days must be >= 1")
+    out = Path(args.out)
+    if out.exists():
+        if not args.force:
+            print(f"error: {out} exists (use --force to replace it)", file=sys.stderr)
+            return 1
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{out}{suffix}").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    scenario = SCENARIOS[args.scenario](args.seed, days=args.days)
+    events = generate_events(scenario, params, label=f"{args.scenario}-seed{args.seed}")
+    try:
+        write_log(out, events)
+    except DatabaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"ok: {out}: {len(scenario.workload.requests)} requests, {len(events)} events "
+        f"({args.scenario}, seed {args.seed}, {label_of(params)}) in "
+        f"{time.perf_counter() - t0:.1f}s"
+    )
+    return 0
