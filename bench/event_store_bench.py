@@ -9,6 +9,9 @@ run loop would: `submit` without waiting, awaiting only the request's last
 group. Meanwhile one probe task times durable `append([RequestEnqueued])`
 calls, the call an async job's admission makes, under that load.
 
+The CPU time per event (all threads) is printed too: unlike events/s it does
+not depend on what else the machine is doing.
+
 Two runs per setting: "max", producers as fast as commits allow (throughput),
 and "paced", producers together offering the target rate (20,000 events/s
 for full, 50,000 for normal), which is the load the latency target is for.
@@ -117,6 +120,7 @@ async def run(
     store = SqliteEventStore(engine)
     store.start()
     latencies: list[float] = []
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     stop = t0 + seconds
     await asyncio.gather(
@@ -125,6 +129,7 @@ async def run(
     )
     await store.close()
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     events = last_seq(engine)
     engine.dispose()
     lat = sorted(latencies)
@@ -133,7 +138,8 @@ async def run(
     print(
         f"synchronous={synchronous:6} {load:15} producers={producers} "
         f"{events / elapsed:7,.0f} events/s "
-        f"({events:,} in {elapsed:.1f}s); durable append: n={len(lat)} "
+        f"({events:,} in {elapsed:.1f}s, {cpu / events * 1e6:.1f} us CPU/event); "
+        f"durable append: n={len(lat)} "
         f"p50={statistics.median(lat):.2f} ms p99={p99:.2f} ms max={lat[-1]:.2f} ms"
     )
 

@@ -179,7 +179,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def start_gpulane(tmp: Path, upstream_port: int, synchronous: str) -> tuple[subprocess.Popen[bytes], int]:
+def start_gpulane(
+    tmp: Path, upstream_port: int, synchronous: str
+) -> tuple[subprocess.Popen[bytes], int]:
     config = tmp / "config.yaml"
     config.write_text(
         textwrap.dedent(
@@ -270,6 +272,13 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def added_latency(ports: dict[str, int], rounds: int, warmup: int) -> Samples:
     plain = json.dumps(CHAT).encode()
     streamed = json.dumps(CHAT | {"stream": True, "fake": {"chunks": STREAM_CHUNKS}}).encode()
@@ -340,7 +349,7 @@ def queue_depth(port: int) -> float:
     text = resp.body.decode()
     return sum(
         float(m.group(1))
-        for m in re.finditer(r'^llamaswap_scheduler_queue_depth\{[^}]*\} (\S+)$', text, re.M)
+        for m in re.finditer(r"^llamaswap_scheduler_queue_depth\{[^}]*\} (\S+)$", text, re.M)
     )
 
 
@@ -394,7 +403,9 @@ def gaps_from_events(db: Path, since_wall: float) -> list[float]:
     return gaps
 
 
-def wait_db_quiet(db: Path, expected_completed: int, since_wall: float, timeout: float = 30) -> None:
+def wait_db_quiet(
+    db: Path, expected_completed: int, since_wall: float, timeout: float = 30
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         conn = sqlite3.connect(db, timeout=30)
@@ -414,8 +425,12 @@ def wait_db_quiet(db: Path, expected_completed: int, since_wall: float, timeout:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2000, help="timed requests per target and kind")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2000, help="timed requests per target and kind"
+    )
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--queued", type=int, default=1000, help="clients queued for the gap")
     parser.add_argument("--synchronous", choices=("full", "normal"), default="full")
@@ -434,7 +449,9 @@ def main() -> None:
         stack.callback(stop, gw)
         # The first request loads the model (a swap), then the upstream is there to call.
         conn = Conn(gw_port)
-        _, resp = conn.call(request_bytes(gw_port, "/v1/chat/completions", json.dumps(CHAT).encode()))
+        _, resp = conn.call(
+            request_bytes(gw_port, "/v1/chat/completions", json.dumps(CHAT).encode())
+        )
         conn.close()
         if resp.status != 200:
             raise RuntimeError(f"loading {MODEL} failed: {resp.status} {resp.body[:500]!r}")
@@ -443,16 +460,23 @@ def main() -> None:
         if nginx is not None:
             stack.callback(stop, nginx[0])
             ports["nginx"] = nginx[1]
-        print(
-            f"gpulane pid {gw.pid} (py-spy record -p {gw.pid} to profile)", flush=True
-        )
+        print(f"gpulane pid {gw.pid} (py-spy record -p {gw.pid} to profile)", flush=True)
         print(
             f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, db synchronous="
             f"{args.synchronous}, nginx: {'yes' if nginx else 'not installed (skipped)'}"
         )
 
+        cpu0, wall0 = cpu_seconds(gw.pid), time.perf_counter()
         samples = added_latency(ports, args.rounds, args.warmup)
+        cpu = cpu_seconds(gw.pid) - cpu0
+        wall = time.perf_counter() - wall0
         report_latency(samples, list(ports))
+        served = 2 * (args.rounds + args.warmup)
+        print(
+            f"  gpulane CPU: {cpu / served * 1e6:.0f} us per request (user+sys, all threads;"
+            f" {cpu / wall * 100:.0f}% of one core during the run); load average"
+            f" {os.getloadavg()[0]:.2f}"
+        )
 
         since = time.time()
         _, drained = asyncio.run(dispatch_gap(gw_port, args.queued))
@@ -468,8 +492,12 @@ def main() -> None:
                 f"  max {max(gaps):.3f} ms  mean {statistics.fmean(gaps):.3f} ms"
             )
         print(f"  drain: {args.queued} requests in {drained:.2f} s ({args.queued / drained:.0f}/s)")
-        added50 = pct(samples.seconds["gpulane", "plain"], 50) - pct(samples.seconds["direct", "plain"], 50)
-        added99 = pct(samples.seconds["gpulane", "plain"], 99) - pct(samples.seconds["direct", "plain"], 99)
+        added50 = pct(samples.seconds["gpulane", "plain"], 50) - pct(
+            samples.seconds["direct", "plain"], 50
+        )
+        added99 = pct(samples.seconds["gpulane", "plain"], 99) - pct(
+            samples.seconds["direct", "plain"], 99
+        )
         print(
             f"\ntargets: added p50 {added50 * 1e3:.3f} ms (< {TARGETS['added_p50_ms']}), "
             f"added p99 {added99 * 1e3:.3f} ms (< {TARGETS['added_p99_ms']}), "

@@ -100,40 +100,144 @@ class _Sim:
         for i, r in enumerate(self.reqs):
             if r.after >= 0:
                 self.succ[r.after] = i
-        self.pending: list[tuple[int, int, int]] = []  # (time, kind, index)
-        # The GPU. serial: one job, `run_i` until `run_end`. fifo: jobs started and
-        # sharing it (index -> remaining work in ns at full rate).
-        self.shared = policy.scheduler != SERIAL
-        self.run_i = -1
-        self.run_end = _INF
-        self.active: dict[int, float] = {}
-        self.last_t = 0
+        roots = [i for i, r in enumerate(self.reqs) if r.after < 0]
+        roots.sort(key=lambda i: self.reqs[i].arrival_ns)
+        self.roots = roots
+        self.pending: list[tuple[int, int, int]] = []  # (time, kind, index): cancels, chains
+        # The swap in progress.
         self.loading: str | None = None
         self.load_end = _INF
         self.load_waiters: list[int] = []
         self.swap_took = 0
+        # fifo: jobs started and sharing the GPU (index -> remaining work, ns at full rate).
+        self.active: dict[int, float] = {}
+        self.last_t = 0
         self.busy_since = -1
         self.gpu_next = _INF
         self.pids: dict[str, int] = {}
         self.next_pid = 40_000
 
-    # -- the loop -------------------------------------------------------------
-
     def run(self) -> RunResult:
+        res = self.result
+        if self.roots:
+            res.first_ns = self.reqs[self.roots[0]].arrival_ns
+        if self.state.scheduler == SERIAL:
+            last = self._run_serial()
+        else:
+            last = self._run_shared()
+        res.last_ns = max(last, res.first_ns)
+        if self.record is not None:
+            self.record.sort(key=lambda e: e.at)  # stable: same-time events keep their order
+        return res
+
+    # -- serial: one request on the GPU (the hot path, kept flat) ----------------
+
+    def _run_serial(self) -> int:
         reqs = self.reqs
-        roots = [i for i, r in enumerate(reqs) if r.after < 0]
-        roots.sort(key=lambda i: reqs[i].arrival_ns)
+        state = self.state
+        queue = state.queue
+        res = self.result
+        start_ns = res.start_ns
+        reorders = res.reorders
+        order = res.order
+        timeline = res.timeline
+        record = self.record
+        index = self.index
+        succ = self.succ
+        pending = self.pending
+        roots = self.roots
+        root_t = [reqs[i].arrival_ns for i in roots]
+        n_roots = len(roots)
+        arrive = self._arrive
+        heappush = heapq.heappush
+        heappop = heapq.heappop
+        k = 0
+        now = res.first_ns
+        run_i = -1
+        run_end = _INF
+        busy = 0
+        while True:
+            t = root_t[k] if k < n_roots else _INF
+            if pending and pending[0][0] < t:
+                t = pending[0][0]
+            gpu = run_end if run_end < self.load_end else self.load_end
+            if gpu < t:
+                t = gpu
+            if t == _INF:
+                break
+            now = t
+            if self.load_end == now:
+                run_i = self._end_swap(now)[0]
+                r = reqs[run_i]
+                if record is not None:
+                    record.append(ev.RequestStarted(at=now, request_id=r.request_id))
+                start_ns[run_i] = now
+                run_end = now + r.run_ns
+                busy += r.run_ns
+            if run_end == now:
+                run_end = _INF
+                self._finish(run_i, now)
+                nxt = succ.get(run_i)
+                if nxt is not None:
+                    heappush(pending, (now + reqs[nxt].think_ns, _ARRIVAL, nxt))
+            while True:
+                if pending and pending[0][0] == now:
+                    _, kind, i = heappop(pending)
+                    if kind == _ARRIVAL:
+                        arrive(i, now)
+                    else:
+                        self._cancel(i, now)
+                elif k < n_roots and root_t[k] == now:
+                    arrive(roots[k], now)
+                    k += 1
+                else:
+                    break
+            # While the GPU is taken decide() returns nothing: skip the call.
+            if run_end != _INF or self.load_end != _INF or not queue:
+                continue
+            decision = decide(state, now)
+            if not decision:
+                continue
+            scores, dispatched = decision
+            assert isinstance(scores, ev.ScoresComputed)
+            assert isinstance(dispatched, ev.RequestDispatched)
+            for reason in reorder_reasons(scores):
+                reorders[reason] += 1
+            if record is not None:
+                record.append(scores)  # apply() ignores it: it changes no state
+                record.append(dispatched)
+            apply(state, dispatched)
+            i = index[dispatched.request_id]
+            order.append(i)
+            if dispatched.swap:
+                busy += self._begin_swap(i, dispatched.model, now)
+                continue
+            r = reqs[i]
+            if record is not None:
+                record.append(ev.RequestStarted(at=now, request_id=r.request_id))
+            start_ns[i] = now
+            run_i = i
+            run_end = now + r.run_ns
+            busy += r.run_ns
+        res.busy_ns = busy
+        if timeline is not None:
+            for i, t0 in enumerate(start_ns):
+                if t0 >= 0:
+                    timeline.append((t0, t0 + reqs[i].run_ns, reqs[i].model, "run"))
+            timeline.sort()
+        return now
+
+    # -- fifo: several requests of one model in flight, sharing the GPU ------------
+
+    def _run_shared(self) -> int:
+        reqs = self.reqs
+        state = self.state
+        pending = self.pending
+        roots = self.roots
         root_t = [reqs[i].arrival_ns for i in roots]
         n_roots = len(roots)
         k = 0
-        pending = self.pending
-        state = self.state
-        serial = state.scheduler == SERIAL
-        arrive = self._arrive
-        res = self.result
-        if n_roots:
-            res.first_ns = root_t[0]
-        now = res.first_ns
+        now = self.result.first_ns
         while True:
             t = root_t[k] if k < n_roots else _INF
             if pending and pending[0][0] < t:
@@ -149,26 +253,86 @@ class _Sim:
                 if pending and pending[0][0] == now:
                     _, kind, i = heapq.heappop(pending)
                     if kind == _ARRIVAL:
-                        arrive(i, now)
+                        self._arrive(i, now)
                     else:
                         self._cancel(i, now)
                 elif k < n_roots and root_t[k] == now:
-                    arrive(roots[k], now)
+                    self._arrive(roots[k], now)
                     k += 1
                 else:
                     break
-            # decide() would return nothing while the serial GPU is taken: skip the call.
-            if not (serial and (state.running or state.loading is not None)) and state.queue:
-                self._pump(now)
-        res.last_ns = max(now, res.first_ns)
-        if self.record is not None:
-            self.record.sort(key=lambda e: e.at)
-        return res
+            while state.queue:
+                decision = decide(state, now)
+                if not decision:
+                    break
+                scores, dispatched = decision
+                assert isinstance(scores, ev.ScoresComputed)
+                assert isinstance(dispatched, ev.RequestDispatched)
+                for reason in reorder_reasons(scores):
+                    self.result.reorders[reason] += 1
+                if self.record is not None:
+                    self.record.append(scores)
+                    self.record.append(dispatched)
+                apply(state, dispatched)
+                i = self.index[dispatched.request_id]
+                self.result.order.append(i)
+                if dispatched.swap:
+                    self._begin_swap(i, dispatched.model, now)
+                    self._gpu_changed(now)
+                elif self.loading == dispatched.model:
+                    self.load_waiters.append(i)  # joins the load in progress
+                else:
+                    self._start_shared(i, now)
+        return now
 
-    def _emit(self, event: ev.AnyEvent) -> None:
-        apply(self.state, event)
+    def _gpu_event(self, now: int) -> None:
+        if self.load_end == now:
+            for i in self._end_swap(now):
+                self._start_shared(i, now)
+        self._progress(now)
+        active = self.active
+        n = len(active)
+        for i in [i for i, left in active.items() if left * n < 0.5]:
+            del active[i]
+            self._finish(i, now)
+            res = self.result
+            if res.timeline is not None:
+                res.timeline.append((res.start_ns[i], now, self.reqs[i].model, "run"))
+            self._chain(i, now)
+        self._gpu_changed(now)
+
+    def _start_shared(self, i: int, now: int) -> None:
         if self.record is not None:
-            self.record.append(event)
+            self.record.append(ev.RequestStarted(at=now, request_id=self.reqs[i].request_id))
+        self.result.start_ns[i] = now
+        self._progress(now)
+        self.active[i] = float(self.reqs[i].run_ns)
+        self._gpu_changed(now)
+
+    def _progress(self, now: int) -> None:
+        active = self.active
+        if active and now > self.last_t:
+            step = (now - self.last_t) / len(active)
+            for i in active:
+                active[i] -= step
+        self.last_t = now
+
+    def _gpu_changed(self, now: int) -> None:
+        active = self.active
+        nxt = self.load_end
+        if active:
+            done = self.last_t + math.ceil(min(active.values()) * len(active))
+            if done < nxt:
+                nxt = done
+        self.gpu_next = nxt
+        if active or self.loading is not None:
+            if self.busy_since < 0:
+                self.busy_since = now
+        elif self.busy_since >= 0:
+            self.result.busy_ns += now - self.busy_since
+            self.busy_since = -1
+
+    # -- shared steps ----------------------------------------------------------------
 
     def _arrive(self, i: int, now: int) -> None:
         r = self.reqs[i]
@@ -193,7 +357,10 @@ class _Sim:
         r = self.reqs[i]
         if r.request_id not in self.state.queue:
             return  # dispatched before its client would have left
-        self._emit(ev.RequestCancelled(at=now, request_id=r.request_id, reason="client_gone"))
+        event = ev.RequestCancelled(at=now, request_id=r.request_id, reason="client_gone")
+        apply(self.state, event)
+        if self.record is not None:
+            self.record.append(event)
         self._chain(i, now)
 
     def _chain(self, i: int, now: int) -> None:
@@ -201,112 +368,52 @@ class _Sim:
         if nxt is not None:
             heapq.heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
 
-    def _pump(self, now: int) -> None:
-        state = self.state
-        res = self.result
-        while True:
-            decision = decide(state, now)
-            if not decision:
-                return
-            scores, dispatched = decision
-            assert isinstance(scores, ev.ScoresComputed)
-            assert isinstance(dispatched, ev.RequestDispatched)
-            for reason in reorder_reasons(scores):
-                res.reorders[reason] += 1
-            if self.record is not None:
-                self.record.append(scores)  # apply() ignores it: it changes no state
-                self.record.append(dispatched)
-            apply(state, dispatched)
-            i = self.index[dispatched.request_id]
-            res.order.append(i)
-            model = dispatched.model
-            if dispatched.swap:
-                self._begin_swap(i, model, now)
-            elif self.loading == model:
-                self.load_waiters.append(i)
-            else:
-                self._start(i, now)
-            if state.scheduler == SERIAL:
-                return  # one in flight: decide would say nothing more now
-
-    # -- the GPU ---------------------------------------------------------------
-
-    def _begin_swap(self, i: int, model: str, now: int) -> None:
+    def _begin_swap(self, i: int, model: str, now: int) -> int:
+        """SwapStarted (and, recorded, the processes' events); returns its duration."""
         frm = self.state.resident
         unload, load = self.swap_cost(frm, model)
-        rid = self.reqs[i].request_id
-        self._emit(ev.SwapStarted(at=now, from_model=frm, to_model=model, request_id=rid))
-        if self.record is not None:
+        event = ev.SwapStarted(
+            at=now, from_model=frm, to_model=model, request_id=self.reqs[i].request_id
+        )
+        apply(self.state, event)
+        record = self.record
+        if record is not None:
+            record.append(event)
             if frm is not None:
-                self.record.append(
-                    ev.ProcessStopped(
-                        at=now + unload, model=frm, pid=self.pids[frm], reason="evicted", exit_code=0
-                    )
+                stop = ev.ProcessStopped(
+                    at=now + unload, model=frm, pid=self.pids[frm], reason="evicted", exit_code=0
                 )
+                record.append(stop)
             self.next_pid += 1
             self.pids[model] = self.next_pid
-            self.record.append(
-                ev.ProcessStarted(
-                    at=now + unload,
-                    model=model,
-                    pid=self.next_pid,
-                    cmdline=["llama-server", "--model", model],
-                )
+            cmdline = ["llama-server", "--model", model]
+            record.append(
+                ev.ProcessStarted(at=now + unload, model=model, pid=self.next_pid, cmdline=cmdline)
             )
+        took = unload + load
         self.loading = model
-        self.swap_took = unload + load
-        self.load_end = now + unload + load
+        self.swap_took = took
+        self.load_end = now + took
         self.load_waiters = [i]
         res = self.result
         res.swaps += 1
-        res.swap_ns += unload + load
+        res.swap_ns += took
         if res.timeline is not None:
-            res.timeline.append((now, self.load_end, model, "swap"))
-        if self.shared:
-            self._gpu_changed(now)
-        else:
-            res.busy_ns += unload + load
-            self.gpu_next = self.load_end
+            res.timeline.append((now, now + took, model, "swap"))
+        return took
 
-    def _start(self, i: int, now: int) -> None:
+    def _end_swap(self, now: int) -> list[int]:
+        """SwapFinished; returns the requests that waited for it."""
+        model = self.loading
+        assert model is not None
+        event = ev.SwapFinished(at=now, model=model, duration_ms=self.swap_took / 1e6)
+        apply(self.state, event)
         if self.record is not None:
-            self._emit(ev.RequestStarted(at=now, request_id=self.reqs[i].request_id))
-        self.result.start_ns[i] = now
-        run = self.reqs[i].run_ns
-        if self.shared:
-            self._progress(now)
-            self.active[i] = float(run)
-            self._gpu_changed(now)
-        else:
-            self.run_i = i
-            self.run_end = self.gpu_next = now + run
-            self.result.busy_ns += run
-
-    def _gpu_event(self, now: int) -> None:
-        if self.load_end == now:
-            model = self.loading
-            assert model is not None
-            self._emit(ev.SwapFinished(at=now, model=model, duration_ms=self.swap_took / 1e6))
-            self.loading = None
-            self.load_end = _INF
-            self.gpu_next = _INF
-            waiters, self.load_waiters = self.load_waiters, []
-            for i in waiters:
-                self._start(i, now)
-        if not self.shared:
-            if self.run_end == now:
-                i = self.run_i
-                self.run_end = self.gpu_next = _INF
-                self._finish(i, now)
-            return
-        self._progress(now)
-        active = self.active
-        n = len(active)
-        done = [i for i, left in active.items() if left * n < 0.5]
-        for i in done:
-            del active[i]
-            self._finish(i, now)
-        self._gpu_changed(now)
+            self.record.append(event)
+        self.loading = None
+        self.load_end = _INF
+        waiters, self.load_waiters = self.load_waiters, []
+        return waiters
 
     def _finish(self, i: int, now: int) -> None:
         r = self.reqs[i]
@@ -323,35 +430,6 @@ class _Sim:
         apply(self.state, event)
         if self.record is not None:
             self.record.append(event)
-        res = self.result
-        if res.timeline is not None:
-            res.timeline.append((res.start_ns[i], now, r.model, "run"))
-        self._chain(i, now)
-
-    def _progress(self, now: int) -> None:
-        active = self.active
-        if active and now > self.last_t:
-            step = (now - self.last_t) / len(active)
-            for i in active:
-                active[i] -= step
-        self.last_t = now
-
-    def _gpu_changed(self, now: int) -> None:
-        active = self.active
-        nxt = self.load_end
-        if active:
-            n = len(active)
-            done = self.last_t + math.ceil(min(active.values()) * n)
-            if done < nxt:
-                nxt = done
-        self.gpu_next = nxt
-        busy = bool(active) or self.loading is not None
-        if busy:
-            if self.busy_since < 0:
-                self.busy_since = now
-        elif self.busy_since >= 0:
-            self.result.busy_ns += now - self.busy_since
-            self.busy_since = -1
 
 
 # -- perturbed workloads (--shake) ---------------------------------------------
