@@ -24,7 +24,7 @@ def recipes() -> dict[str, str]:
     """Heading -> the ```sql block under it."""
     out: dict[str, str] = {}
     heading = ""
-    for match in re.finditer(r"^### (.+)$|^```sql\n(.*?)^```", DOC.read_text(), re.M | re.S):
+    for match in re.finditer(r"^### ([^\n]+)$|^```sql\n(.*?)^```", DOC.read_text(), re.M | re.S):
         if match.group(1):
             heading = match.group(1).strip()
         else:
