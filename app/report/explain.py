@@ -218,6 +218,8 @@ class _Replay:
         self.state = SchedulerState(ScoringParams())
         self.running_since: dict[str, int] = {}
         self.swap: _Swap | None = None
+        self.first_seq: dict[str, int] = {}
+        """Seq of each request's first enqueue: recovery restores jobs in that order."""
 
     def prime(self, conn: sqlalchemy.Connection, start: int) -> None:
         """Parameters and resident model as of just before seq `start`."""
@@ -229,28 +231,53 @@ class _Replay:
         last_swap = conn.exec_driver_sql("SELECT max(seq) FROM swaps WHERE seq < ?", (start,))
         from_seq = max(last_swap.scalar() or 0, server.seq if server is not None else 0)
         if server is not None and server.seq < from_seq:
-            self.feed(ev.decode(server.data))
+            self.feed(ev.decode(server.data), server.seq)
         from_at = conn.exec_driver_sql("SELECT at FROM events WHERE seq = ?", (from_seq,))
         since = (from_at.scalar() or 0.0) - CLOCK_SLACK_S
         rows = conn.exec_driver_sql(
             _RESIDENCY, {"from_seq": from_seq, "to_seq": start, "since": since}
         )
-        for _, data in rows:
-            self.feed(ev.decode(data))
+        for seq, data in rows:
+            self.feed(ev.decode(data), seq)
 
-    def feed(self, event: ev.AnyEvent) -> None:
+    def _restart(self, event: ev.ServerStarted) -> None:
+        """A new process: a fresh state with the new parameters, then what recovery
+        restores (`Scheduler.restore`): the open durable jobs, in arrival order, from
+        their original enqueue time. Synchronous ones are abandoned by events that follow."""
+        old = self.state
+        self.state = SchedulerState(
+            ScoringParams(event.aging_divisor_ns, event.swap_affinity_bonus),
+            scheduler=event.scheduler,
+            model_priority=self.model_priority,
+            concurrency=self.concurrency,
+            config_hash=event.config_hash,
+        )
+        apply(self.state, event)
+        self.running_since.clear()
+        self.swap = None
+        durable = [r for r in old.requests.values() if r.durable]
+        for request in sorted(durable, key=lambda r: self.first_seq.get(r.request_id, 0)):
+            apply(
+                self.state,
+                ev.RequestEnqueued(
+                    at=event.at,
+                    request_id=request.request_id,
+                    model=request.model,
+                    model_requested=request.model,
+                    endpoint="",
+                    priority=request.priority,
+                    band=band_of(request.priority),
+                    durable=True,
+                    attempt=request.attempt,
+                    enqueued_at=request.enqueued_ns,
+                ),
+            )
+
+    def feed(self, event: ev.AnyEvent, seq: int) -> None:
         match event:
             case ev.ServerStarted():
-                # A new process starts with a fresh state, as the live server does.
-                self.state = SchedulerState(
-                    ScoringParams(event.aging_divisor_ns, event.swap_affinity_bonus),
-                    scheduler=event.scheduler,
-                    model_priority=self.model_priority,
-                    concurrency=self.concurrency,
-                    config_hash=event.config_hash,
-                )
-                self.running_since.clear()
-                self.swap = None
+                self._restart(event)
+                return
             case ev.SwapStarted():
                 self.swap = _Swap(event.from_model, event.to_model, event.request_id, event.at)
             case ev.SwapFinished() | ev.SwapFailed():
@@ -262,7 +289,10 @@ class _Replay:
             case ev.RequestDispatched():
                 if event.request_id in self.state.requests:
                     self.running_since[event.request_id] = event.at
-            case ev.RequestRequeued() | ev.RequestEnqueued():
+            case ev.RequestEnqueued():
+                self.first_seq.setdefault(event.request_id, seq)
+                self.running_since.pop(event.request_id, None)
+            case ev.RequestRequeued():
                 self.running_since.pop(event.request_id, None)
             case _ if isinstance(event, ev.TERMINAL):
                 self.running_since.pop(event.request_id, None)
@@ -307,7 +337,7 @@ class _Story:
         mine = ev.request_id_of(event) == self.request_id
         if self.phase == "before":
             depth = len(self.replay.state.queue)
-            self.replay.feed(event)
+            self.replay.feed(event, seq)
             if seq == self.arrival_seq:
                 self._arrive(event, depth)
             return False
@@ -315,7 +345,7 @@ class _Story:
             self._charge(event.at, restart=isinstance(event, ev.ServerStarted))
             if isinstance(event, ev.ScoresComputed):
                 self._decision(seq, event)
-            self.replay.feed(event)
+            self.replay.feed(event, seq)
             if isinstance(event, ev.SwapStarted) and self.replay.swap is not None:
                 self.swaps.append(self.replay.swap)
             if mine and isinstance(event, ev.RequestDispatched):
@@ -326,7 +356,7 @@ class _Story:
                 self._end(event)
             return self.phase == "done"
         # running: its own swap, start and end
-        self.replay.feed(event)
+        self.replay.feed(event, seq)
         if isinstance(event, ev.SwapStarted) and event.request_id == self.request_id:
             self.own_swap = self.replay.swap
         elif mine and isinstance(event, ev.RequestStarted):

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-from litestar.types import Receive, Scope, Send
+from litestar.types import Message, Receive, Scope, Send
 
 from app.core import events as ev
 from app.core.priority import HEADER, band_of, parse_priority
@@ -105,7 +105,13 @@ class Proxy:
             priority=priority,
             caller=caller,
         )
-        await self._run(scope, receive, send, admission, body, headers)
+        progress = (
+            spec.send_loading_state
+            and endpoint == "/v1/chat/completions"
+            and doc is not None
+            and doc.get("stream") is True
+        )
+        await self._run(scope, receive, send, admission, body, headers, progress=progress)
 
     async def upstream(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/upstream/{model}/{path}: any method, passed through to that model's server."""
@@ -154,6 +160,7 @@ class Proxy:
         body: bytes,
         headers: dict[str, str],
         upstream_path: str | None = None,
+        progress: bool = False,
     ) -> None:
         if self.jobs is not None and "respond-async" in headers.get("prefer", "").lower():
             path = upstream_path or scope["path"]
@@ -177,6 +184,14 @@ class Proxy:
         disconnected: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected]
+            started = False
+            if progress:
+                # Requests served at once get no progress lines.
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED, timeout=0.05)
+            if progress and not ticket.ready.done() and not disconnected.done():
+                # sendLoadingState: the stream starts now and says where the request stands.
+                started = True
+                send = await self._send_progress(send, ticket, admission.model, disconnected)
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if not ticket.ready.done():
                 self._client_gone(ticket.request_id)
@@ -187,6 +202,11 @@ class Proxy:
             if failure is not None:
                 message = f"model {admission.model!r} failed to start: {failure}"
                 status = 502 if isinstance(failure, UpstreamStartError) else 500
+                if started:
+                    error = _sse_error(message)
+                    await send({"type": "http.response.body", "body": error, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
                 await send_error(
                     send,
                     status,
@@ -311,6 +331,44 @@ class Proxy:
             "completed",
         )
 
+    async def _send_progress(
+        self, send: Send, ticket: Ticket, model: str, disconnected: asyncio.Future[None]
+    ) -> Send:
+        """Start an SSE response and send a progress chunk (as `reasoning_content`,
+        like llama-swap) every second until the request may run. Returns a `send`
+        for the rest of the response that drops the upstream's own start message."""
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    *_ticket_headers(ticket),
+                ],
+            }
+        )
+        waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected]
+        while not ticket.ready.done() and not disconnected.done():
+            text = self._progress_text(ticket.request_id, model)
+            await send(
+                {"type": "http.response.body", "body": _sse_progress(text), "more_body": True}
+            )
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED, timeout=1.0)
+
+        async def rest(message: Message) -> None:
+            if message["type"] != "http.response.start":
+                await send(message)
+
+        return rest
+
+    def _progress_text(self, request_id: str, model: str) -> str:
+        state = self.scheduler.state
+        position = state.queue.position(request_id, state.resident)
+        if position is not None:
+            return f"gpulane: waiting in the queue, {position} ahead of this request\n"
+        return f"gpulane: loading model {model}\n"
+
     def _client_gone(self, request_id: str) -> None:
         event = ev.RequestCancelled(
             at=self.scheduler.clock(), request_id=request_id, reason="client_gone"
@@ -369,3 +427,19 @@ async def _wait_disconnect(receive: Receive) -> None:
 
 def upstream_url(base_url: str, path: str, query: str) -> str:
     return base_url.rstrip("/") + path + (f"?{query}" if query else "")
+
+
+def _sse_progress(text: str) -> bytes:
+    chunk = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def _sse_error(message: str) -> bytes:
+    return (
+        b"data: "
+        + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode()
+        + b"\n\n"
+    )

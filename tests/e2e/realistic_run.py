@@ -97,6 +97,12 @@ def _request_id(response: httpx.Response) -> str:
     return str(response.headers["x-request-id"])
 
 
+def _wait_queued(gw: Gateway, count: int) -> None:
+    """Until `count` requests are queued: each is enqueued before the next is sent."""
+    rows = gw.wait_for("SELECT id FROM requests WHERE status = 'queued'", count=count)
+    assert len(rows) >= count, "a request was not queued in time"
+
+
 def _phase1(gw: Gateway, run: Run) -> None:
     plan = [
         ("r1", "B", None, 1),
@@ -110,9 +116,9 @@ def _phase1(gw: Gateway, run: Run) -> None:
         blocker = pool.submit(_post, client, "A", None, 1, delay=1.8)
         time.sleep(0.4)
         futures = {}
-        for name, model, priority, key in plan:
+        for count, (name, model, priority, key) in enumerate(plan, start=1):
             futures[name] = pool.submit(_post, client, model, priority, key)
-            time.sleep(0.1)
+            _wait_queued(gw, count)
         with (
             pytest.raises(httpx.ReadTimeout),
             httpx.Client(base_url=gw.url, timeout=0.2) as impatient,
@@ -130,9 +136,10 @@ def _phase2(gw: Gateway, run: Run) -> None:
         blocker = pool.submit(_post, client, "A", None, 1, delay=2.0)
         time.sleep(0.3)
         r7 = pool.submit(_post, client, "A", "batch", 2)
+        _wait_queued(gw, 1)
         time.sleep(0.9)
         r8 = pool.submit(_post, client, "A", "interactive", 1)
-        time.sleep(0.15)
+        _wait_queued(gw, 2)
         run.live_queue = client.get("/api/queue", headers=auth).json()
         waiting = [w["request_id"] for w in run.live_queue["waiting"]]
         if len(waiting) == 2:

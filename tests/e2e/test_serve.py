@@ -284,3 +284,21 @@ def test_models_list_and_health(gateway: Start) -> None:
         assert client.get("/health").text == "OK"
         ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
     assert ids == ["A", "B", "C"]
+
+
+def test_send_loading_state_streams_queue_progress_then_the_answer(gateway: Start) -> None:
+    gw = gateway("sendLoadingState: true\n" + three_models())
+    with cf.ThreadPoolExecutor(2) as pool, gw.client() as client:
+        blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5)[0])
+        time.sleep(0.3)
+        body, _ = chat("A", reply="done waiting")
+        body["stream"] = True
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            text = b"".join(r.iter_raw()).decode()
+        blocker.result()
+    lines = [json.loads(x[6:]) for x in text.split("\n\n") if x.startswith("data: {")]
+    progress = [x["choices"][0]["delta"].get("reasoning_content") for x in lines[:2]]
+    assert progress[0] and "waiting in the queue" in progress[0]
+    content = "".join(x["choices"][0]["delta"].get("content") or "" for x in lines)
+    assert content.replace(" ", "") == "donewaiting"
+    assert text.rstrip().endswith("data: [DONE]")

@@ -211,8 +211,13 @@ async def test_a_failed_write_sets_failure_fails_its_futures_and_the_writer_carr
 
     @sa_event.listens_for(engine, "begin")
     def _query_only(conn: Any) -> None:
-        # Runs after engine.py's BEGIN: writes in this transaction fail as on a read-only disk.
+        # After engine.py's BEGIN: while set, writes fail as on a read-only disk.
         conn.exec_driver_sql(f"PRAGMA query_only = {int(read_only)}")
+
+    @sa_event.listens_for(engine, "checkin")
+    def _writable_again(dbapi_connection: Any, _record: Any) -> None:
+        # So the next BEGIN IMMEDIATE on this pooled connection is not refused.
+        dbapi_connection.execute("PRAGMA query_only = 0")
 
     store = SqliteEventStore(engine)
     store.start()

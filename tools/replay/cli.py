@@ -31,7 +31,7 @@ from tools.replay.sweep import (
     run_policies,
     seconds_to_ns,
 )
-from tools.replay.workload import DEFAULT_CHAIN_GAP_NS, Workload, extract, iter_log
+from tools.replay.workload import DEFAULT_CHAIN_GAP_NS, SwapTimes, Workload, extract, iter_log
 
 PROG = "gpulane replay"
 
@@ -140,12 +140,15 @@ def _verify(db: str) -> int:
 def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.shake < 0 or args.fifo_concurrency < 1 or (args.jobs is not None and args.jobs < 1):
         parser.error("--shake must be >= 0, --fifo-concurrency and --jobs >= 1")
-    t0 = time.perf_counter()
-    workload = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
+    if args.chain_gap < 0 or not 0 <= args.noise < 1:
+        parser.error("--chain-gap must be >= 0 and --noise in [0, 1)")
     try:
-        policies = _policies(workload, args)
+        _policies(Workload([], SwapTimes(), ScoringParams()), args)  # arguments first
     except GridError as exc:
         parser.error(str(exc))
+    t0 = time.perf_counter()
+    workload = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
+    policies = _policies(workload, args)
     shake = Shake(args.shake, args.noise, args.seed)
     rows = run_policies(workload, policies, jobs=args.jobs, shake=shake, quantiles=bool(args.plot))
     recorded = workload.recorded

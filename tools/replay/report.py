@@ -40,27 +40,23 @@ def figures(
 ) -> Figures:
     """Every figure of one run, as plain JSON-able values (seconds). `quantiles` adds
     each band's wait at every percentile 0..100 (for plots)."""
-    reqs = workload.requests
-    waits: dict[str, list[int]] = {b: [] for b in BANDS}
-    slow: dict[str, float] = dict.fromkeys(BANDS, 0.0)
-    left: dict[str, int] = dict.fromkeys(BANDS, 0)
-    count: dict[str, int] = dict.fromkeys(BANDS, 0)
     start = result.start_ns
     arrival = result.arrival_ns
+    waits: dict[str, list[int]] = {}
+    slow: dict[str, float] = {}
+    left: dict[str, int] = {}
+    count: dict[str, int] = {}
     worst = -1
     worst_band = ""
-    for i, r in enumerate(reqs):
-        band = band_of(r.priority)
-        count[band] += 1
-        s = start[i]
-        if s < 0:
-            left[band] += 1
-            continue
-        w = s - arrival[i]
-        waits[band].append(w)
-        slow[band] += (w + r.run_ns) / max(r.run_ns, SLOWDOWN_FLOOR_NS)
-        if w > worst:
-            worst, worst_band = w, band
+    for band, (members, runs) in _band_members(workload).items():
+        served = [(start[i] - arrival[i], run) for i, run in zip(members, runs, strict=True) if start[i] >= 0]
+        count[band] = len(members)
+        left[band] = len(members) - len(served)
+        waits[band] = [w for w, _ in served]
+        slow[band] = sum((w + run) / max(run, SLOWDOWN_FLOOR_NS) for w, run in served)
+        top = max(waits[band], default=-1)
+        if top > worst:
+            worst, worst_band = top, band
     bands: dict[str, Any] = {}
     curves: dict[str, list[float | None]] = {}
     for band in BANDS:
@@ -99,6 +95,23 @@ def figures(
     if quantiles:
         row["quantiles"] = curves
     return row
+
+
+_MEMBERS: list[tuple[Workload, dict[str, tuple[list[int], list[int]]]]] = []
+
+
+def _band_members(workload: Workload) -> dict[str, tuple[list[int], list[int]]]:
+    """Per band: request indices and their run times (kept for the last workload seen,
+    since a sweep computes figures of many runs of one workload)."""
+    if _MEMBERS and _MEMBERS[0][0] is workload:
+        return _MEMBERS[0][1]
+    groups: dict[str, tuple[list[int], list[int]]] = {b: ([], []) for b in BANDS}
+    for i, r in enumerate(workload.requests):
+        members, runs = groups[band_of(r.priority)]
+        members.append(i)
+        runs.append(r.run_ns)
+    _MEMBERS[:] = [(workload, groups)]
+    return groups
 
 
 def starvation_bound_ns(workload: Workload, params: ScoringParams) -> int | None:
@@ -160,7 +173,7 @@ def mark_best(rows: list[Figures]) -> Figures | None:
 
 
 def spread(samples: list[Figures]) -> dict[str, Any]:
-    """For every numeric figure, its min and max over the shaken runs."""
+    """For every numeric figure, its min and max over `samples`."""
 
     def walk(values: list[Any]) -> Any:
         first = values[0]

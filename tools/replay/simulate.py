@@ -148,7 +148,9 @@ class _Sim:
         roots = self.roots
         root_t = [reqs[i].arrival_ns for i in roots]
         n_roots = len(roots)
-        arrive = self._arrive
+        ignore_priority = self.ignore_priority
+        enqueued = ev.RequestEnqueued
+        completed = ev.RequestCompleted
         heappush = heapq.heappush
         heappop = heapq.heappop
         k = 0
@@ -176,7 +178,16 @@ class _Sim:
                 busy += r.run_ns
             if run_end == now:
                 run_end = _INF
-                self._finish(run_i, now)
+                r = reqs[run_i]
+                if r.outcome == "completed":
+                    event: ev.AnyEvent = completed(
+                        at=now, request_id=r.request_id, http_status=200, run_ms=r.run_ns / 1e6
+                    )
+                    apply(state, event)
+                    if record is not None:
+                        record.append(event)
+                else:
+                    self._finish(run_i, now)
                 nxt = succ.get(run_i)
                 if nxt is not None:
                     heappush(pending, (now + reqs[nxt].think_ns, _ARRIVAL, nxt))
@@ -184,12 +195,29 @@ class _Sim:
                 if pending and pending[0][0] == now:
                     _, kind, i = heappop(pending)
                     if kind == _ARRIVAL:
-                        arrive(i, now)
+                        self._arrive(i, now)
                     else:
                         self._cancel(i, now)
                 elif k < n_roots and root_t[k] == now:
-                    arrive(roots[k], now)
+                    # self._arrive(roots[k], now), inlined: the most frequent step.
+                    i = roots[k]
                     k += 1
+                    r = reqs[i]
+                    event = enqueued(
+                        at=now,
+                        request_id=r.request_id,
+                        model=r.model,
+                        model_requested=r.model,
+                        endpoint=r.endpoint,
+                        priority=0 if ignore_priority else r.priority,
+                        band=band_of(r.priority),
+                        caller=r.caller,
+                    )
+                    apply(state, event)
+                    if record is not None:
+                        record.append(event)
+                    if r.patience_ns is not None:
+                        heappush(pending, (now + r.patience_ns, _CANCEL, i))
                 else:
                     break
             # While the GPU is taken decide() returns nothing: skip the call.

@@ -132,7 +132,8 @@ def run_policies(
     shake: Shake | None = None,
     quantiles: bool = False,
 ) -> list[Figures]:
-    """Figures for each policy, in order; with shake, each carries a `spread`."""
+    """Figures for each policy, in order. With shake, each also carries `spread`: the
+    min and max of every figure over the trace itself and its N perturbed copies."""
     global _WORKLOAD
     shake = shake or Shake()
     tasks = [(p, -1, shake, quantiles) for p in policies]
@@ -156,6 +157,6 @@ def run_policies(
     for i, row in enumerate(rows):
         samples = [results[len(policies) * (1 + s) + i] for s in range(shake.runs)]
         if samples:
-            row["spread"] = spread(samples)
+            row["spread"] = spread([row, *samples])
             row["shake"] = {"runs": shake.runs, "noise": shake.noise, "seed": shake.seed}
     return rows
