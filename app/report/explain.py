@@ -11,7 +11,9 @@ The replay (documented in docs/queries.md, "How explain works"):
    apply ignores events about them. The resident/loading model at S0 comes
    from the last `swap_started` or `server_started` before S0 and the swap
    and process events after it; the scoring parameters from the last
-   `server_started`. Cost: the events since S0, not the history.
+   `server_started`. At a `server_started` the replay starts a fresh state and
+   restores the open durable jobs, as a new process and its recovery do.
+   Cost: the events since S0, not the history.
 2. At each recorded `scores_computed` while the request waits, `core.policy.decide`
    runs on the replayed state at the recorded time; its ScoresComputed must
    equal the recorded one field for field (`Decision.matches_record`). The

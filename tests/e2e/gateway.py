@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -24,6 +25,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(size: int = 10) -> int:
+    """First of `size` free ports below the ephemeral range (32768+), where our own
+    client sockets could take an upstream's port between check and use."""
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(20000, 30000 - size)
+        try:
+            for port in range(first, first + size):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError("no free block of ports in 20000-30000")
+
+
 def fake_model(name: str, *extra: str, ttl: int | None = None) -> str:
     """A config entry running tools.fake_upstream as this model's server."""
     args = " ".join(extra)
@@ -43,7 +60,7 @@ class Gateway:
         self.config = tmp / "config.yaml"
         if "startPort" not in config_text:
             # Not the default 5800: a gpulane the user runs must not collide with tests.
-            config_text = f"startPort: {free_port()}\n" + config_text
+            config_text = f"startPort: {free_port_block()}\n" + config_text
         self.config.write_text(config_text)
         self.db = tmp / "gpulane.db"
         self.port = free_port()

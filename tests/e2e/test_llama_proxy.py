@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.e2e.gateway import REPO, Gateway, free_port
+from tests.e2e.gateway import REPO, Gateway, free_port_block
 from tools.fetch_llama import fetch
 
 pytestmark = pytest.mark.llama
@@ -26,7 +26,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     # The example as a user runs it, but with this machine's cache and ports of its own.
     text = re.sub(r"(?m)^(\s*llama-server:).*$", rf'\1 "{fetched.server}"', text)
     text = re.sub(r'(?m)^(\s*smollm2:) "\$\{env.*$', rf'\1 "{fetched.model}"', text)
-    text = re.sub(r"(?m)^startPort: \d+", f"startPort: {free_port()}", text)
+    text = re.sub(r"(?m)^startPort: \d+", f"startPort: {free_port_block()}", text)
     gateway = Gateway(Path(tmp_path_factory.mktemp("llama-gw")), text).start()
     yield gateway
     gateway.stop()

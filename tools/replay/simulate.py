@@ -22,6 +22,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from app.core import events as ev
 from app.core.policy import decide, reorder_reasons
@@ -157,18 +158,21 @@ class _Sim:
         now = res.first_ns
         run_i = -1
         run_end = _INF
+        load_end = _INF  # mirrors self.load_end, read on every step
         busy = 0
         while True:
             t = root_t[k] if k < n_roots else _INF
             if pending and pending[0][0] < t:
                 t = pending[0][0]
-            gpu = run_end if run_end < self.load_end else self.load_end
-            if gpu < t:
-                t = gpu
+            if run_end < t:
+                t = run_end
+            elif load_end < t:
+                t = load_end
             if t == _INF:
                 break
             now = t
-            if self.load_end == now:
+            if load_end == now:
+                load_end = _INF
                 run_i = self._end_swap(now)[0]
                 r = reqs[run_i]
                 if record is not None:
@@ -221,16 +225,17 @@ class _Sim:
                 else:
                     break
             # While the GPU is taken decide() returns nothing: skip the call.
-            if run_end != _INF or self.load_end != _INF or not queue:
+            if run_end != _INF or load_end != _INF or not queue:
                 continue
             decision = decide(state, now)
             if not decision:
                 continue
-            scores, dispatched = decision
-            assert isinstance(scores, ev.ScoresComputed)
-            assert isinstance(dispatched, ev.RequestDispatched)
-            for reason in reorder_reasons(scores):
-                reorders[reason] += 1
+            scores = cast(ev.ScoresComputed, decision[0])
+            dispatched = cast(ev.RequestDispatched, decision[1])
+            winner = scores.request_id
+            if scores.without_aging_id != winner or scores.without_affinity_id != winner:
+                for reason in reorder_reasons(scores):
+                    reorders[reason] += 1
             if record is not None:
                 record.append(scores)  # apply() ignores it: it changes no state
                 record.append(dispatched)
@@ -238,7 +243,9 @@ class _Sim:
             i = index[dispatched.request_id]
             order.append(i)
             if dispatched.swap:
-                busy += self._begin_swap(i, dispatched.model, now)
+                took = self._begin_swap(i, dispatched.model, now)
+                busy += took
+                load_end = now + took
                 continue
             r = reqs[i]
             if record is not None:
