@@ -115,25 +115,12 @@ class ScoreQueue:
         win_heaps: _ModelHeaps | None = None
         no_aging: _Entry | None = None
         no_affinity: _Entry | None = None
-        live = self._live
         for model, heaps in self._models.items():
-            # `_top`, inlined for the usual case of a live top entry.
-            heap = heaps.aging
-            if not heap:
+            top = self._top(heaps.aging)
+            if top is None:
                 continue
-            top = heap[0]
-            q = live.get(top[2])
-            if q is None or q.order != top[1]:
-                found = self._top(heap)
-                if found is None:
-                    continue
-                top = found
-            plain = heaps.plain[0]
-            q = live.get(plain[2])
-            if q is None or q.order != plain[1]:
-                found = self._top(heaps.plain)
-                assert found is not None  # both heaps hold the same live requests
-                plain = found
+            plain = self._top(heaps.plain)
+            assert plain is not None  # both heaps hold the same live requests
             is_resident = model == resident
             if is_resident:
                 cand = (top[0] - bonus, top[1], top[2])
@@ -159,6 +146,7 @@ class ScoreQueue:
                 cand = (second[0] - bonus, second[1], second[2]) if is_resident else second
             if runner is None or cand < runner:
                 runner = cand
+        live = self._live
         return Pick(
             winner=live[win[2]],
             runner_up=None if runner is None else live[runner[2]],

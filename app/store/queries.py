@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, select
 
-from app.store.tables import OPEN_STATUSES, events, requests
+from app.store.event_store import driver_cursor
+from app.store.tables import OPEN_STATUSES, requests
 
 
 def activity(engine: Engine, limit: int, offset: int) -> list[dict[str, Any]]:
@@ -27,14 +29,37 @@ def activity(engine: Engine, limit: int, offset: int) -> list[dict[str, Any]]:
     return out
 
 
-def open_enqueues(engine: Engine) -> list[tuple[Any, str]]:
+class OpenEnqueue(NamedTuple):
+    """What recovery needs of an open request's row."""
+
+    id: str
+    status: str
+    durable: int
+    attempt: int
+
+
+# Sort the narrow request rows first, then fetch each enqueue event in that order
+# (LIMIT -1 keeps SQLite from flattening the subquery, which would sort the event
+# data too). Raw sqlite3: no per-row SQLAlchemy processing, no decoding of the
+# requests.job JSON (the event carries the job).
+_OPEN_ENQUEUES = (
+    "SELECT r.id, r.status, r.durable, r.attempt, e.data FROM ("
+    "SELECT id, status, durable, attempt, enqueue_seq FROM requests "
+    f"WHERE status IN ({', '.join('?' * len(OPEN_STATUSES))}) ORDER BY enqueue_seq LIMIT -1"
+    ") AS r CROSS JOIN events AS e ON e.seq = r.enqueue_seq"
+)
+
+
+def open_enqueues(engine: Engine, chunk: int = 1000) -> Iterator[tuple[OpenEnqueue, str]]:
     """(requests row, its request_enqueued event JSON) for every queued or running
-    request, in arrival order: one indexed join, proportional to what is open."""
-    query = (
-        select(requests, events.c.data.label("enqueued_event"))
-        .join(events, events.c.seq == requests.c.enqueue_seq)
-        .where(requests.c.status.in_(OPEN_STATUSES))
-        .order_by(requests.c.enqueue_seq)
-    )
+    request, in arrival order: one indexed join, proportional to what is open.
+    Streams (in one read transaction), so the event JSON is never all in memory."""
     with engine.connect() as conn:
-        return [(row, row.enqueued_event) for row in conn.execute(query)]
+        cur = driver_cursor(conn)
+        try:
+            cur.execute(_OPEN_ENQUEUES, OPEN_STATUSES)
+            while rows := cur.fetchmany(chunk):
+                for rid, status, durable, attempt, data in rows:
+                    yield OpenEnqueue(rid, status, durable, attempt), data
+        finally:
+            cur.close()

@@ -29,7 +29,13 @@ async def send_error(
     code: str | None = None,
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    body = error_body(status, message, code)
+    await send_json(send, status, error_body(status, message, code), headers)
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A whole JSON response on a raw ASGI `send`."""
     await send(
         {
             "type": "http.response.start",

@@ -27,7 +27,7 @@ from sqlalchemy import delete as sql_delete
 from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket
 from app.store.port import StoreError
 from app.store.tables import job_results, requests
-from app.web.errors import send_error
+from app.web.errors import send_error, send_json
 from app.web.proxy import HOP_BY_HOP, Proxy, upstream_url
 
 log = logging.getLogger("gpulane.jobs")
@@ -367,17 +367,8 @@ def _body_for_json(body: bytes) -> Any:
 
 
 async def _send_json(send: Send, status: int, doc: dict[str, Any], request_id: str) -> None:
-    body = msgspec.json.encode(doc)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"location", f"/v1/jobs/{request_id}".encode()),
-                (b"x-request-id", request_id.encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    headers = [
+        (b"location", f"/v1/jobs/{request_id}".encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    await send_json(send, status, msgspec.json.encode(doc), headers)

@@ -116,6 +116,15 @@ class Gateway:
         self.proc.kill()
         self.proc.wait()
 
+    def db_check(self) -> subprocess.CompletedProcess[str]:
+        """`gpulane db check` on this gateway's database, as a user runs it."""
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", "db", "check", "--db", str(self.db)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+
     def client(self, **kw: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60), **kw)
 

@@ -4,8 +4,6 @@ durable job is ever lost or completed twice."""
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -13,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.gateway import REPO, Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model
 
 ROUNDS = int(__import__("os").environ.get("CRASH_ROUNDS", "24"))
 
@@ -77,10 +75,5 @@ def test_random_sigkills_never_lose_or_duplicate_an_acknowledged_job(tmp_path: P
         for r in gw.sql("SELECT request_id FROM events WHERE type='request_completed'")
     )
     assert [j for j in acknowledged if completions[j] != 1] == []
-    check = subprocess.run(
-        [sys.executable, "-m", "app.cli", "db", "check", "--db", str(gw.db)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import httpx
 
-from tests.e2e.gateway import REPO, Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model
 
 Start = Callable[[str], Gateway]
 ASYNC = {"Prefer": "respond-async"}
@@ -158,10 +158,5 @@ def test_sigkill_then_restart_runs_every_durable_job_once_in_score_order(gateway
     abandoned = gw.sql("SELECT endpoint FROM requests WHERE status='abandoned'")
     assert len(abandoned) == 1
     gw.stop()
-    check = subprocess.run(
-        [sys.executable, "-m", "app.cli", "db", "check", "--db", str(gw.db)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
