@@ -220,6 +220,20 @@ class ScoreQueue:
         """Best live entry below the (live) top, searching past dead entries."""
         if self._top(heap) is None:
             return None
+        # Usual case: both children of the top are live, and the better one is second.
+        live = self._live
+        n = len(heap)
+        if n < 2:
+            return None
+        a = heap[1]
+        qa = live.get(a[2])
+        if qa is not None and qa.order == a[1]:
+            if n == 2:
+                return a
+            b = heap[2]
+            qb = live.get(b[2])
+            if qb is not None and qb.order == b[1]:
+                return a if a < b else b
         frontier: list[tuple[_Entry, int]] = [(heap[i], i) for i in (1, 2) if i < len(heap)]
         heapq.heapify(frontier)
         while frontier:

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httpx
 
@@ -83,8 +83,9 @@ class _OutputProtocol(asyncio.SubprocessProtocol):
         self._partial = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self._transport = transport
+        # Duck-typed: uvloop's process transport is no asyncio.SubprocessTransport
+        # subclass, though it has the same methods.
+        self._transport = cast(asyncio.SubprocessTransport, transport)
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         *complete, self._partial = (self._partial + data).split(b"\n")

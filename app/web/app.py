@@ -11,6 +11,7 @@ from urllib.parse import unquote
 from litestar import Litestar, MediaType, Request, Response, asgi, get, post
 from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -110,7 +111,7 @@ def create_app(
         return {"unloaded": scheduler.unload(None)}
 
     @post("/api/models/unload/{model:str}", status_code=200, sync_to_thread=False)
-    def unload_one(model: str) -> Response[dict[str, Any]]:
+    def unload_one(model: FromPath[str]) -> Response[dict[str, Any]]:
         resolved = config.resolve_model(model)
         if resolved is None:
             return Response(
@@ -146,7 +147,9 @@ def create_app(
         return Stream(lines(), media_type=MediaType.TEXT)
 
     @get("/api/activity")
-    async def activity_page(limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    async def activity_page(
+        limit: FromQuery[int] = 50, offset: FromQuery[int] = 0
+    ) -> dict[str, Any]:
         limit = max(1, min(limit, 1000))
         rows = []
         if activity is not None:

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from litestar import Response, delete, get
 from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath, FromQuery
 from litestar.types import Message, Send
 from sqlalchemy import Engine, select
 from sqlalchemy import delete as sql_delete
@@ -302,7 +303,9 @@ class JobRunner:
 
 def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
     @get("/v1/jobs")
-    async def list_jobs(status: str | None = None, limit: int = 50) -> dict[str, Any]:
+    async def list_jobs(
+        status: FromQuery[str | None] = None, limit: FromQuery[int] = 50
+    ) -> dict[str, Any]:
         allowed = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
         if status is not None and status not in allowed:
             return {
@@ -314,14 +317,14 @@ def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
         return {"object": "list", "data": await jobs.listing(status, max(1, min(limit, 1000)))}
 
     @get("/v1/jobs/{job_id:str}")
-    async def get_job(job_id: str) -> Response[Any]:
+    async def get_job(job_id: FromPath[str]) -> Response[Any]:
         view = await jobs.view(job_id)
         if view is None:
             return Response(_not_found(job_id), status_code=404)
         return Response(view)
 
     @get("/v1/jobs/{job_id:str}/result")
-    async def get_result(job_id: str) -> Response[Any]:
+    async def get_result(job_id: FromPath[str]) -> Response[Any]:
         found = await asyncio.to_thread(jobs.result, job_id)
         if found is None:
             view = await jobs.view(job_id)
@@ -342,7 +345,7 @@ def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
         return Response(body, status_code=status, headers=keep, media_type=keep.get("content-type"))
 
     @delete("/v1/jobs/{job_id:str}", status_code=200)
-    async def cancel_job(job_id: str) -> Response[Any]:
+    async def cancel_job(job_id: FromPath[str]) -> Response[Any]:
         status, body = await jobs.cancel(job_id)
         return Response(body, status_code=status)
 

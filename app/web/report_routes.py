@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Response, get
 from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
 from sqlalchemy import Engine
 
 from app.report.explain import explain, live_position
@@ -27,7 +28,7 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
         return queue_view(scheduler.state, scheduler.running_since, scheduler.clock(), times)
 
     @get("/api/requests/{request_id:str}/explain")
-    async def explain_request(request_id: str) -> Response[Any]:
+    async def explain_request(request_id: FromPath[str]) -> Response[Any]:
         if engine is None:
             return _error(503, "this server has no event log to explain from", "no_database")
         times = await asyncio.to_thread(run_times.get)
