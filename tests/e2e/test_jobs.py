@@ -124,7 +124,7 @@ def test_sigkill_then_restart_runs_every_durable_job_once_in_score_order(gateway
                 "json={'model': 'A', 'messages': []}, timeout=60)",
             ],
         )
-        time.sleep(0.5)
+        assert gw.wait_for("SELECT id FROM requests WHERE durable = 0 AND status = 'queued'")
     leftover = json.loads(gw.sql("SELECT data FROM events WHERE type='process_started'")[0]["data"])
     gw.kill()
     sync.kill()
