@@ -38,6 +38,8 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.core_bench
 	$(PY) -m bench.event_store_bench
 	$(PY) -m bench.proxy_bench
+	$(PY) -m bench.recovery_bench
+	$(PY) -m bench.replay_bench
 
 clean: ## remove the venv and caches (not ~/.cache/gpulane)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""`gpulane` command line: serve, check-config, db, explain, queue."""
+"""`gpulane` command line: serve, check-config, db, explain, queue, replay."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--db", default="gpulane.db", help="SQLite database path")
     explain.add_argument("--json", action="store_true", help="print JSON instead of text")
 
+    commands.add_parser(
+        "replay",
+        help="re-run recorded history under other parameters (gpulane replay --help)",
+        add_help=False,
+    )
     queue = commands.add_parser("queue", help="show the live queue of a running gpulane")
     queue.add_argument("--url", default="http://127.0.0.1:8080", help="gpulane base URL")
     queue.add_argument("--api-key", default=None, help="API key (default: $GPULANE_API_KEY)")
@@ -51,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["replay"]:
+        # The replay tool owns its arguments (python -m tools.replay takes the same).
+        from tools.replay.cli import replay_command
+
+        return replay_command(raw[1:])
+    args = build_parser().parse_args(raw)
     if args.command == "check-config":
         from app.cli_config import check_config_command
 

@@ -13,16 +13,19 @@ nginx in front of the same upstream as the floor a C proxy sets.
    through nginx, interleaved in random order in each round so drift hits every
    target alike. Added = percentile through the proxy - the same percentile
    direct. The client is a minimal HTTP/1.1 client on raw sockets (no httpx:
-   its ~100 us per request would be noise of the size being measured).
+   its ~100 us per request would be noise of the size being measured). Also
+   printed: gpulane's CPU time per request (user + system, all its threads,
+   from /proc), the figure that decides the tail on a busy machine.
 
 2. Dispatch gap. A first request holds the GPU (the fake hangs) while
    `--queued` clients (asyncio, raw sockets, one connection each) queue for the
    same model; then the first client leaves and the queue drains one request at
    a time (serial scheduler). The gap is measured from gpulane's own events:
-   `request_completed.at` (last byte forwarded to the client) -> the next
-   `request_started.at` (about to send upstream), exact nanoseconds from the
-   events' `data`. Also printed: the drain rate, and the gap as the upstream
-   sees it is not measured (the fake keeps no timestamps).
+   `request_completed.at` (last byte forwarded to the client; for the first,
+   `request_cancelled.at`) -> the next `request_started.at` (about to send
+   upstream), in exact nanoseconds from the events' `data`. Not measured: the
+   gap as the upstream sees it (the fake keeps no timestamps). Also printed:
+   the drain rate.
 
 Targets (issue 4): added p50 < 1.5 ms, p99 < 5 ms; dispatch gap p99 < 5 ms.
 """
@@ -458,12 +461,16 @@ def main() -> None:
         ports = {"direct": upstream_port, "gpulane": gw_port}
         nginx = None if args.no_nginx else start_nginx(tmp, upstream_port)
         if nginx is not None:
+            nginx_state = "yes"
+        else:
+            nginx_state = "skipped (--no-nginx)" if args.no_nginx else "not installed, skipped"
+        if nginx is not None:
             stack.callback(stop, nginx[0])
             ports["nginx"] = nginx[1]
         print(f"gpulane pid {gw.pid} (py-spy record -p {gw.pid} to profile)", flush=True)
         print(
             f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, db synchronous="
-            f"{args.synchronous}, nginx: {'yes' if nginx else 'not installed (skipped)'}"
+            f"{args.synchronous}, nginx: {nginx_state}"
         )
 
         cpu0, wall0 = cpu_seconds(gw.pid), time.perf_counter()

@@ -39,10 +39,12 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
+import datetime
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -453,7 +455,8 @@ class _Projection:
                 self._finish(e.request_id, "cancelled", at, None)
                 self.requests[e.request_id]["cancel_reason"] = e.reason
             case ev.SwapStarted():
-                swap = [seq, e.from_model, e.to_model, e.request_id, at, None, None, None]
+                swap: list[Any] = [seq, e.from_model, e.to_model, e.request_id, at]
+                swap += [None, None, None]
                 self.swaps[seq] = self.open_swaps[e.to_model] = swap
             case ev.SwapFinished():
                 swap = self.open_swaps.pop(e.model)
@@ -461,8 +464,8 @@ class _Projection:
                 if swap[3] is not None:
                     self.requests[swap[3]]["swap_ms"] = e.duration_ms
             case ev.ProcessStarted():
-                proc = [seq, e.model, e.pid, _json.encode(e.cmdline).decode(), e.port, at]
-                proc += [None, None, None]
+                cmdline = _json.encode(e.cmdline).decode()
+                proc: list[Any] = [seq, e.model, e.pid, cmdline, e.port, at, None, None, None]
                 self.processes[seq] = self.open_processes[(e.pid, e.model)] = proc
             case ev.ProcessStopped():
                 proc = self.open_processes.pop((e.pid, e.model))
@@ -648,7 +651,25 @@ class Run(msgspec.Struct):
     health_s: float
     first_s: float
     peak_rss_mib: float
+    cpu_s: float
+    """CPU time (user + system) gpulane used until then: steadier than wall time on a busy box."""
+    recovered_s: float | None
+    """When the server logged its recovery line (ms resolution; None: nothing to recover)."""
+    listening_s: float | None
+    """When it logged that it listens (after start-up: recovered jobs handed to JobRunner)."""
     recovery: dict[str, Any]
+
+
+_LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+
+
+def _logged_at(log: Path, marker: str, spawned: float) -> float | None:
+    """Seconds from spawn to the first log line containing `marker`."""
+    for line in log.read_text(errors="replace").splitlines():
+        if marker in line and (m := _LOG_TIME.search(line)):
+            at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            return at - spawned
+    return None
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -656,6 +677,11 @@ def _peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
@@ -685,10 +711,14 @@ def serve_once(source: Path | None, work: Path, config: Path) -> Run:
     _remove(db)
     if source is not None:
         shutil.copyfile(source, db)
+        # On disk before the clock starts: no writeback of the copy during the run.
+        with db.open("rb+") as f:
+            os.fsync(f.fileno())
     log = work / "serve.log"
     port = _free_port()
     body = {"model": JOB_MODEL, "messages": [{"role": "user", "content": "hi"}], "fake": {}}
     with log.open("wb") as out:
+        spawned = time.time()
         t0 = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--config", str(config)]
@@ -706,9 +736,10 @@ def serve_once(source: Path | None, work: Path, config: Path) -> Run:
                 "/v1/chat/completions", json=body, headers={"X-LlamaSwap-Priority": "interactive"}
             )
             first = time.perf_counter() - t0
-            if r.status_code != 200:
+            if r.status_code != 200 or r.headers.get("x-served-by") != JOB_MODEL:
                 raise RuntimeError(f"interactive request: {r.status_code} {r.text}")
             peak = _peak_rss_mib(proc.pid)
+            cpu = _cpu_s(proc.pid)
             children = _children(proc.pid)
     finally:
         if proc.poll() is None:
@@ -733,7 +764,14 @@ def serve_once(source: Path | None, work: Path, config: Path) -> Run:
     recovery = json.loads(row[0]) if row else {}
     recovery.pop("type", None)
     recovery.pop("at", None)
-    return Run(health, first, peak, recovery)
+    recovered = _logged_at(log, "gpulane.recovery", spawned)
+    listening = _logged_at(log, "listening on", spawned)
+    return Run(health, first, peak, cpu, recovered, listening, recovery)
+
+
+def _median(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):5.2f}" if known else "    -"
 
 
 def main() -> int:
@@ -760,23 +798,35 @@ def main() -> int:
         config = work / "config.yaml"
         config.write_text(config_text())
         print(
-            f"gpulane serve, median of {args.runs} runs: time from spawn to /health answering, "
-            "to the first new interactive request answered (cold model load included), "
-            "and peak RSS (VmHWM) then"
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; median of "
+            f"{args.runs} runs (interleaved) of gpulane serve, seconds from spawn to: "
+            "recovery logged, listening logged, /health answering, first new interactive "
+            "request answered (cold load of its model included); gpulane's CPU time and "
+            "peak RSS (VmHWM) then",
+            flush=True,
         )
-        for label, source in sources:
-            runs = [serve_once(source, work, config) for _ in range(args.runs)]
-            health = statistics.median(r.health_s for r in runs)
-            first = statistics.median(r.first_s for r in runs)
-            peak = statistics.median(r.peak_rss_mib for r in runs)
-            rec = runs[-1].recovery
+        runs: dict[str, list[Run]] = {label: [] for label, _ in sources}
+        for _ in range(args.runs):
+            for label, source in sources:
+                runs[label].append(serve_once(source, work, config))
+        print(
+            f"{'database':32} {'recovered':>9} {'listening':>9} {'/health':>7} "
+            f"{'first req':>9} {'CPU':>5} {'peak RSS':>9}   first req per run; recovery"
+        )
+        for label, _ in sources:
+            got = runs[label]
+            rec = got[-1].recovery
             print(
-                f"{label:32} /health {health:5.2f} s   first request {first:5.2f} s   "
-                f"peak RSS {peak:6.0f} MiB   (first request per run: "
-                f"{', '.join(f'{r.first_s:.2f}' for r in runs)}; recovery: "
+                f"{label:32} {_median([r.recovered_s for r in got]):>9} "
+                f"{_median([r.listening_s for r in got]):>9} "
+                f"{_median([r.health_s for r in got]):>7} "
+                f"{_median([r.first_s for r in got]):>9} "
+                f"{_median([r.cpu_s for r in got]):>5} "
+                f"{statistics.median(r.peak_rss_mib for r in got):5.0f} MiB   "
+                f"{', '.join(f'{r.first_s:.2f}' for r in got)}; "
                 f"{rec.get('resumed', 0)} resumed, {rec.get('requeued', 0)} re-queued, "
                 f"{rec.get('abandoned', 0)} abandoned, {rec.get('processes_left', 0)} "
-                "processes left alone)",
+                "process left alone",
                 flush=True,
             )
     return 0

@@ -35,7 +35,9 @@ REQUESTS_PER_DAY = 520  # about: the film scenario's working day
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=1, help="one-run repetitions (best is shown)")
@@ -47,7 +49,8 @@ def main() -> None:
     t = time.perf_counter()
     days = args.requests // REQUESTS_PER_DAY + 2
     workload = film(1, days=days, limit=args.requests).workload
-    print(f"trace: {len(workload.requests):,} requests ({days} film days) built in {time.perf_counter() - t:.1f} s")
+    built = time.perf_counter() - t
+    print(f"trace: {len(workload.requests):,} requests ({days} film days) built in {built:.1f} s")
 
     policy = Policy("default", ScoringParams())
     best_wall = best_cpu = float("inf")
@@ -60,20 +63,19 @@ def main() -> None:
     print(
         f"one run ({label_of(policy.params)}): {best_wall:.2f} s wall, {best_cpu:.2f} s cpu "
         f"({per_req:.1f} us/request); {len(result.order):,} dispatches, {result.swaps:,} swaps, "
-        f"reorders {result.reorders}, simulated span {(result.last_ns - result.first_ns) / NS_PER_S / 86400:.0f} days"
+        f"reorders {result.reorders}, "
+        f"simulated span {(result.last_ns - result.first_ns) / NS_PER_S / 86400:.0f} days"
     )
 
     if not args.no_sweep:
         grid = parse_grid(["aging=0,30,60,120", "bonus=0,5,10,20"], ScoringParams())
         policies = [Policy(label_of(p), p) for p in grid]
         w0 = time.perf_counter()
-        c0 = os.times()
+        before = os.times()
         rows = run_policies(workload, policies, jobs=args.jobs)
-        c1 = os.times()
+        after = os.times()
         wall = time.perf_counter() - w0
-        cpu = (c1.children_user + c1.children_system + c1.user + c1.system) - (
-            c0.children_user + c0.children_system + c0.user + c0.system
-        )
+        cpu = sum(after[:4]) - sum(before[:4])  # user, system, children's user and system
         best = min(rows, key=lambda r: r["bands"]["interactive"]["wait_p95_s"] or 0)
         print(
             f"sweep of {len(policies)} points on {args.jobs} workers: {wall:.1f} s wall, "

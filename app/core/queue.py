@@ -200,22 +200,6 @@ class ScoreQueue:
                 best = cand
         return best
 
-    def _runner_up(self, winner: Queued, resident: str | None) -> Queued | None:
-        bonus = self.params.affinity_key()
-        best: tuple[int, int, str] | None = None
-        for model, heaps in self._models.items():
-            if model == winner.model:
-                top = self._second(heaps.aging)
-            else:
-                top = self._top(heaps.aging)
-            if top is None:
-                continue
-            key = -top[0] + (bonus if model == resident else 0)
-            cand = (-key, top[1], top[2])
-            if best is None or cand < best:
-                best = cand
-        return None if best is None else self._live[best[2]]
-
     def _second(self, heap: list[_Entry]) -> _Entry | None:
         """Best live entry below the (live) top, searching past dead entries."""
         if self._top(heap) is None:

@@ -6,7 +6,8 @@ with `apply`, so a log always means the same thing to each of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 
@@ -93,65 +94,96 @@ class SchedulerState:
 def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
     """Fold one event into the state. Events about unknown requests are ignored,
     because recovery loads only open requests, not the whole history."""
-    match event:
-        case ev.RequestEnqueued():
-            state._finish(event.request_id)
-            state._enqueue(
-                OpenRequest(
-                    request_id=event.request_id,
-                    model=event.model,
-                    priority=event.priority,
-                    enqueued_ns=event.enqueued_at if event.enqueued_at is not None else event.at,
-                    durable=event.durable,
-                    attempt=event.attempt,
-                )
-            )
-        case ev.RequestDispatched():
-            request = state.requests.get(event.request_id)
-            if request is None:
-                return
-            state.queue.remove(event.request_id)
-            request.running = True
-            request.attempt = event.attempt
-            state.running[event.request_id] = event.model
-            if event.swap:
-                # The swap is committed from this moment, before SwapStarted is
-                # recorded: fifo must not dispatch to the outgoing model meanwhile,
-                # and requests for the incoming one join this load.
-                state.loading = event.model
-        case ev.RequestRequeued():
-            request = state.requests.get(event.request_id)
-            if request is None:
-                return
-            state.running.pop(event.request_id, None)
-            state.queue.remove(event.request_id)
-            request.attempt = event.attempt
-            state._enqueue(request)
-        case ev.SwapStarted():
-            state.loading = event.to_model
-            state.resident = None
-        case ev.SwapFinished():
-            state.resident = event.model
-            if state.loading == event.model:
-                state.loading = None
-        case ev.SwapFailed():
-            if state.loading == event.model:
-                state.loading = None
-            if state.resident == event.model:
-                state.resident = None
-        case ev.ProcessStopped():
-            if state.resident == event.model:
-                state.resident = None
-        case (
-            ev.RequestCompleted()
-            | ev.RequestFailed()
-            | ev.RequestCancelled()
-            | ev.RequestAbandoned()
-        ):
-            state._finish(event.request_id)
-        case ev.ServerStarted():
-            # A new process starts with nothing loaded; leftovers are stopped by recovery.
-            state.resident = None
-            state.loading = None
-        case _:
-            pass
+    # A dict lookup, not `match`: replay folds millions of events, and a class
+    # pattern chain costs one isinstance per case tried.
+    handler = _HANDLERS.get(type(event))
+    if handler is not None:
+        handler(state, event)
+
+
+def _enqueued(state: SchedulerState, event: Any) -> None:
+    state._finish(event.request_id)
+    state._enqueue(
+        OpenRequest(
+            request_id=event.request_id,
+            model=event.model,
+            priority=event.priority,
+            enqueued_ns=event.enqueued_at if event.enqueued_at is not None else event.at,
+            durable=event.durable,
+            attempt=event.attempt,
+        )
+    )
+
+
+def _dispatched(state: SchedulerState, event: Any) -> None:
+    request = state.requests.get(event.request_id)
+    if request is None:
+        return
+    state.queue.remove(event.request_id)
+    request.running = True
+    request.attempt = event.attempt
+    state.running[event.request_id] = event.model
+    if event.swap:
+        # The swap is committed from this moment, before SwapStarted is
+        # recorded: fifo must not dispatch to the outgoing model meanwhile,
+        # and requests for the incoming one join this load.
+        state.loading = event.model
+
+
+def _requeued(state: SchedulerState, event: Any) -> None:
+    request = state.requests.get(event.request_id)
+    if request is None:
+        return
+    state.running.pop(event.request_id, None)
+    state.queue.remove(event.request_id)
+    request.attempt = event.attempt
+    state._enqueue(request)
+
+
+def _swap_started(state: SchedulerState, event: Any) -> None:
+    state.loading = event.to_model
+    state.resident = None
+
+
+def _swap_finished(state: SchedulerState, event: Any) -> None:
+    state.resident = event.model
+    if state.loading == event.model:
+        state.loading = None
+
+
+def _swap_failed(state: SchedulerState, event: Any) -> None:
+    if state.loading == event.model:
+        state.loading = None
+    if state.resident == event.model:
+        state.resident = None
+
+
+def _process_stopped(state: SchedulerState, event: Any) -> None:
+    if state.resident == event.model:
+        state.resident = None
+
+
+def _ended(state: SchedulerState, event: Any) -> None:
+    state._finish(event.request_id)
+
+
+def _server_started(state: SchedulerState, event: Any) -> None:
+    # A new process starts with nothing loaded; leftovers are stopped by recovery.
+    state.resident = None
+    state.loading = None
+
+
+_HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
+    ev.RequestEnqueued: _enqueued,
+    ev.RequestDispatched: _dispatched,
+    ev.RequestRequeued: _requeued,
+    ev.SwapStarted: _swap_started,
+    ev.SwapFinished: _swap_finished,
+    ev.SwapFailed: _swap_failed,
+    ev.ProcessStopped: _process_stopped,
+    ev.RequestCompleted: _ended,
+    ev.RequestFailed: _ended,
+    ev.RequestCancelled: _ended,
+    ev.RequestAbandoned: _ended,
+    ev.ServerStarted: _server_started,
+}

@@ -16,7 +16,7 @@ import msgspec
 
 from app.core import events as ev
 from app.runtime.scheduler import Scheduler, Ticket
-from app.runtime.upstream import kill_process_group, process_matches
+from app.runtime.upstream import find_group_leaders, kill_process_group, process_matches
 from app.store.event_store import open_processes
 from app.store.queries import open_enqueues
 
@@ -48,6 +48,19 @@ async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recov
         events.append(
             ev.ProcessStopped(
                 at=scheduler.clock(), model=proc.model, pid=proc.pid, reason="recovered"
+            )
+        )
+    # Started in the instant before a crash, so never recorded: found by command line.
+    recorded = {proc.pid for proc in open_processes(engine)}
+    by_cmd = {tuple(spec.cmd): spec.id for spec in scheduler.config.models.values()}
+    for pid, cmdline in await asyncio.to_thread(find_group_leaders, list(by_cmd)):
+        if pid in recorded:
+            continue
+        await asyncio.to_thread(kill_process_group, pid, 10.0)
+        counts["processes_stopped"] += 1
+        events.append(
+            ev.ProcessStopped(
+                at=scheduler.clock(), model=by_cmd[cmdline], pid=pid, reason="recovered"
             )
         )
     jobs: list[tuple[Ticket, dict[str, Any]]] = []

@@ -304,7 +304,9 @@ class Scheduler:
                 self.upstreams[model] = proc
                 await proc.start()
                 self._watch(model, proc)
-        except (UpstreamStartError, OSError) as exc:
+        except Exception as exc:  # any failure must release the waiting requests
+            if not isinstance(exc, UpstreamStartError | OSError):
+                log.exception("loading %s failed unexpectedly", model)
             failed = self.upstreams.pop(model, None)
             if failed is not None and failed.pid is not None:
                 # start() already stopped it; close the record ProcessStarted opened.

@@ -358,6 +358,29 @@ def process_matches(pid: int, cmdline: Sequence[str]) -> bool:
     return current is not None and current == list(cmdline) and _pid_alive(pid)
 
 
+def find_group_leaders(
+    cmdlines: Sequence[Sequence[str]],
+) -> list[tuple[int, tuple[str, ...]]]:
+    """(pid, cmdline) of live process-group leaders running exactly one of CMDLINES.
+
+    Recovery uses it for upstreams a crash left behind before their
+    ProcessStarted event reached the disk: gpulane starts each upstream as the
+    leader of its own group, with the configured argv."""
+    wanted = {tuple(c) for c in cmdlines}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        cmdline = _read_cmdline(pid)
+        if cmdline is None or tuple(cmdline) not in wanted:
+            continue
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in (b"Z", b"X") and int(fields[2]) == pid:
+            found.append((pid, tuple(cmdline)))
+    return found
+
+
 def kill_process_group(pid: int, timeout: float) -> None:
     """SIGTERM the group PID leads, then SIGKILL what is left after TIMEOUT seconds.
 

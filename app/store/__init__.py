@@ -1,0 +1,12 @@
+"""Persistence: the SQLite event log and the read models derived from it.
+
+tables.py        the schema (SQLAlchemy Core); Alembic in migrations/ builds it
+engine.py        open_database: pragmas, startup checks, upgrade to head
+migrate.py       Alembic driven from code (no alembic.ini)
+port.py          the EventStore contract and StoreError
+event_store.py   SqliteEventStore (one writer, group commit) and the reads
+memory_store.py  InMemoryEventStore, the stand-in for unit tests
+read_model.py    project(): what each event does to requests/processes/swaps
+invariants.py    the rules `gpulane db check` enforces
+commands.py      gpulane db upgrade | rebuild | check
+"""

@@ -39,14 +39,6 @@ events = Table(
     sqlite_autoincrement=True,
 )
 
-REQUEST_STATUSES = (
-    "queued",
-    "running",
-    "completed",
-    "failed",
-    "cancelled",
-    "abandoned",
-)
 OPEN_STATUSES = ("queued", "running")
 
 requests = Table(
@@ -59,6 +51,7 @@ requests = Table(
     Column("endpoint", Text, nullable=False),
     Column("priority", Integer, nullable=False),
     Column("band", Text, nullable=False),
+    # queued, running, completed, failed, cancelled, abandoned
     Column("status", Text, nullable=False),
     Column("durable", Boolean, nullable=False),
     Column("attempt", Integer, nullable=False),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sys
 
 import httpx
 import uvicorn
+import uvloop
 
 from app import __version__
 from app.config import ConfigError, load_config
@@ -55,7 +57,7 @@ def serve_command(config_path: str, listen: str, db: str | None) -> int:
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(_serve(config, engine, host, int(port)))
+        uvloop.run(_serve(config, engine, host, int(port)))
     except KeyboardInterrupt:
         pass
     return 0
@@ -98,6 +100,10 @@ async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[
         for model in config.preload:
             scheduler.preload(model)
         scheduler.pump()
+        # What exists after start-up lives as long as the server: keep the collector
+        # from re-walking it in full collections that stall the proxy path.
+        gc.collect()
+        gc.freeze()
         log.info(
             "gpulane %s listening on http://%s:%d (db %s)",
             __version__,
@@ -125,7 +131,13 @@ async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[
     )
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
+            app,
+            host=host,
+            port=port,
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
         )
     )
     await server.serve()

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
-import contextlib
 import json
-import random
 import socket
 import struct
 import threading
@@ -39,26 +37,9 @@ def model(model_id: str, /, *args: str, **keys: Any) -> str:
     return entry.replace("\n", "\n  ")
 
 
-def free_port_block(n: int) -> int:
-    """The first of N consecutive ports that are free now (upstreams get startPort + i)."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 40000)
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in range(base, base + n):
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no {n} consecutive free ports")
-
-
 def config(*models: str, **top: Any) -> str:
-    """A config: top-level keys (as JSON values) and the given model entries. Upstream
-    ports start at a free block, not 5800, so parallel test runs cannot collide."""
-    top.setdefault("startPort", free_port_block(len(models)))
+    """A config: top-level keys (as JSON values) and the given model entries
+    (Gateway adds a free startPort)."""
     head = "".join(f"{key}: {json.dumps(value)}\n" for key, value in top.items())
     return head + "models:" + "".join(models) + "\n"
 
@@ -71,7 +52,8 @@ def chat(name: str, **fake: Any) -> dict[str, Any]:
 
 
 def events(gw: Gateway, kind: str, count: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
-    """Events of one type, oldest first, as dicts (`data` decoded, plus `at`)."""
+    """Events of one type, oldest first: `data` decoded, with `at` replaced by the
+    column (unix seconds) and the `request_id` column as `_request_id`."""
     rows = gw.wait_for(
         "SELECT at, request_id, data FROM events WHERE type=? ORDER BY seq",
         kind,
@@ -167,6 +149,11 @@ def test_upstream_passthrough_forwards_get_and_post_to_the_model(gateway: Start)
         assert (echo["method"], echo["path"]) == ("POST", "/slots/0?action=save")
         assert echo["body"] == payload.decode()
         assert [m["model"] for m in running(client)] == ["B"]
+        # The path goes upstream as the client encoded it.
+        assert client.get("/upstream/B/a%20b/c%2Fd").json()["path"] == "/a%20b/c%2Fd"
+        missing = client.get("/upstream/nope/x")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "model_not_found"
     row = gw.wait_for("SELECT endpoint FROM requests WHERE id=?", r.headers["x-request-id"])
     assert row[0]["endpoint"] == "/upstream/slots/0"
 
@@ -216,15 +203,18 @@ def test_unload_routes_stop_idle_models(gateway: Start) -> None:
 
 
 def test_ttl_stops_a_model_about_a_second_after_its_last_request(gateway: Start) -> None:
-    gw = gateway(config(model("A", ttl=1), model("B")))
+    # globalTTL would keep it a minute; the model's own ttl wins.
+    gw = gateway(config(model("A", ttl=1), model("B"), globalTTL=60))
     with gw.client() as client:
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
-        time.sleep(0.6)  # the second request restarts the countdown
-        last = client.post("/v1/chat/completions", json=chat("A", delay=0.2))
+        # The first request's countdown ends while this one runs: it must not stop A.
+        last = client.post("/v1/chat/completions", json=chat("A", delay=1.6))
         assert last.status_code == 200
         assert [m["model"] for m in running(client)] == ["A"]
         stopped = events(gw, "process_stopped", timeout=5)
         assert wait_until(lambda: running(client) == [], timeout=2)
+        # Stopped by TTL, loaded again on demand.
+        assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
     assert [(e["model"], e["reason"]) for e in stopped] == [("A", "ttl")]
     done = gw.sql("SELECT finished_at FROM requests WHERE id=?", last.headers["x-request-id"])
     idle = stopped[0]["at"] - done[0]["finished_at"]
@@ -232,7 +222,8 @@ def test_ttl_stops_a_model_about_a_second_after_its_last_request(gateway: Start)
 
 
 def test_preload_starts_a_model_at_launch(gateway: Start) -> None:
-    gw = gateway(config(model("A"), model("B"), hooks={"on_startup": {"preload": ["B"]}}))
+    hooks = {"on_startup": {"preload": ["bee"]}}  # an alias names the model too
+    gw = gateway(config(model("A"), model("B", aliases=["bee"]), hooks=hooks))
     with gw.client() as client:
         assert wait_until(lambda: [(m["model"], m["state"]) for m in running(client)])
         assert wait_until(lambda: running(client)[0]["state"] == "ready")
@@ -299,8 +290,7 @@ def test_logs_hold_upstream_output_and_the_stream_sends_new_lines(gateway: Start
 
         with cf.ThreadPoolExecutor(1) as pool:
             follower = pool.submit(follow)
-            assert subscribed.wait(10)
-            time.sleep(0.2)  # the handler subscribes when the response starts
+            assert subscribed.wait(10)  # subscribed before the response starts
             assert client.post("/v1/chat/completions", json=chat("B")).status_code == 200
             assert found.wait(10), seen
             follower.result()

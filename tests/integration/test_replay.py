@@ -55,7 +55,9 @@ def film_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- generated logs ------------------------------------------------------------------
 
 
-def test_generated_log_is_a_valid_gpulane_database(film_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generated_log_is_a_valid_gpulane_database(
+    film_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert commands.check(str(film_db)) == 0
     assert "ok:" in capsys.readouterr().out
 
@@ -94,7 +96,9 @@ def test_report_csv_and_table(film_db: Path, capsys: pytest.CaptureFixture[str])
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [r["label"] for r in rows] == ["recorded", "aging=60s bonus=10 (recorded)"]
     assert float(rows[0]["interactive_wait_p95_s"]) > 0
-    assert replay_command([str(film_db), "--aging-divisor", "30", "--shake", "2", "--jobs", "2"]) == 0
+    assert (
+        replay_command([str(film_db), "--aging-divisor", "30", "--shake", "2", "--jobs", "2"]) == 0
+    )
     table = capsys.readouterr().out
     assert "aging=30s bonus=10" in table and "interactive" in table and "swaps" in table
     assert "spread over 2 shaken runs" in table
@@ -115,7 +119,9 @@ def test_plot_without_matplotlib_warns_and_still_reports(
         assert png.stat().st_size > 10_000
 
 
-def test_unusable_inputs_fail_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unusable_inputs_fail_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert replay_command([str(tmp_path / "missing.db"), "--verify"]) == 1
     assert "no such database file" in capsys.readouterr().err
     text = tmp_path / "notes.db"
@@ -162,8 +168,13 @@ def test_a_dispatch_that_contradicts_the_score_fails_verify(tmp_path: Path) -> N
             enqueued("low", 1, 0),
             enqueued("high", 2, 100),
             ev.ScoresComputed(
-                at=at, request_id="low", queue_depth=2, resident=None, winner=wrong,
-                aging_divisor_ns=params.aging_divisor_ns, swap_affinity_bonus=10,
+                at=at,
+                request_id="low",
+                queue_depth=2,
+                resident=None,
+                winner=wrong,
+                aging_divisor_ns=params.aging_divisor_ns,
+                swap_affinity_bonus=10,
             ),
             ev.RequestDispatched(at=at, request_id="low", model="A", swap=True),
         ],
@@ -193,13 +204,23 @@ def test_a_real_serve_session_verifies(tmp_path: Path) -> None:
     gw = Gateway(tmp_path, _config("0.05", 10)).start()
     try:
         mixed = [
-            ("B", "batch"), ("A", None), ("C", "interactive"), ("A", "101"),
-            ("B", "-99"), ("C", None), ("A", "interactive"), ("B", "2"),
+            ("B", "batch"),
+            ("A", None),
+            ("C", "interactive"),
+            ("A", "101"),
+            ("B", "-99"),
+            ("C", None),
+            ("A", "interactive"),
+            ("B", "2"),
         ]
         with cf.ThreadPoolExecutor(len(mixed) + 1) as pool, gw.client() as client:
+
             def post(model: str, priority: str | None, delay: float = 0.05) -> int:
-                body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                        "fake": {"delay": delay}}
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "fake": {"delay": delay},
+                }
                 headers = {"X-LlamaSwap-Priority": priority} if priority else {}
                 return client.post("/v1/chat/completions", json=body, headers=headers).status_code
 

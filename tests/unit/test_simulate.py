@@ -19,7 +19,9 @@ S = NS_PER_S
 T0 = 1_700_000_000 * S
 
 
-def req(rid: str, model: str, at_s: float, run_s: float, priority: int = 0, **kw: object) -> Request:
+def req(
+    rid: str, model: str, at_s: float, run_s: float, priority: int = 0, **kw: object
+) -> Request:
     return Request(rid, model, priority, T0 + round(at_s * S), round(run_s * S), **kw)  # type: ignore[arg-type]
 
 
@@ -219,3 +221,25 @@ def test_sweep_grid() -> None:
     for bad in (["bonus=100"], ["aging=-1"], ["aging=x"], ["speed=1"], ["bonus=1", "bonus=2"]):
         with pytest.raises(GridError):
             parse_grid(bad, base)
+
+
+def test_verify_starts_a_fresh_state_with_each_server_started_and_its_parameters() -> None:
+    day = 86_400 * S
+    first = generate_events(film(3), ScoringParams(60 * S, 10))
+    second = [
+        msgspec.structs.replace(e, at=e.at + day)
+        for e in generate_events(film(4), ScoringParams(30 * S, 0))
+    ]
+    log = list(enumerate([*first, *second], 1))
+    result = verify(log)
+    assert result.ok, result.divergence and result.divergence.describe()
+    # The second session's decisions need its own parameters: with the first
+    # session's (bonus 10 instead of 0) some decision comes out differently.
+    started = second[0]
+    assert isinstance(started, ev.ServerStarted)
+    wrong = msgspec.structs.replace(started, aging_divisor_ns=60 * S, swap_affinity_bonus=10)
+    tampered = list(enumerate([*first, wrong, *second[1:]], 1))
+    divergence = verify(tampered).divergence
+    assert divergence is not None and divergence.seq > len(first)
+    w = extract_events(log)
+    assert w.params == ScoringParams(30 * S, 0)  # the parameters in force at the end

@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="JSON instead of a table")
     out.add_argument("--csv", action="store_true", help="CSV (one line per run) instead of a table")
     p.add_argument("--plot", metavar="FILE.png", help="wait distributions and GPU timelines")
-    p.add_argument("--jobs", type=int, default=None, metavar="N", help="worker processes (default: cores)")
+    p.add_argument(
+        "--jobs", type=int, default=None, metavar="N", help="worker processes (default: cores)"
+    )
     p.add_argument(
         "--fifo-concurrency",
         type=int,
@@ -103,8 +105,12 @@ def build_generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DB", help="database to create")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--days", type=int, default=1, help="working days to generate (default 1)")
-    p.add_argument("--aging-divisor", default="60", metavar="S", help="recorded agingDivisor (default 60)")
-    p.add_argument("--swap-affinity-bonus", default="10", metavar="N", help="recorded bonus (default 10)")
+    p.add_argument(
+        "--aging-divisor", default="60", metavar="S", help="recorded agingDivisor (default 60)"
+    )
+    p.add_argument(
+        "--swap-affinity-bonus", default="10", metavar="N", help="recorded bonus (default 10)"
+    )
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     return p
 
@@ -175,8 +181,11 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         },
         "swap_times_s": {
             m: {
-                "load": workload.swap_times.load_ns.get(m, workload.swap_times.default_load_ns) / 1e9,
-                "unload": workload.swap_times.unload_ns.get(m, workload.swap_times.default_unload_ns)
+                "load": workload.swap_times.load_ns.get(m, workload.swap_times.default_load_ns)
+                / 1e9,
+                "unload": workload.swap_times.unload_ns.get(
+                    m, workload.swap_times.default_unload_ns
+                )
                 / 1e9,
             }
             for m in workload.models
@@ -218,15 +227,19 @@ def _policies(workload: Workload, args: argparse.Namespace) -> list[Policy]:
         grid = [ScoringParams(aging, bonus)]
     if recorded not in grid:
         grid = [recorded, *grid]
-    policies = [
-        Policy(label_of(p) + (" (recorded)" if p == recorded else ""), p) for p in grid
-    ]
+    policies = [Policy(label_of(p) + (" (recorded)" if p == recorded else ""), p) for p in grid]
     if not args.no_reference:
         policies += reference_policies(workload, recorded, args.fifo_concurrency)
     return policies
 
 
-def _plot(path: str, workload: Workload, rows: list[report.Figures], policies: list[Policy], best: report.Figures | None) -> None:
+def _plot(
+    path: str,
+    workload: Workload,
+    rows: list[report.Figures],
+    policies: list[Policy],
+    best: report.Figures | None,
+) -> None:
     from tools.replay.plot import PlotUnavailable, plot
 
     recorded = workload.recorded
@@ -246,7 +259,9 @@ def _generate(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
     args = parser.parse_args(argv)
     try:
-        params = ScoringParams(seconds_to_ns(args.aging_divisor), parse_bonus(args.swap_affinity_bonus))
+        params = ScoringParams(
+            seconds_to_ns(args.aging_divisor), parse_bonus(args.swap_affinity_bonus)
+        )
     except GridError as exc:
         parser.error(str(exc))
     if args.days < 1:

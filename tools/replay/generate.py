@@ -65,7 +65,7 @@ class FilmSwapCost:
 
     def __call__(self, from_model: str | None, to_model: str) -> tuple[int, int]:
         rng = self.rng
-        warm = WARM_LOAD_S[to_model] if to_model in WARM_LOAD_S else 15.0
+        warm = WARM_LOAD_S.get(to_model, 15.0)
         load = warm * rng.uniform(0.9, 1.1)
         if to_model not in self.cache:
             load *= rng.uniform(2.0, 3.0)
@@ -91,7 +91,7 @@ def film(seed: int, days: int = 1, limit: int | None = None) -> Scenario:
         return f"{seed:08x}{serial:024x}"  # as long as a uuid4 hex
 
     def poisson(start: int, mean_gap_min: float) -> list[int]:
-        times = []
+        times: list[int] = []
         t = start
         while True:
             t += round(rng.expovariate(1.0 / mean_gap_min) * MIN)
@@ -100,7 +100,12 @@ def film(seed: int, days: int = 1, limit: int | None = None) -> Scenario:
             times.append(t)
 
     def interactive(
-        day0: int, model: str, endpoint: str, gap: float, run: Callable[[], float], patience_min: tuple[float, float]
+        day0: int,
+        model: str,
+        endpoint: str,
+        gap: float,
+        run: Callable[[], float],
+        patience_min: tuple[float, float],
     ) -> None:
         for t in poisson(day0, gap):
             user = rng.choice(users)

@@ -38,7 +38,9 @@ def plot(
     bands = [b for b in BANDS if any(r.get("quantiles", {}).get(b) for r in rows)]
     n_top = max(1, len(bands))
     fig = plt.figure(figsize=(14, 4 + 3 * n_top + 1.6 * len(timelines)))
-    grid = fig.add_gridspec(n_top + len(timelines), 1, height_ratios=[3] * n_top + [1.6] * len(timelines))
+    grid = fig.add_gridspec(
+        n_top + len(timelines), 1, height_ratios=[3] * n_top + [1.6] * len(timelines)
+    )
     percentiles = list(range(101))
     for k, band in enumerate(bands):
         ax = fig.add_subplot(grid[k, 0])
@@ -47,7 +49,9 @@ def plot(
             if not curve:
                 continue
             minutes = [None if v is None else v / 60 for v in curve]
-            style: dict[str, Any] = {"linewidth": 2.5} if r["best"] or r["kind"] == "recorded" else {}
+            style: dict[str, Any] = (
+                {"linewidth": 2.5} if r["best"] or r["kind"] == "recorded" else {}
+            )
             ax.plot(minutes, percentiles, label=("* " if r["best"] else "") + r["label"], **style)
         ax.set_title(f"{band}: wait (arrival to start), cumulative")
         ax.set_xlabel("minutes")

@@ -16,7 +16,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from app.core.priority import band_of
@@ -49,7 +49,11 @@ def figures(
     worst = -1
     worst_band = ""
     for band, (members, runs) in _band_members(workload).items():
-        served = [(start[i] - arrival[i], run) for i, run in zip(members, runs, strict=True) if start[i] >= 0]
+        served = [
+            (start[i] - arrival[i], run)
+            for i, run in zip(members, runs, strict=True)
+            if start[i] >= 0
+        ]
         count[band] = len(members)
         left[band] = len(members) - len(served)
         waits[band] = [w for w, _ in served]
@@ -73,7 +77,11 @@ def figures(
             "slowdown": round(slow[band] / len(ws), 3) if ws else None,
         }
     makespan = max(0, result.last_ns - result.first_ns)
-    bound = starvation_bound_ns(workload, params) if params is not None and kind != "reference" else None
+    bound = (
+        starvation_bound_ns(workload, params)
+        if params is not None and kind != "reference"
+        else None
+    )
     row: Figures = {
         "label": label,
         "kind": kind,
@@ -126,7 +134,9 @@ def starvation_bound_ns(workload: Workload, params: ScoringParams) -> int | None
         st.load_ns.values(), default=st.default_load_ns
     )
     longest_run = max(r.run_ns for r in workload.requests)
-    return (span + params.swap_affinity_bonus) * params.aging_divisor_ns + longest_run + longest_swap
+    return (
+        (span + params.swap_affinity_bonus) * params.aging_divisor_ns + longest_run + longest_swap
+    )
 
 
 def _pct(sorted_values: Sequence[int], p: float) -> int | None:
@@ -144,15 +154,19 @@ def _s(ns: int | None) -> float | None:
 
 
 def objective(row: Figures) -> tuple[float, float, float]:
-    """Lower is better: interactive p95 wait, then worst batch wait, then mean slowdown."""
+    """Lower is better: interactive p95 wait, then worst batch wait, then mean slowdown.
+    With --shake, each is its mean over the trace and its perturbed copies."""
     bands = row["bands"]
+    means = row.get("spread", {}).get("bands", {})
 
     def value(band: str, key: str) -> float:
-        v = bands[band][key]
+        mean = (means.get(band, {}).get(key) or {}).get("mean")
+        v = mean if mean is not None else bands[band][key]
         return float(v) if v is not None else 0.0
 
-    total = sum(b["count"] - b["left"] for b in bands.values()) or 1
-    slow = sum((b["slowdown"] or 0.0) * (b["count"] - b["left"]) for b in bands.values()) / total
+    served = {b: f["count"] - f["left"] for b, f in bands.items()}
+    total = sum(served.values()) or 1
+    slow = sum(value(b, "slowdown") * n for b, n in served.items()) / total
     return (value("interactive", "wait_p95_s"), value("batch", "wait_max_s"), slow)
 
 
@@ -173,7 +187,7 @@ def mark_best(rows: list[Figures]) -> Figures | None:
 
 
 def spread(samples: list[Figures]) -> dict[str, Any]:
-    """For every numeric figure, its min and max over `samples`."""
+    """For every numeric figure, its min, max and mean over `samples`."""
 
     def walk(values: list[Any]) -> Any:
         first = values[0]
@@ -182,7 +196,7 @@ def spread(samples: list[Figures]) -> dict[str, Any]:
         nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
         if not nums:
             return None
-        return {"min": min(nums), "max": max(nums)}
+        return {"min": min(nums), "max": max(nums), "mean": round(sum(nums) / len(nums), 3)}
 
     return dict(walk(samples))
 
@@ -204,7 +218,7 @@ def duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m"
 
 
-def _cell(value: Any, spread_of: Any, fmt: Any) -> str:
+def _cell(value: Any, spread_of: Any, fmt: Callable[[Any], str]) -> str:
     text = fmt(value)
     if isinstance(spread_of, dict) and "min" in spread_of:
         lo, hi = spread_of["min"], spread_of["max"]
@@ -220,10 +234,11 @@ def table(rows: list[Figures], header: str = "") -> str:
     name_w = max([len(r["label"]) + 2 for r in rows] + [10])
     out.write("wait = arrival to start on a loaded model; left = clients that gave up waiting\n")
     cols = ("count", "left", "p50", "p95", "p99", "max", "slowdown")
-    band_rows = []
+    band_rows: list[list[str]] = []
     for r in rows:
         sp = r.get("spread", {}).get("bands", {})
         name = ("* " if r["best"] else "  ") + r["label"]
+        first = len(band_rows)
         for band in BANDS:
             b = r["bands"][band]
             if b["count"] == 0:
@@ -243,8 +258,12 @@ def table(rows: list[Figures], header: str = "") -> str:
                 ]
             )
             name = ""
-        band_rows.append(["", "", "", "", "", "", "", "", ""])  # blank separator
-    _grid(out, ["run", "band", *cols], band_rows[:-1], name_w)
+        if len(band_rows) > first:
+            band_rows.append([""] * 9)  # a blank line between runs
+    if band_rows:
+        _grid(out, ["run", "band", *cols], band_rows[:-1], name_w)
+    else:
+        out.write("no requests\n")
     out.write("\n")
     overall = []
     for r in rows:
@@ -277,8 +296,9 @@ def table(rows: list[Figures], header: str = "") -> str:
     )
     if any(r["best"] for r in rows):
         out.write(
-            "\n* best: lowest interactive p95 wait, then worst batch wait, then slowdown,"
-            " among parameter sets within their starvation bound\n"
+            "\n* best: lowest interactive p95 wait, then worst batch wait, then slowdown"
+            " (means over the shaken runs, if any), among parameter sets within their"
+            " starvation bound\n"
         )
     return out.getvalue()
 
@@ -288,7 +308,10 @@ def _ratio(value: float | None) -> str:
 
 
 def _grid(out: io.StringIO, head: list[str], rows: list[list[str]], name_w: int) -> None:
-    widths = [max(len(head[c]), *(len(r[c]) for r in rows)) if rows else len(head[c]) for c in range(len(head))]
+    widths = [
+        max(len(head[c]), *(len(r[c]) for r in rows)) if rows else len(head[c])
+        for c in range(len(head))
+    ]
     widths[0] = max(widths[0], name_w)
     out.write(_line(head, widths) + "\n")
     for r in rows:

@@ -492,7 +492,9 @@ def shaken(workload: Workload, seed: int, noise: float) -> Workload:
     return replace(workload, requests=out, recorded=None)
 
 
-def reference_policies(workload: Workload, params: ScoringParams, fifo_concurrency: int) -> list[Policy]:
+def reference_policies(
+    workload: Workload, params: ScoringParams, fifo_concurrency: int
+) -> list[Policy]:
     """What the score is compared against: arrival order, priority alone, llama-swap fifo."""
     return [
         Policy(

@@ -14,6 +14,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from multiprocessing.context import BaseContext
 
 from app.core.scoring import NS_PER_S, ScoringParams
 from tools.replay.report import Figures, figures, spread
@@ -108,7 +109,9 @@ def _task(args: tuple[Policy, int, Shake, bool]) -> Figures:
     if shake_index < 0:
         workload = base
     else:
-        workload = _SHAKEN.get(shake_index) or shaken(base, shake.seed * 1_000_003 + shake_index, shake.noise)
+        workload = _SHAKEN.get(shake_index) or shaken(
+            base, shake.seed * 1_000_003 + shake_index, shake.noise
+        )
         if shake_index not in _SHAKEN:
             _SHAKEN.clear()
             _SHAKEN[shake_index] = workload
@@ -143,15 +146,17 @@ def run_policies(
         _init(workload)
         results = [_task(t) for t in tasks]
     else:
-        methods = multiprocessing.get_all_start_methods()
-        if "fork" in methods:
-            _WORKLOAD = workload  # inherited by the forked workers
+        ctx: BaseContext
+        if "fork" in multiprocessing.get_all_start_methods():
+            _WORKLOAD = workload  # inherited by the forked workers, never pickled
             ctx = multiprocessing.get_context("fork")
             initargs: tuple[Workload | None] = (None,)
         else:
             ctx = multiprocessing.get_context("spawn")
             initargs = (workload,)
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init, initargs=initargs) as pool:
+        with ProcessPoolExecutor(
+            jobs, mp_context=ctx, initializer=_init, initargs=initargs
+        ) as pool:
             results = list(pool.map(_task, tasks, chunksize=1))
     rows = results[: len(policies)]
     for i, row in enumerate(rows):

@@ -44,7 +44,9 @@ class Divergence:
             f"  recorded : {self.recorded_id}  {_fmt(self.recorded)}",
         ]
         if self.recorded_as_simulated is not None:
-            lines.append(f"             as the simulation scores it: {_fmt(self.recorded_as_simulated)}")
+            lines.append(
+                f"             as the simulation scores it: {_fmt(self.recorded_as_simulated)}"
+            )
         lines.append(f"  simulated: {self.simulated_id or '(nothing)'}  {_fmt(self.simulated)}")
         return "\n".join(lines)
 
@@ -64,8 +66,7 @@ def _fmt(b: Breakdown | None) -> str:
     if b is None:
         return ""
     return (
-        f"score {b.total:.6f} = priority {b.priority} + affinity {b.affinity} "
-        f"+ aging {b.aging:.6f}"
+        f"score {b.total:.6f} = priority {b.priority} + affinity {b.affinity} + aging {b.aging:.6f}"
     )
 
 
@@ -104,7 +105,9 @@ def verify(events: Iterable[tuple[int, ev.AnyEvent]]) -> VerifyResult:
                     f"{scores.request_id}; the simulation dispatches {sim.request_id} "
                     f"(swap={sim.swap})"
                 )
-                return VerifyResult(decisions, seq, _divergence(seq, e.at, scores, state, simulated, detail))
+                return VerifyResult(
+                    decisions, seq, _divergence(seq, e.at, scores, state, simulated, detail)
+                )
         apply(state, e)
     return VerifyResult(decisions, len(items), None)
 
@@ -117,7 +120,9 @@ def _compare(
     seq: int, scores: ev.ScoresComputed, state: SchedulerState, simulated: list[ev.AnyEvent]
 ) -> Divergence | None:
     if not simulated:
-        return _divergence(seq, scores.at, scores, state, simulated, "the simulation dispatches nothing")
+        return _divergence(
+            seq, scores.at, scores, state, simulated, "the simulation dispatches nothing"
+        )
     sim_scores = simulated[0]
     assert isinstance(sim_scores, ev.ScoresComputed)
     if sim_scores.request_id != scores.request_id:
@@ -149,7 +154,9 @@ def _divergence(
         simulated_id=None if sim_scores is None else sim_scores.request_id,
         simulated=None if sim_scores is None else sim_scores.winner,
         recorded_as_simulated=as_sim,
-        detail=detail if queued is not None else f"{detail} (the recorded winner is not queued here)",
+        detail=detail
+        if queued is not None
+        else f"{detail} (the recorded winner is not queued here)",
         queue_depth=len(state.queue),
         resident=state.resident,
     )
@@ -174,7 +181,12 @@ def _fifo_settings(items: list[tuple[int, ev.AnyEvent]]) -> tuple[dict[str, int]
                 running = in_flight.setdefault(e.model, set())
                 running.add(e.request_id)
                 concurrency[e.model] = max(concurrency.get(e.model, 1), len(running))
-            case ev.RequestCompleted() | ev.RequestFailed() | ev.RequestCancelled() | ev.RequestAbandoned():
+            case (
+                ev.RequestCompleted()
+                | ev.RequestFailed()
+                | ev.RequestCancelled()
+                | ev.RequestAbandoned()
+            ):
                 for running in in_flight.values():
                     running.discard(e.request_id)
             case ev.ServerStarted():

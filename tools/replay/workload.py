@@ -348,10 +348,11 @@ def _link_chains(requests: list[Request], seen: dict[str, _Seen], gap_ns: int) -
         if prev is not None:
             prev_end = ends.get(prev, -1)
             latest = open_until[r.caller]
-            if 0 <= prev_end <= r.arrival_ns and latest <= r.arrival_ns:
-                if r.arrival_ns - prev_end <= gap_ns:
-                    r.after = prev
-                    r.think_ns = r.arrival_ns - prev_end
+            think = r.arrival_ns - prev_end
+            # Sent after its previous request ended, soon after, with nothing else open.
+            if prev_end >= 0 and 0 <= think <= gap_ns and latest <= r.arrival_ns:
+                r.after = prev
+                r.think_ns = think
         end = ends.get(i, -1)
         last_of[r.caller] = i
         open_until[r.caller] = max(open_until.get(r.caller, -1), end if end >= 0 else 1 << 62)
