@@ -177,6 +177,7 @@ def create_app(
         on_shutdown=list(on_shutdown),
         state=State({"scheduler": scheduler}),
         request_max_body_size=None,
+        logging_config=None,  # serve.py configures logging once, for every module
         debug=False,
     )
 

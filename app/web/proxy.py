@@ -46,6 +46,8 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+# The body passes through byte for byte, so its length stays; uvicorn writes the Date.
+_NOT_PASSED_BACK = (HOP_BY_HOP - {"content-length"}) | {"date"}
 _CREDENTIALS = frozenset({"authorization", "x-api-key"})
 
 
@@ -282,7 +284,7 @@ class Proxy:
             out_headers = [
                 (k.encode("latin-1"), v.encode("latin-1"))
                 for k, v in response.headers.multi_items()
-                if k.lower() not in HOP_BY_HOP or k.lower() == "content-length"
+                if k.lower() not in _NOT_PASSED_BACK
             ]
             await send(
                 {

@@ -135,6 +135,7 @@ async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[
             host=host,
             port=port,
             http="httptools",
+            server_header=False,  # the upstream's own Server header passes through
             log_level="warning",
             access_log=False,
             lifespan="on",
