@@ -6,7 +6,7 @@ field in docs/queries.md ("Explain a request").
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -29,18 +29,7 @@ Cause = Literal[
 ]
 """What the GPU was doing during a stretch of the wait (see `Part`)."""
 
-CAUSES: tuple[Cause, ...] = (
-    "running_at_arrival",
-    "higher_band",
-    "higher_tier",
-    "swap_affinity",
-    "aging",
-    "arrived_earlier",
-    "swaps",
-    "restart",
-    "earlier_attempts",
-    "other",
-)
+CAUSES: tuple[Cause, ...] = get_args(Cause)
 
 
 class Decision(msgspec.Struct, frozen=True):
