@@ -19,10 +19,11 @@ from typing import Any, Protocol
 
 import msgspec
 
+from app.config import Config
 from app.core import events as ev
 from app.core.policy import decide
 from app.core.priority import band_of
-from app.core.scoring import NS_PER_S, ScoringParams
+from app.core.scoring import ScoringParams
 from app.core.state import SchedulerState, apply
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
@@ -87,7 +88,7 @@ def new_request_id() -> str:
 class Scheduler:
     def __init__(
         self,
-        config: Any,
+        config: Config,
         store: EventSink,
         *,
         logs: LogBuffer,
@@ -111,7 +112,6 @@ class Scheduler:
         self._swap_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_used: dict[str, float] = {}
-        self._swap_started_ns: int = 0
         self.running_since: dict[str, int] = {}
 
     # -- messages ------------------------------------------------------------
@@ -274,7 +274,6 @@ class Scheduler:
 
     def _begin_swap(self, model: str, request_id: str | None) -> None:
         now = self.clock()
-        self._swap_started_ns = now
         self.emit(
             [
                 ev.SwapStarted(
@@ -441,10 +440,6 @@ class Scheduler:
                 await task
         if self._swap_task is not None and not self._swap_task.done():
             self._swap_task.cancel()
-
-    def queue_wait_so_far(self, request_id: str) -> float:
-        request = self.state.requests.get(request_id)
-        return 0.0 if request is None else (self.clock() - request.enqueued_ns) / NS_PER_S
 
 
 def _consume_error(fut: asyncio.Future[Any]) -> None:

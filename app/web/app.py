@@ -15,6 +15,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from app.config import Config
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.web.auth import api_key_middleware
@@ -40,7 +41,7 @@ _UPSTREAM_PREFIX = "/upstream"
 
 
 def create_app(
-    config: Any,
+    config: Config,
     scheduler: Scheduler,
     proxy: Proxy,
     logs: LogBuffer,

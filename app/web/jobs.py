@@ -25,6 +25,7 @@ from litestar.types import Message, Send
 from sqlalchemy import Engine, select
 from sqlalchemy import delete as sql_delete
 
+from app.config import Config
 from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket
 from app.store.port import StoreError
 from app.store.tables import job_results, requests
@@ -56,7 +57,7 @@ class _Captured:
 
 
 class JobRunner:
-    def __init__(self, config: Any, scheduler: Scheduler, proxy: Proxy, engine: Engine) -> None:
+    def __init__(self, config: Config, scheduler: Scheduler, proxy: Proxy, engine: Engine) -> None:
         self.config = config
         self.scheduler = scheduler
         self.proxy = proxy

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from litestar.types import Message, Receive, Scope, Send
 
+from app.config import Config
 from app.core import events as ev
 from app.core.priority import HEADER, band_of, parse_priority
 from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket, new_request_id
@@ -52,7 +53,7 @@ _CREDENTIALS = frozenset({"authorization", "x-api-key"})
 
 
 class Proxy:
-    def __init__(self, config: Any, scheduler: Scheduler, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: Config, scheduler: Scheduler, client: httpx.AsyncClient) -> None:
         self.config = config
         self.scheduler = scheduler
         self.client = client
