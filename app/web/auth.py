@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+from collections.abc import Callable
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
@@ -35,7 +36,7 @@ def caller_label(keys: tuple[str, ...], key: str) -> str | None:
     return None
 
 
-def api_key_middleware(keys: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def api_key_middleware(keys: tuple[str, ...]) -> Callable[[ASGIApp], ASGIApp]:
     def factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != ScopeType.HTTP or scope["path"] in OPEN_PATHS:

@@ -232,8 +232,8 @@ class Proxy:
                 with contextlib.suppress(asyncio.CancelledError):
                     await streaming
                 self._client_gone(ticket.request_id)
-            elif streaming.exception() is not None:
-                raise streaming.exception()  # type: ignore[misc]
+            else:
+                streaming.result()  # re-raises what the forwarding task raised
         finally:
             disconnected.cancel()
 

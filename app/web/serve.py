@@ -11,9 +11,10 @@ import sys
 import httpx
 import uvicorn
 import uvloop
+from sqlalchemy import Engine
 
 from app import __version__
-from app.config import ConfigError, load_config
+from app.config import Config, ConfigError, load_config
 from app.core import events as ev
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.recovery import recover
@@ -63,7 +64,7 @@ def serve_command(config_path: str, listen: str, db: str | None) -> int:
     return 0
 
 
-async def _serve(config, engine, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
     logs = LogBuffer()
     _capture_logs(logs)
     store = SqliteEventStore(engine)
