@@ -5,14 +5,17 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import REPO, Gateway, fake_model
 
 Start = Callable[[str], Gateway]
 
@@ -302,3 +305,31 @@ def test_send_loading_state_streams_queue_progress_then_the_answer(gateway: Star
     content = "".join(x["choices"][0]["delta"].get("content") or "" for x in lines)
     assert content.replace(" ", "") == "donewaiting"
     assert text.rstrip().endswith("data: [DONE]")
+
+
+def test_serve_refuses_a_database_that_is_not_gpulanes(tmp_path: Path) -> None:
+    bad = tmp_path / "photos.db"
+    bad.write_bytes(b"this is not an SQLite file at all" * 100)
+    config = tmp_path / "config.yaml"
+    config.write_text(three_models())
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--listen",
+            "127.0.0.1:1",
+            "--db",
+            str(bad),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert str(bad) in result.stderr
+    assert bad.read_bytes().startswith(b"this is not")  # untouched
