@@ -1,0 +1,164 @@
+"""The raw shape of a config: msgspec Structs laid out like the YAML file.
+
+Keys are camelCase, as in llama-swap. Nothing here is resolved: macros are
+unexpanded and optional values are still unset; `app.config_resolver` turns a
+`RawConfig` into the `Config` the rest of gpulane reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from app.macros import MacroValue
+
+DEFAULT_HEALTH_CHECK_TIMEOUT: Final = 120.0
+DEFAULT_START_PORT: Final = 5800
+DEFAULT_UNLOAD_TIMEOUT: Final = 10.0
+DEFAULT_AGING_DIVISOR: Final = 60.0
+DEFAULT_SWAP_AFFINITY_BONUS: Final = 10
+DEFAULT_DATABASE_PATH: Final = "gpulane.db"
+DEFAULT_RESULT_RETENTION_S: Final = 7 * 24 * 3600.0
+DEFAULT_MAX_ATTEMPTS: Final = 3
+DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+# Static assets a web UI behind /upstream/<model>/ asks for; they must not
+# trigger a swap. Anchored, so re.search and re.match agree.
+DEFAULT_IGNORE_PATHS: Final = (
+    r"^/(favicon\.ico|.*\.(js|mjs|css|map|json|txt|png|jpe?g|gif|svg|ico|webp|woff2?|ttf))$"
+)
+
+
+class _Raw(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel", kw_only=True):
+    pass
+
+
+class RawAlias(_Raw, frozen=True):
+    # Newer llama-swap also accepts `{id, name, unlisted}` objects for aliases.
+    id: str
+    name: str | None = None
+    unlisted: bool | None = None
+
+
+class RawFilters(_Raw, frozen=True):
+    strip_params: str | list[str] = ""
+    set_params: dict[str, Any] = {}
+
+
+class RawModel(_Raw, frozen=True):
+    cmd: str
+    cmd_stop: str = ""
+    proxy: str | None = None
+    aliases: list[str | RawAlias] = []
+    env: list[str] = []
+    check_endpoint: str = "/health"
+    ttl: float | None = None
+    unload_timeout: float | None = None
+    unlisted: bool = False
+    use_model_name: str = ""
+    name: str = ""
+    description: str = ""
+    filters: RawFilters = msgspec.field(default_factory=RawFilters)
+    concurrency_limit: int = 0
+    metadata: dict[str, Any] = {}
+    macros: dict[str, MacroValue] = {}
+    send_loading_state: bool | None = None
+
+
+class RawOnStartup(_Raw, frozen=True):
+    preload: list[str] = []
+
+
+class RawHooks(_Raw, frozen=True):
+    on_startup: RawOnStartup = msgspec.field(default_factory=RawOnStartup, name="on_startup")
+
+
+class RawSerial(_Raw, frozen=True):
+    aging_divisor: float = DEFAULT_AGING_DIVISOR
+    swap_affinity_bonus: int = DEFAULT_SWAP_AFFINITY_BONUS
+
+
+class RawFifo(_Raw, frozen=True):
+    priority: dict[str, int] = {}
+
+
+class RawSchedulerSettings(_Raw, frozen=True):
+    serial: RawSerial = msgspec.field(default_factory=RawSerial)
+    fifo: RawFifo = msgspec.field(default_factory=RawFifo)
+
+
+class RawScheduler(_Raw, frozen=True):
+    use: str = "serial"
+    settings: RawSchedulerSettings = msgspec.field(default_factory=RawSchedulerSettings)
+
+
+class RawRouting(_Raw, frozen=True):
+    scheduler: RawScheduler = msgspec.field(default_factory=RawScheduler)
+
+
+class RawDatabase(_Raw, frozen=True):
+    path: str = DEFAULT_DATABASE_PATH
+    synchronous: str = "full"
+
+
+class RawJobs(_Raw, frozen=True):
+    result_retention: float | str = DEFAULT_RESULT_RETENTION_S
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+class RawServer(_Raw, frozen=True):
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class RawUpstream(_Raw, frozen=True):
+    # llama-swap takes a list of patterns; a single string is accepted too.
+    ignore_paths: str | list[str] = DEFAULT_IGNORE_PATHS
+
+
+class RawConfig(_Raw, frozen=True):
+    health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT
+    log_level: str = "info"
+    start_port: int = DEFAULT_START_PORT
+    global_ttl: float = msgspec.field(default=0.0, name="globalTTL")
+    unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT
+    send_loading_state: bool = False
+    macros: dict[str, MacroValue] = {}
+    api_keys: list[str] = []
+    hooks: RawHooks = msgspec.field(default_factory=RawHooks)
+    routing: RawRouting = msgspec.field(default_factory=RawRouting)
+    database: RawDatabase = msgspec.field(default_factory=RawDatabase)
+    jobs: RawJobs = msgspec.field(default_factory=RawJobs)
+    server: RawServer = msgspec.field(default_factory=RawServer)
+    upstream: RawUpstream = msgspec.field(default_factory=RawUpstream)
+    models: dict[str, RawModel] = {}
+
+
+_ONE_AT_A_TIME = "gpulane runs one model at a time"
+_NOT_IMPLEMENTED = "not implemented by gpulane"
+# llama-swap keys we accept and ignore (with a warning), per raw struct.
+IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
+    RawConfig: {
+        "groups": _ONE_AT_A_TIME,
+        "matrix": _ONE_AT_A_TIME,
+        "profiles": _ONE_AT_A_TIME,
+        "selectors": _ONE_AT_A_TIME,
+        "peers": "gpulane does not forward to peers",
+        "performance": _NOT_IMPLEMENTED,
+        "captureBuffer": _NOT_IMPLEMENTED,
+        "logToStdout": _NOT_IMPLEMENTED,
+        "logTimeFormat": _NOT_IMPLEMENTED,
+        "metricsMaxInMemory": "gpulane keeps metrics in the event log",
+        "includeAliasesInList": _NOT_IMPLEMENTED,
+        "store": "use database.path",
+        "ui": _NOT_IMPLEMENTED,
+    },
+    RawModel: {
+        "timeouts": _NOT_IMPLEMENTED,
+        "capabilities": _NOT_IMPLEMENTED,
+    },
+    RawFilters: {"setParamsByID": _NOT_IMPLEMENTED},
+    RawRouting: {"router": _ONE_AT_A_TIME},
+}
+# Structs whose other keys are llama-swap features we skip (hooks other than
+# on_startup) rather than typos, unless they look like a typo of a known key.
+OPEN_STRUCTS: Final[dict[type, str]] = {RawHooks: "gpulane only runs hooks.on_startup"}

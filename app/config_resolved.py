@@ -1,0 +1,60 @@
+"""The resolved shape of a config: what the rest of gpulane reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """One upstream, with every macro expanded and every default applied."""
+
+    id: str
+    cmd: tuple[str, ...]
+    cmd_stop: tuple[str, ...] | None  # may hold a literal ${PID} for the runtime
+    proxy: str  # no trailing slash, e.g. "http://localhost:5800"
+    aliases: tuple[str, ...]
+    env: dict[str, str]
+    check_endpoint: str | None  # None when "none": no readiness check
+    ttl: float  # seconds idle before unloading, 0 = never; merged with globalTTL
+    unload_timeout: float  # seconds between a graceful stop and a kill
+    unlisted: bool
+    use_model_name: str | None
+    name: str | None
+    description: str | None
+    strip_params: tuple[str, ...]
+    set_params: dict[str, Any]
+    concurrency_limit: int
+    metadata: dict[str, Any]
+    port: int | None  # None when cmd does not use ${PORT}
+    fifo_priority: int = 0
+    send_loading_state: bool = False
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    models: dict[str, ModelConfig]  # sorted by id
+    health_check_timeout: float
+    start_port: int
+    log_level: str
+    api_keys: tuple[str, ...]
+    preload: tuple[str, ...]  # resolved model ids
+    send_loading_state: bool
+    scheduler: str  # "serial" | "fifo"
+    aging_divisor: float  # seconds per point of aging; 0 disables aging
+    aging_divisor_ns: int  # exact: Decimal(str(aging_divisor)) * 10**9
+    swap_affinity_bonus: int
+    database_path: str
+    database_synchronous: str  # "full" | "normal"
+    result_retention_s: float
+    max_attempts: int
+    max_body_bytes: int
+    ignore_paths: str  # one regex, for re.search on the upstream path
+    warnings: tuple[str, ...] = ()
+    config_hash: str = ""
+    source: str = "<string>"
+    name_index: dict[str, str] = {}  # id or alias -> id
+
+    def resolve_model(self, name: str) -> str | None:
+        """The model id a request's `model` names (its id or an alias), or None."""
+        return self.name_index.get(name)

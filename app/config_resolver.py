@@ -1,0 +1,524 @@
+"""Resolving a decoded `RawConfig` into `Config`/`ModelConfig`.
+
+Macros are expanded, ports assigned and defaults merged; every problem goes
+to the shared `Issues` so the caller can report them all at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import msgspec
+
+from app.config_check import Issues, join_path
+from app.config_raw import (
+    DEFAULT_AGING_DIVISOR,
+    DEFAULT_RESULT_RETENTION_S,
+    DEFAULT_UNLOAD_TIMEOUT,
+    RawAlias,
+    RawConfig,
+    RawModel,
+)
+from app.config_resolved import Config, ModelConfig
+from app.macros import (
+    NAME,
+    RESERVED,
+    Expander,
+    MacroError,
+    MacroValue,
+    split_args,
+    strip_comments,
+)
+
+DEFAULT_CONCURRENCY_LIMIT: Final = 10
+NEVER_MATCHES: Final = r"(?!)"
+DEFAULT_PROXY: Final = "http://localhost:${PORT}"
+
+LOG_LEVELS: Final = ("debug", "info", "warn", "error")
+SCHEDULERS: Final = ("serial", "fifo")
+SYNCHRONOUS: Final = ("full", "normal")
+MAX_AGING_DECIMALS: Final = 9
+_PORT_REF: Final = "${PORT}"
+_ENV_KEY: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DURATION: Final = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
+_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_DURATION_UNITS: Final = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+class Resolver:
+    def __init__(
+        self, raw: RawConfig, data: dict[str, Any], issues: Issues, environ: Mapping[str, str]
+    ) -> None:
+        self.raw = raw
+        self.issues = issues
+        self.environ = environ
+        declared = data.get("models")
+        # Models dropped for errors still count as declared, so a preload
+        # naming one is not also reported as unknown.
+        self.declared: set[str] = (
+            {k for k in declared if isinstance(k, str)} if isinstance(declared, dict) else set()
+        )
+        self.global_origins = {name: join_path("macros", name) for name in raw.macros}
+
+    def run(self) -> Config:
+        raw = self.raw
+        self._check_macro_names(raw.macros, "macros")
+        self._check_global_macros()
+        global_ttl = self._non_negative(raw.global_ttl, "globalTTL", "seconds >= 0 (0 = never)")
+        unload = self._non_negative(raw.unload_timeout, "unloadTimeout", "seconds >= 0")
+        unload = unload or DEFAULT_UNLOAD_TIMEOUT  # llama-swap: 0 means the default
+        start_port = raw.start_port
+        if not 1 <= start_port <= 65535:
+            self.issues.error("startPort", f"{start_port} is out of range; expected 1..65535")
+        scheduler = self._choice(raw.routing.scheduler.use, "routing.scheduler.use", SCHEDULERS)
+        fifo = self._fifo_priorities()
+
+        models: dict[str, ModelConfig] = {}
+        next_port = start_port
+        for model_id in sorted(raw.models):
+            model = self._model(model_id, raw.models[model_id], next_port, global_ttl, unload)
+            models[model_id] = msgspec.structs.replace(model, fifo_priority=fifo.get(model_id, 0))
+            if model.port is not None:
+                next_port += 1
+        if next_port - 1 > 65535 and 1 <= start_port <= 65535:
+            self.issues.error(
+                "startPort",
+                f"{start_port} leaves too few ports: {next_port - start_port} models use ${{PORT}} "
+                "and ports end at 65535",
+            )
+        name_index = self._name_index(models)
+        self._check_fifo_keys(fifo, name_index)
+
+        serial = raw.routing.scheduler.settings.serial
+        aging_divisor, aging_divisor_ns = self._aging_divisor(serial.aging_divisor)
+        bonus = serial.swap_affinity_bonus
+        if not 0 <= bonus <= 99:
+            self.issues.error(
+                "routing.scheduler.settings.serial.swapAffinityBonus",
+                f"{bonus} is out of range; expected an integer 0..99 "
+                "(bounded below 100 so affinity never crosses a priority band)",
+            )
+        return Config(
+            models=models,
+            health_check_timeout=self._positive(
+                raw.health_check_timeout, "healthCheckTimeout", "seconds > 0"
+            ),
+            start_port=start_port,
+            log_level=self._choice(raw.log_level, "logLevel", LOG_LEVELS),
+            api_keys=self._api_keys(),
+            preload=self._preload(name_index),
+            send_loading_state=raw.send_loading_state,
+            scheduler=scheduler,
+            aging_divisor=aging_divisor,
+            aging_divisor_ns=aging_divisor_ns,
+            swap_affinity_bonus=bonus,
+            database_path=self._database_path(),
+            database_synchronous=self._choice(
+                raw.database.synchronous, "database.synchronous", SYNCHRONOUS
+            ),
+            result_retention_s=self._retention(raw.jobs.result_retention),
+            max_attempts=self._max_attempts(),
+            max_body_bytes=self._max_body_bytes(),
+            ignore_paths=self._ignore_paths(),
+            name_index=name_index,
+        )
+
+    # -- models
+
+    def _model(
+        self, model_id: str, m: RawModel, next_port: int, global_ttl: float, unload: float
+    ) -> ModelConfig:
+        path = join_path("models", model_id)
+        self._check_macro_names(m.macros, f"{path}.macros")
+        table: dict[str, MacroValue] = {**self.raw.macros, **m.macros}
+        origins = {**self.global_origins, **{n: join_path(f"{path}.macros", n) for n in m.macros}}
+        builtins: dict[str, MacroValue] = {"MODEL_ID": model_id}
+
+        def expander(keep: frozenset[str]) -> Expander:
+            return Expander(
+                table, environ=self.environ, origins=origins, builtins=builtins, keep=keep
+            )
+
+        plain = expander(frozenset({"PORT"}))
+        stop = expander(frozenset({"PORT", "PID"}))
+
+        cmd_text = self._expand(plain, strip_comments(m.cmd), f"{path}.cmd")
+        # A cmd that failed to expand may well use ${PORT}; assuming so avoids
+        # a second, misleading error about the proxy.
+        port = next_port if cmd_text is None or _PORT_REF in cmd_text else None
+
+        def with_port(text: str | None, where: str) -> str | None:
+            if text is None or _PORT_REF not in text:
+                return text
+            if port is None:
+                self.issues.error(
+                    where, "uses ${PORT} but cmd does not, so this model has no port assigned"
+                )
+                return None
+            return text.replace(_PORT_REF, str(port))
+
+        cmd = self._argv(with_port(cmd_text, f"{path}.cmd"), f"{path}.cmd")
+        if cmd == ():
+            self.issues.error(f"{path}.cmd", "is empty")
+        cmd_stop: tuple[str, ...] | None = None
+        if m.cmd_stop.strip():
+            stop_text = self._expand(stop, strip_comments(m.cmd_stop), f"{path}.cmdStop")
+            cmd_stop = self._argv(with_port(stop_text, f"{path}.cmdStop"), f"{path}.cmdStop")
+
+        return ModelConfig(
+            id=model_id,
+            cmd=cmd or (),
+            cmd_stop=cmd_stop or None,
+            proxy=self._proxy(m, plain, port, path),
+            aliases=self._aliases(m, path),
+            env=self._env(m, plain, with_port, path),
+            check_endpoint=self._check_endpoint(m, plain, with_port, path),
+            ttl=self._ttl(m.ttl, global_ttl, f"{path}.ttl"),
+            unload_timeout=self._model_unload(m.unload_timeout, unload, f"{path}.unloadTimeout"),
+            unlisted=m.unlisted,
+            use_model_name=m.use_model_name or None,
+            name=m.name or None,
+            description=m.description or None,
+            strip_params=self._strip_params(m, plain, path),
+            set_params=self._set_params(m, path),
+            concurrency_limit=self._concurrency(m.concurrency_limit, f"{path}.concurrencyLimit"),
+            metadata=self._metadata(m.metadata, plain, with_port, f"{path}.metadata"),
+            port=port,
+            send_loading_state=(
+                self.raw.send_loading_state
+                if m.send_loading_state is None
+                else m.send_loading_state
+            ),
+        )
+
+    def _expand(self, expander: Expander, text: str, where: str) -> str | None:
+        try:
+            return expander.expand(text)
+        except MacroError as exc:
+            for location, message in exc.problems:
+                self.issues.error(location or where, message)
+            return None
+
+    def _argv(self, text: str | None, where: str) -> tuple[str, ...] | None:
+        if text is None:
+            return None
+        try:
+            return tuple(split_args(text))
+        except ValueError as exc:
+            self.issues.error(where, f"cannot split into arguments: {exc}")
+            return None
+
+    def _proxy(self, m: RawModel, expander: Expander, port: int | None, path: str) -> str:
+        where = f"{path}.proxy"
+        text = self._expand(expander, m.proxy if m.proxy is not None else DEFAULT_PROXY, where)
+        if text is None:
+            return ""
+        if _PORT_REF in text:
+            if port is None:
+                if m.proxy is None:
+                    self.issues.error(
+                        where,
+                        f"not set, and the default {DEFAULT_PROXY} needs cmd to use ${{PORT}}; "
+                        "set proxy to the URL the upstream listens on",
+                    )
+                else:
+                    self.issues.error(where, "uses ${PORT} but cmd does not use ${PORT}")
+                return ""
+            text = text.replace(_PORT_REF, str(port))
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            self.issues.error(where, f"{text!r} is not an http:// or https:// URL with a host")
+        return text.rstrip("/")
+
+    def _aliases(self, m: RawModel, path: str) -> tuple[str, ...]:
+        out: list[str] = []
+        for i, alias in enumerate(m.aliases):
+            where = f"{path}.aliases[{i}]"
+            if isinstance(alias, RawAlias):
+                for key in ("name", "unlisted"):
+                    if getattr(alias, key) is not None:
+                        self.issues.warn(f"{where}.{key}", "ignored: aliases are names only")
+                alias = alias.id
+            if not alias.strip():
+                self.issues.error(where, "an alias must not be empty")
+                continue
+            out.append(alias)
+        return tuple(out)
+
+    def _env(self, m: RawModel, expander: Expander, with_port: Any, path: str) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for i, item in enumerate(m.env):
+            where = f"{path}.env[{i}]"
+            key, sep, value = item.partition("=")
+            if not sep or not _ENV_KEY.match(key):
+                self.issues.error(where, f"{item!r} is not KEY=VALUE with KEY a variable name")
+                continue
+            if key in env:
+                self.issues.error(where, f"{key} is set twice")
+                continue
+            expanded = with_port(self._expand(expander, value, where), where)
+            env[key] = expanded if expanded is not None else ""
+        return env
+
+    def _check_endpoint(
+        self, m: RawModel, expander: Expander, with_port: Any, path: str
+    ) -> str | None:
+        where = f"{path}.checkEndpoint"
+        text = with_port(self._expand(expander, m.check_endpoint, where), where)
+        if text is None or text == "none":
+            return None
+        if not text.startswith("/"):
+            self.issues.error(where, f"{text!r} must be a path starting with / or `none`")
+        return str(text)
+
+    def _ttl(self, ttl: float | None, global_ttl: float, where: str) -> float:
+        if ttl is None or ttl == -1:
+            return global_ttl
+        if ttl < 0 or not math.isfinite(ttl):
+            self.issues.error(
+                where, f"{ttl!r} is out of range; expected -1 (use globalTTL), 0 (never) or seconds"
+            )
+            return 0.0
+        return float(ttl)
+
+    def _model_unload(self, value: float | None, default: float, where: str) -> float:
+        if value is None or value == 0:
+            return default
+        return self._non_negative(value, where, "seconds >= 0 (0 = use unloadTimeout)")
+
+    def _strip_params(self, m: RawModel, expander: Expander, path: str) -> tuple[str, ...]:
+        where = f"{path}.filters.stripParams"
+        given = m.filters.strip_params
+        items = given.split(",") if isinstance(given, str) else given
+        out: list[str] = []
+        for item in items:
+            name = (self._expand(expander, item, where) or "").strip()
+            if name == "model":
+                self.issues.warn(where, "`model` is never stripped; entry ignored")
+            elif name and name not in out:
+                out.append(name)
+        return tuple(out)
+
+    def _set_params(self, m: RawModel, path: str) -> dict[str, Any]:
+        params = dict(m.filters.set_params)
+        if params.pop("model", None) is not None:
+            self.issues.warn(f"{path}.filters.setParams.model", "`model` cannot be set; ignored")
+        return params
+
+    def _concurrency(self, value: int, where: str) -> int:
+        if value < 0:
+            self.issues.error(where, f"{value} is out of range; expected an integer >= 0")
+        return value if value > 0 else DEFAULT_CONCURRENCY_LIMIT
+
+    def _metadata(self, value: Any, expander: Expander, with_port: Any, where: str) -> Any:
+        if isinstance(value, str):
+            try:
+                expanded = expander.expand_typed(value)
+            except MacroError as exc:
+                for location, message in exc.problems:
+                    self.issues.error(location or where, message)
+                return value
+            if expanded == _PORT_REF:
+                filled = with_port(expanded, where)
+                return int(filled) if filled is not None else value
+            return with_port(expanded, where) if isinstance(expanded, str) else expanded
+        if isinstance(value, dict):
+            return {
+                k: self._metadata(v, expander, with_port, join_path(where, str(k)))
+                for k, v in value.items()
+            }
+        if isinstance(value, list):
+            return [
+                self._metadata(v, expander, with_port, f"{where}[{i}]") for i, v in enumerate(value)
+            ]
+        return value
+
+    def _name_index(self, models: Mapping[str, ModelConfig]) -> dict[str, str]:
+        index = {model_id: model_id for model_id in self.declared | set(models)}
+        for model_id, model in models.items():
+            for i, alias in enumerate(model.aliases):
+                where = f"{join_path('models', model_id)}.aliases[{i}]"
+                owner = index.get(alias)
+                if alias in self.declared:
+                    self.issues.error(where, f"alias {alias!r} is also a model id")
+                elif owner == model_id:
+                    self.issues.error(where, f"alias {alias!r} is listed twice")
+                elif owner is not None:
+                    self.issues.error(where, f"alias {alias!r} is already an alias of {owner!r}")
+                else:
+                    index[alias] = model_id
+        return index
+
+    # -- top level
+
+    def _check_macro_names(self, macros: Mapping[str, MacroValue], path: str) -> None:
+        for name in macros:
+            where = join_path(path, name)
+            if name in RESERVED:
+                self.issues.error(where, f"{name} is a reserved macro name")
+            elif not NAME.match(name):
+                self.issues.error(
+                    where, "macro names are 1-64 characters of letters, digits, _ and -"
+                )
+
+    def _check_global_macros(self) -> None:
+        # Report broken global macros even when no model uses them.
+        expander = Expander(
+            self.raw.macros,
+            environ=self.environ,
+            origins=self.global_origins,
+            keep=frozenset(RESERVED),
+        )
+        for name in self.raw.macros:
+            self._expand(expander, f"${{{name}}}", self.global_origins[name])
+
+    def _api_keys(self) -> tuple[str, ...]:
+        expander = Expander(self.raw.macros, environ=self.environ, origins=self.global_origins)
+        keys: list[str] = []
+        for i, key in enumerate(self.raw.api_keys):
+            where = f"apiKeys[{i}]"
+            expanded = self._expand(expander, key, where)
+            if expanded is None:
+                continue
+            if not expanded.strip():
+                self.issues.error(where, "an API key must not be empty")
+            else:
+                keys.append(expanded)  # no dedupe: callers are labelled key#N by position
+        return tuple(keys)
+
+    def _preload(self, index: Mapping[str, str]) -> tuple[str, ...]:
+        out: list[str] = []
+        for i, name in enumerate(self.raw.hooks.on_startup.preload):
+            model_id = index.get(name)
+            if model_id is None:
+                self.issues.error(
+                    f"hooks.on_startup.preload[{i}]", self._unknown_model(name, index)
+                )
+            elif model_id not in out:
+                out.append(model_id)
+        return tuple(out)
+
+    def _fifo_priorities(self) -> dict[str, int]:
+        priorities = dict(self.raw.routing.scheduler.settings.fifo.priority)
+        if priorities and self.raw.routing.scheduler.use != "fifo":
+            self.issues.warn(
+                "routing.scheduler.settings.fifo.priority",
+                "only the fifo scheduler uses per-model priority; ignored by serial",
+            )
+        return priorities
+
+    def _check_fifo_keys(self, fifo: Mapping[str, int], index: Mapping[str, str]) -> None:
+        for name in fifo:
+            where = join_path("routing.scheduler.settings.fifo.priority", name)
+            if name in self.declared:
+                continue
+            owner = index.get(name)
+            if owner is not None:
+                self.issues.error(where, f"{name!r} is an alias; use the model id {owner!r}")
+            else:
+                self.issues.error(where, self._unknown_model(name, index))
+
+    def _unknown_model(self, name: str, index: Mapping[str, str]) -> str:
+        close = difflib.get_close_matches(name, list(index), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown model {name!r}{hint}"
+
+    def _aging_divisor(self, value: float) -> tuple[float, int]:
+        where = "routing.scheduler.settings.serial.agingDivisor"
+        allowed = (
+            f"a number >= 0 (0 disables aging) with at most {MAX_AGING_DECIMALS} decimal places"
+        )
+        if not math.isfinite(value) or value < 0:
+            self.issues.error(where, f"{value!r} is out of range; expected {allowed}")
+            return DEFAULT_AGING_DIVISOR, int(DEFAULT_AGING_DIVISOR) * 10**9
+        # repr is the shortest text that round-trips, i.e. what the user wrote.
+        exact = Decimal(repr(value))
+        exponent = exact.as_tuple().exponent
+        if isinstance(exponent, int) and exponent < -MAX_AGING_DECIMALS:
+            self.issues.error(
+                where,
+                f"{value!r} has too many decimal places; expected {allowed} "
+                "so it converts exactly to integer nanoseconds",
+            )
+            return DEFAULT_AGING_DIVISOR, int(DEFAULT_AGING_DIVISOR) * 10**9
+        return value, int(exact * 10**9)
+
+    def _retention(self, value: float | str) -> float:
+        where = "jobs.resultRetention"
+        allowed = 'seconds > 0, or a duration like "7d", "12h", "30m", "45s" or "1d12h"'
+        if isinstance(value, str):
+            text = value.strip()
+            if not _DURATION.match(text):
+                self.issues.error(where, f"{value!r} is not a duration; expected {allowed}")
+                return DEFAULT_RESULT_RETENTION_S
+            seconds = sum(
+                float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text)
+            )
+        else:
+            seconds = float(value)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.issues.error(where, f"{value!r} is out of range; expected {allowed}")
+            return DEFAULT_RESULT_RETENTION_S
+        return seconds
+
+    def _max_attempts(self) -> int:
+        value = self.raw.jobs.max_attempts
+        if value < 1:
+            self.issues.error(
+                "jobs.maxAttempts", f"{value} is out of range; expected an integer >= 1"
+            )
+        return value
+
+    def _max_body_bytes(self) -> int:
+        value = self.raw.server.max_body_bytes
+        if value <= 0:
+            self.issues.error(
+                "server.maxBodyBytes", f"{value} is out of range; expected an integer > 0"
+            )
+        return value
+
+    def _database_path(self) -> str:
+        path = self.raw.database.path
+        if not path.strip():
+            self.issues.error("database.path", "must not be empty")
+        return path
+
+    def _ignore_paths(self) -> str:
+        given = self.raw.upstream.ignore_paths
+        patterns = [given] if isinstance(given, str) else list(given)
+        patterns = [p for p in patterns if p]
+        for i, pattern in enumerate(patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                where = "upstream.ignorePaths" + ("" if isinstance(given, str) else f"[{i}]")
+                self.issues.error(where, f"{pattern!r} is not a valid regex: {exc}")
+        if not patterns:
+            return NEVER_MATCHES  # an empty list or string ignores nothing
+        if len(patterns) == 1:
+            return patterns[0]
+        return "|".join(f"(?:{p})" for p in patterns)
+
+    def _choice(self, value: str, where: str, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            self.issues.error(
+                where, f"{value!r} is not allowed; expected one of {', '.join(allowed)}"
+            )
+        return value
+
+    def _positive(self, value: float, where: str, allowed: str) -> float:
+        if not math.isfinite(value) or value <= 0:
+            self.issues.error(where, f"{value!r} is out of range; expected {allowed}")
+        return float(value)
+
+    def _non_negative(self, value: float, where: str, allowed: str) -> float:
+        if not math.isfinite(value) or value < 0:
+            self.issues.error(where, f"{value!r} is out of range; expected {allowed}")
+            return 0.0
+        return float(value)
