@@ -26,7 +26,14 @@ from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket, new_req
 from app.runtime.upstream import UpstreamStartError
 from app.runtime.usage import UsageSniffer
 from app.web.errors import send_error
-from app.web.request_body import BadRequest, form_model, json_model, read_body, rewrite
+from app.web.request_body import (
+    BadRequest,
+    form_model,
+    json_model,
+    read_body,
+    rename_form_model,
+    rewrite,
+)
 
 if TYPE_CHECKING:
     from app.web.jobs import JobRunner
@@ -91,7 +98,9 @@ class Proxy:
                     "model_not_found",
                 )
             spec = self.config.models[model]
-            if doc is not None:
+            if doc is None and spec.use_model_name and spec.use_model_name != model_requested:
+                body = rename_form_model(body, headers["content-type"], spec.use_model_name)
+            elif doc is not None:
                 changed = rewrite(doc, spec)
                 if changed is not None:
                     body = json.dumps(changed).encode()

@@ -55,6 +55,38 @@ def json_model(body: bytes) -> tuple[dict[str, Any], str]:
 
 def form_model(body: bytes, content_type: str) -> str:
     """The `model` field of a multipart/form-data body."""
+    sections = _form_sections(body, content_type)
+    for i in _model_sections(sections):
+        model = sections[i].partition(b"\r\n\r\n")[2].rsplit(b"\r\n", 1)[0]
+        text = model.decode("utf-8", "replace").strip()
+        if text:
+            return text
+    raise BadRequest(400, "form has no 'model' field", "missing_model")
+
+
+def rename_form_model(body: bytes, content_type: str, model: str) -> bytes:
+    """The body with its `model` field set to `model` (useModelName); other parts untouched."""
+    sections = _form_sections(body, content_type)
+    for i in _model_sections(sections):
+        head = sections[i].partition(b"\r\n\r\n")[0]
+        sections[i] = head + b"\r\n\r\n" + model.encode() + b"\r\n"
+    return _form_delimiter(content_type).join(sections)
+
+
+def _model_sections(sections: list[bytes]) -> list[int]:
+    found = []
+    for i, section in enumerate(sections[1:], start=1):
+        head, sep, _ = section.partition(b"\r\n\r\n")
+        if sep and b'name="model"' in head.lower():
+            found.append(i)
+    return found
+
+
+def _form_sections(body: bytes, content_type: str) -> list[bytes]:
+    return body.split(_form_delimiter(content_type))
+
+
+def _form_delimiter(content_type: str) -> bytes:
     boundary: str | None = None
     for part in content_type.split(";"):
         key, _, value = part.strip().partition("=")
@@ -64,16 +96,7 @@ def form_model(body: bytes, content_type: str) -> str:
         raise BadRequest(
             400, "expected a multipart/form-data body with a 'model' field", "invalid_form"
         )
-    delimiter = b"--" + boundary.encode()
-    for section in body.split(delimiter)[1:]:
-        head, sep, raw = section.partition(b"\r\n\r\n")
-        if not sep:
-            continue
-        if b'name="model"' in head.lower():
-            model = raw.rsplit(b"\r\n", 1)[0].decode("utf-8", "replace").strip()
-            if model:
-                return model
-    raise BadRequest(400, "form has no 'model' field", "missing_model")
+    return b"--" + boundary.encode()
 
 
 def rewrite(doc: dict[str, Any], spec: Any) -> dict[str, Any] | None:
