@@ -1,8 +1,10 @@
 """The run loop: owns the scheduler state, calls the pure core, records, acts.
 
-Every public method is synchronous and never awaits, so each one runs to the
-end on the event loop before anything else touches the state: these calls are
-the messages, the event loop is the mailbox, and no lock is needed. Slow work
+Every public method but two is synchronous and never awaits, so each one runs
+to the end on the event loop before anything else touches the state: these
+calls are the messages, the event loop is the mailbox, and no lock is needed.
+The two async ones (`reload_crashed`, `shutdown`) read the state again after
+each await and change it only in the synchronous stretches between. Slow work
 (loading a model, stopping one, proxying a response) runs in tasks that report
 back by calling these methods.
 """
@@ -167,17 +169,15 @@ class Scheduler:
         request = self.state.requests.get(request_id)
         if request is None or request.running:
             return False
-        self._end(
-            ev.RequestCancelled(at=self.clock(), request_id=request_id, reason=reason), "cancelled"
-        )
+        self._end(ev.RequestCancelled(at=self.clock(), request_id=request_id, reason=reason))
         return True
 
     def started(self, request_id: str) -> None:
         self.emit([ev.RequestStarted(at=self.clock(), request_id=request_id)])
 
-    def finish(self, event: ev.AnyEvent, status: str) -> None:
+    def finish(self, event: ev.AnyEvent) -> None:
         """A dispatched request ended (completed, failed or cancelled)."""
-        self._end(event, status)
+        self._end(event)
 
     def unload(self, model: str | None, reason: ev.StopReason = "unload") -> list[str]:
         """Stop idle upstreams (all, or one model); busy ones are left running."""
@@ -246,7 +246,7 @@ class Scheduler:
 
     # -- internals -----------------------------------------------------------
 
-    def _end(self, event: ev.AnyEvent, status: str) -> None:
+    def _end(self, event: ev.AnyEvent) -> None:
         request_id = ev.request_id_of(event)
         assert request_id is not None
         request = self.state.requests.get(request_id)
@@ -256,6 +256,7 @@ class Scheduler:
         if ticket is not None and not ticket.ready.done():
             ticket.ready.cancel()
         if request is not None:
+            status = ev.type_name(event).removeprefix("request_")  # completed, failed, ...
             self.metrics.observe_finish(band_of(request.priority), status)
             self._last_used[request.model] = time.monotonic()
             self._arm_ttl(request.model)
@@ -353,9 +354,7 @@ class Scheduler:
                 ticket = self.tickets.get(rid)
                 if ticket is not None and not ticket.ready.done():
                     ticket.ready.set_exception(UpstreamStartError(error))
-                self._end(
-                    ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502), "failed"
-                )
+                self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502))
         self.pump()
 
     def _stop(self, model: str, reason: ev.StopReason) -> None:

@@ -281,8 +281,7 @@ class Proxy:
             self.scheduler.finish(
                 ev.RequestFailed(
                     at=self.scheduler.clock(), request_id=rid, error=message, http_status=502
-                ),
-                "failed",
+                )
             )
             await send_error(
                 send, 502, message, code="upstream_error", headers=_ticket_headers(ticket)
@@ -316,8 +315,7 @@ class Proxy:
                     request_id=rid,
                     error=f"upstream ended the response early: {type(exc).__name__}: {exc}",
                     http_status=response.status_code,
-                ),
-                "failed",
+                )
             )
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -339,8 +337,7 @@ class Proxy:
                 input_tokens=tokens_in,
                 output_tokens=tokens_out,
                 tokens_per_second=tps,
-            ),
-            "completed",
+            )
         )
 
     async def _send_progress(
@@ -389,7 +386,7 @@ class Proxy:
             not self.scheduler.cancel(request_id, "client_gone")
             and request_id in self.scheduler.state.requests
         ):
-            self.scheduler.finish(event, "cancelled")
+            self.scheduler.finish(event)
 
     def _reject(
         self,
