@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         cmd = db_commands.add_parser(name, help=text)
         cmd.add_argument("--db", default="gpulane.db", help="SQLite database path")
+    backup = db_commands.add_parser(
+        "backup", help="consistent copy of the database, safe while gpulane is serving"
+    )
+    backup.add_argument(
+        "file", metavar="FILE", help="where to write the copy (replaced if present)"
+    )
+    backup.add_argument("--db", default="gpulane.db", help="SQLite database path")
 
     explain = commands.add_parser(
         "explain", help="why a request waited: its whole story from the event log"
@@ -70,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "db":
         from app.store import commands
 
+        if args.db_command == "backup":
+            return commands.backup(args.db, args.file)
         return int(getattr(commands, args.db_command)(args.db))
     if args.command == "explain":
         from app.report.commands import explain_command

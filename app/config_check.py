@@ -131,7 +131,7 @@ class Walker:
                 if cls in self.open_structs and close is None:
                     self.issues.warn(key_path, f"llama-swap key ignored: {self.open_structs[cls]}")
                 else:
-                    self.issues.error(key_path, _unknown_key(close, fields))
+                    self.issues.error(key_path, _unknown_key(close, fields, ignored))
         missing = [name for name, f in fields.items() if f.required and name not in value]
         for name in missing:
             self.issues.error(join_path(path, name), "required key is missing")
@@ -163,10 +163,16 @@ def _closest(key: str, known: list[str]) -> str | None:
     return close[0] if close else None
 
 
-def _unknown_key(close: str | None, fields: Mapping[str, Any]) -> str:
+def _unknown_key(close: str | None, fields: Mapping[str, Any], ignored: Mapping[str, str]) -> str:
     if close is not None:
         return f"unknown key; did you mean {close!r}?"
-    return f"unknown key; allowed keys: {', '.join(sorted(fields))}"
+    known = []
+    if fields:
+        known.append(f"allowed keys: {', '.join(sorted(fields))}")
+    if ignored:
+        # compat has no key gpulane uses, but its llama-swap keys still load.
+        known.append(f"llama-swap keys accepted and ignored: {', '.join(sorted(ignored))}")
+    return "unknown key; " + "; ".join(known)
 
 
 def _type_error(path: str, value: Any, message: str) -> tuple[str, str]:

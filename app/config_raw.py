@@ -22,6 +22,14 @@ DEFAULT_DATABASE_PATH: Final = "gpulane.db"
 DEFAULT_RESULT_RETENTION_S: Final = 7 * 24 * 3600.0
 DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+# Limits on one forwarded request, in seconds. Generous on purpose: a
+# 16-minute non-streaming render must finish, and so must a streamed one that
+# sends its headers first and then nothing until the end.
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+DEFAULT_RESPONSE_HEADER_TIMEOUT: Final = 3600.0
+DEFAULT_MAX_RUN_TIME: Final = 7200.0
+DEFAULT_STREAM_IDLE_TIMEOUT: Final = 1200.0
+DEFAULT_SHUTDOWN_GRACE: Final = 30.0
 # Static assets a web UI behind /upstream/<model>/ asks for; they must not
 # trigger a swap. Anchored, so re.search and re.match agree.
 DEFAULT_IGNORE_PATHS: Final = (
@@ -45,6 +53,18 @@ class RawFilters(_Raw, frozen=True):
     set_params: dict[str, Any] = {}
 
 
+class RawTimeouts(_Raw, frozen=True):
+    # llama-swap reads whole seconds (Go ints), 0 = no limit; unset = gpulane's
+    # default. Numbers with a fraction are accepted too.
+    connect: float | None = None
+    response_header: float | None = None
+
+
+class RawCompat(_Raw, frozen=True):
+    # llama-swap's only compat key, ignoreWebsockets, is in IGNORED_KEYS.
+    pass
+
+
 class RawModel(_Raw, frozen=True):
     cmd: str
     cmd_stop: str = ""
@@ -63,6 +83,11 @@ class RawModel(_Raw, frozen=True):
     metadata: dict[str, Any] = {}
     macros: dict[str, MacroValue] = {}
     send_loading_state: bool | None = None
+    timeouts: RawTimeouts = msgspec.field(default_factory=RawTimeouts)
+    compat: RawCompat = msgspec.field(default_factory=RawCompat)
+    # gpulane only: unset = the top-level value.
+    max_run_time: float | str | None = None
+    stream_idle_timeout: float | str | None = None
 
 
 class RawOnStartup(_Raw, frozen=True):
@@ -122,6 +147,10 @@ class RawConfig(_Raw, frozen=True):
     global_ttl: float = msgspec.field(default=0.0, name="globalTTL")
     unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT
     send_loading_state: bool = False
+    # gpulane only: defaults for every model, and the grace period on SIGTERM.
+    max_run_time: float | str = DEFAULT_MAX_RUN_TIME
+    stream_idle_timeout: float | str = DEFAULT_STREAM_IDLE_TIMEOUT
+    shutdown_grace: float | str = DEFAULT_SHUTDOWN_GRACE
     macros: dict[str, MacroValue] = {}
     api_keys: list[str] = []
     hooks: RawHooks = msgspec.field(default_factory=RawHooks)
@@ -152,9 +181,15 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
         "store": "use database.path",
         "ui": _NOT_IMPLEMENTED,
     },
-    RawModel: {
-        "timeouts": _NOT_IMPLEMENTED,
-        "capabilities": _NOT_IMPLEMENTED,
+    RawModel: {"capabilities": _NOT_IMPLEMENTED},
+    RawTimeouts: {
+        "keepalive": "gpulane sets no TCP keep-alive; streamIdleTimeout ends a silent upstream",
+        "tlsHandshake": "the TLS handshake counts toward timeouts.connect",
+        "expectContinue": "gpulane sends the body without waiting for 100 Continue",
+        "idleConn": "idle upstream connections are pooled for all models alike",
+    },
+    RawCompat: {
+        "ignoreWebsockets": "gpulane does not proxy websockets, so none ever holds a model",
     },
     RawFilters: {"setParamsByID": _NOT_IMPLEMENTED},
     RawRouting: {"router": _ONE_AT_A_TIME},

@@ -6,6 +6,14 @@ from typing import Any
 
 import msgspec
 
+from app.config_raw import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_RUN_TIME,
+    DEFAULT_RESPONSE_HEADER_TIMEOUT,
+    DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_STREAM_IDLE_TIMEOUT,
+)
+
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """One upstream, with every macro expanded and every default applied."""
@@ -30,6 +38,15 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int | None  # None when cmd does not use ${PORT}
     fifo_priority: int = 0
     send_loading_state: bool = False
+    # Limits on one forwarded request, in seconds; None = no limit.
+    connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT
+    """Connecting to the upstream (TLS included): `timeouts.connect`."""
+    response_header_timeout: float | None = DEFAULT_RESPONSE_HEADER_TIMEOUT
+    """From sending the request to the upstream's response headers: `timeouts.responseHeader`."""
+    max_run_time: float | None = DEFAULT_MAX_RUN_TIME
+    """The whole run, from dispatch to the last byte: `maxRunTime`."""
+    stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT
+    """The longest silence between body chunks once the response started: `streamIdleTimeout`."""
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +67,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int
     max_body_bytes: int
     ignore_paths: str  # one regex, for re.search on the upstream path
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    """Seconds running work may take to finish after SIGTERM before upstreams are stopped."""
     warnings: tuple[str, ...] = ()
     config_hash: str = ""
     source: str = "<string>"

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
@@ -19,7 +19,12 @@ import msgspec
 from app.config_check import Issues, join_path
 from app.config_raw import (
     DEFAULT_AGING_DIVISOR,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_RUN_TIME,
+    DEFAULT_RESPONSE_HEADER_TIMEOUT,
     DEFAULT_RESULT_RETENTION_S,
+    DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_STREAM_IDLE_TIMEOUT,
     DEFAULT_UNLOAD_TIMEOUT,
     RawAlias,
     RawConfig,
@@ -49,6 +54,12 @@ _ENV_KEY: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION: Final = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
 _DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _DURATION_UNITS: Final = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_DURATION_FORMS: Final = 'a duration like "7d", "12h", "30m", "45s" or "1d12h"'
+
+
+class _RunLimits(NamedTuple):
+    max_run_time: float | None
+    stream_idle_timeout: float | None
 
 
 class Resolver:
@@ -78,11 +89,20 @@ class Resolver:
             self.issues.error("startPort", f"{start_port} is out of range; expected 1..65535")
         scheduler = self._choice(raw.routing.scheduler.use, "routing.scheduler.use", SCHEDULERS)
         fifo = self._fifo_priorities()
+        # Every model's default; the model's own key overrides it.
+        run_limits = _RunLimits(
+            max_run_time=self._limit(raw.max_run_time, "maxRunTime", DEFAULT_MAX_RUN_TIME),
+            stream_idle_timeout=self._limit(
+                raw.stream_idle_timeout, "streamIdleTimeout", DEFAULT_STREAM_IDLE_TIMEOUT
+            ),
+        )
 
         models: dict[str, ModelConfig] = {}
         next_port = start_port
         for model_id in sorted(raw.models):
-            model = self._model(model_id, raw.models[model_id], next_port, global_ttl, unload)
+            model = self._model(
+                model_id, raw.models[model_id], next_port, global_ttl, unload, run_limits
+            )
             models[model_id] = msgspec.structs.replace(model, fifo_priority=fifo.get(model_id, 0))
             if model.port is not None:
                 next_port += 1
@@ -126,13 +146,20 @@ class Resolver:
             max_attempts=self._max_attempts(),
             max_body_bytes=self._max_body_bytes(),
             ignore_paths=self._ignore_paths(),
+            shutdown_grace=self._shutdown_grace(),
             name_index=name_index,
         )
 
     # -- models
 
     def _model(
-        self, model_id: str, m: RawModel, next_port: int, global_ttl: float, unload: float
+        self,
+        model_id: str,
+        m: RawModel,
+        next_port: int,
+        global_ttl: float,
+        unload: float,
+        run_limits: _RunLimits,
     ) -> ModelConfig:
         path = join_path("models", model_id)
         self._check_macro_names(m.macros, f"{path}.macros")
@@ -194,6 +221,23 @@ class Resolver:
                 self.raw.send_loading_state
                 if m.send_loading_state is None
                 else m.send_loading_state
+            ),
+            # llama-swap's timeouts take numbers only, as llama-swap does.
+            connect_timeout=self._limit(
+                m.timeouts.connect,
+                f"{path}.timeouts.connect",
+                DEFAULT_CONNECT_TIMEOUT,
+                durations=False,
+            ),
+            response_header_timeout=self._limit(
+                m.timeouts.response_header,
+                f"{path}.timeouts.responseHeader",
+                DEFAULT_RESPONSE_HEADER_TIMEOUT,
+                durations=False,
+            ),
+            max_run_time=self._limit(m.max_run_time, f"{path}.maxRunTime", run_limits.max_run_time),
+            stream_idle_timeout=self._limit(
+                m.stream_idle_timeout, f"{path}.streamIdleTimeout", run_limits.stream_idle_timeout
             ),
         )
 
@@ -393,12 +437,18 @@ class Resolver:
         return tuple(keys)
 
     def _preload(self, index: Mapping[str, str]) -> tuple[str, ...]:
+        # As llama-swap: names are trimmed, blank ones dropped, and an unknown
+        # one is skipped so a stale entry never stops gpulane from starting.
         out: list[str] = []
-        for i, name in enumerate(self.raw.hooks.on_startup.preload):
+        for i, given in enumerate(self.raw.hooks.on_startup.preload):
+            name = given.strip()
+            if not name:
+                continue
             model_id = index.get(name)
             if model_id is None:
-                self.issues.error(
-                    f"hooks.on_startup.preload[{i}]", self._unknown_model(name, index)
+                self.issues.warn(
+                    f"hooks.on_startup.preload[{i}]",
+                    self._unknown_model(name, index, ", not preloaded"),
                 )
             elif model_id not in out:
                 out.append(model_id)
@@ -424,10 +474,10 @@ class Resolver:
             else:
                 self.issues.error(where, self._unknown_model(name, index))
 
-    def _unknown_model(self, name: str, index: Mapping[str, str]) -> str:
+    def _unknown_model(self, name: str, index: Mapping[str, str], outcome: str = "") -> str:
         close = difflib.get_close_matches(name, list(index), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"unknown model {name!r}{hint}"
+        return f"unknown model {name!r}{outcome}{hint}"
 
     def _aging_divisor(self, value: float) -> tuple[float, int]:
         where = "routing.scheduler.settings.serial.agingDivisor"
@@ -450,21 +500,51 @@ class Resolver:
         return value, int(exact * 10**9)
 
     def _retention(self, value: float | str) -> float:
-        where = "jobs.resultRetention"
-        allowed = 'seconds > 0, or a duration like "7d", "12h", "30m", "45s" or "1d12h"'
+        allowed = f"seconds > 0, or {_DURATION_FORMS}"
+        seconds = self._seconds(value, "jobs.resultRetention", allowed, positive=True)
+        return DEFAULT_RESULT_RETENTION_S if seconds is None else seconds
+
+    def _limit(
+        self,
+        value: float | str | None,
+        where: str,
+        default: float | None,
+        *,
+        durations: bool = True,
+    ) -> float | None:
+        """A time limit: unset is `default`, 0 is no limit (None)."""
+        if value is None:
+            return default
+        allowed = "seconds >= 0 (0 = no limit)"
+        if durations:
+            allowed += f", or {_DURATION_FORMS}"
+        seconds = self._seconds(value, where, allowed)
+        if seconds is None:
+            return default
+        return seconds or None
+
+    def _shutdown_grace(self) -> float:
+        allowed = f"seconds >= 0 (0 = stop upstreams at once), or {_DURATION_FORMS}"
+        seconds = self._seconds(self.raw.shutdown_grace, "shutdownGrace", allowed)
+        return DEFAULT_SHUTDOWN_GRACE if seconds is None else seconds
+
+    def _seconds(
+        self, value: float | str, where: str, allowed: str, *, positive: bool = False
+    ) -> float | None:
+        """Seconds from a number or a duration string; None (and an error) if bad."""
         if isinstance(value, str):
             text = value.strip()
             if not _DURATION.match(text):
                 self.issues.error(where, f"{value!r} is not a duration; expected {allowed}")
-                return DEFAULT_RESULT_RETENTION_S
+                return None
             seconds = sum(
                 float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text)
             )
         else:
             seconds = float(value)
-        if not math.isfinite(seconds) or seconds <= 0:
-            self.issues.error(where, f"{value!r} is out of range; expected {allowed}")
-            return DEFAULT_RESULT_RETENTION_S
+        if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+            self.issues.error(where, f"{_number(value)} is out of range; expected {allowed}")
+            return None
         return seconds
 
     def _max_attempts(self) -> int:
@@ -522,3 +602,10 @@ class Resolver:
             self.issues.error(where, f"{value!r} is out of range; expected {allowed}")
             return 0.0
         return float(value)
+
+
+def _number(value: float | str) -> str:
+    # YAML's -1 arrives as -1.0 through a float field; show it as written.
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)

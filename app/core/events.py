@@ -17,8 +17,10 @@ from app.core.scoring import Breakdown
 
 __all__ = ["Breakdown"]
 
-StopReason = Literal["evicted", "ttl", "unload", "crashed", "shutdown", "failed_start", "recovered"]
-CancelReason = Literal["client_gone", "explicit"]
+StopReason = Literal[
+    "evicted", "ttl", "unload", "crashed", "shutdown", "failed_start", "recovered", "hung"
+]
+CancelReason = Literal["client_gone", "explicit", "shutdown"]
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
@@ -115,6 +117,8 @@ class RequestStarted(Event, tag="request_started", frozen=True):
     """The request was sent to a ready upstream (after any swap)."""
 
     request_id: str
+    dropped_headers: list[str] = []
+    """Names of request headers not forwarded because HTTP/1.1 cannot carry their value."""
 
 
 class RequestCompleted(Event, tag="request_completed", frozen=True):

@@ -1,7 +1,10 @@
 """Priority header parsing and band labels.
 
 The number is the interface: callers compose band + per-user offset themselves,
-so any signed integer is a valid priority and nothing is clamped.
+so any signed 64-bit integer is a valid priority and nothing is clamped. Wider
+values parse as 0, as in the llama-swap fork (a 64-bit parse; unparseable is 0):
+that bound is also what keeps the score's floats finite and every priority
+storable in SQLite's INTEGER.
 """
 
 from __future__ import annotations
@@ -16,13 +19,21 @@ ALIASES: Final[dict[str, int]] = {"interactive": 100, "normal": 0, "batch": -100
 
 _ASCII_DIGITS: Final = frozenset("0123456789")
 
+MIN_PRIORITY: Final = -(2**63)
+MAX_PRIORITY: Final = 2**63 - 1
+
+# Both bounds have 19 digits; more after the leading zeros is out of range, so
+# int() never sees (or spends time on) thousands of digits.
+_MAX_DIGITS: Final = len(str(MAX_PRIORITY))
+
 
 def parse_priority(value: str | None) -> int:
     """Parse an `X-LlamaSwap-Priority` value; anything unparseable is 0.
 
     Accepts an optional sign then ASCII digits (surrounding whitespace ignored),
-    or an alias. `1e3`, `0x10`, non-ASCII digits and the empty string are 0:
-    a malformed header must never fail a request or change its band by accident.
+    or an alias. `1e3`, `0x10`, non-ASCII digits, the empty string and values
+    outside [-2^63, 2^63 - 1] are 0: a malformed header must never fail a
+    request or change its band by accident.
     """
     if value is None:
         return 0
@@ -30,14 +41,16 @@ def parse_priority(value: str | None) -> int:
     alias = ALIASES.get(text.lower())
     if alias is not None:
         return alias
+    negative = text[:1] == "-"
     digits = text[1:] if text[:1] in ("+", "-") else text
     # str.isdigit() accepts non-ASCII digits such as "٣"; the header is ASCII only.
     if not digits or not set(digits) <= _ASCII_DIGITS:
         return 0
-    try:
-        return int(text)
-    except ValueError:  # more digits than int() converts (sys.int_max_str_digits, 4300)
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > _MAX_DIGITS:
         return 0
+    number = -int(significant) if negative else int(significant)
+    return number if MIN_PRIORITY <= number <= MAX_PRIORITY else 0
 
 
 def band_of(priority: int) -> Band:

@@ -1,12 +1,21 @@
 """The run loop: owns the scheduler state, calls the pure core, records, acts.
 
-Every public method but two is synchronous and never awaits, so each one runs
+Every public method but a few is synchronous and never awaits, so each one runs
 to the end on the event loop before anything else touches the state: these
 calls are the messages, the event loop is the mailbox, and no lock is needed.
-The two async ones (`reload_crashed`, `shutdown`) read the state again after
-each await and change it only in the synchronous stretches between. Slow work
-(loading a model, stopping one, proxying a response) runs in tasks that report
-back by calling these methods.
+The async ones (`reload_crashed`, `drain`, `shutdown`) read the
+state again after each await and change it only in the synchronous stretches
+between. Slow work (loading a model, stopping one, proxying a response) runs in
+tasks that report facts back by calling these methods; the scheduler builds the
+events.
+
+The scheduler owns a request from admission to its one terminal event. The task
+serving a request is supervised: if it ends while the request is still open,
+whatever happened becomes the request's recorded failure. A run past its
+model's `maxRunTime` is failed and its upstream restarted; an operator can
+cancel a running request. Either way the serving task is told through
+`Ticket.detached` and the lane moves on at once, whether or not the upstream
+answers.
 """
 
 from __future__ import annotations
@@ -54,7 +63,19 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Refused(Exception):
-    """Admission refused (e.g. the event log cannot be written): answer 503."""
+    """Admission refused (the event log cannot be written, shutting down): answer 503."""
+
+
+class Detached(msgspec.Struct, frozen=True):
+    """Why the scheduler took a request away from the task serving it, and what
+    that task should answer its client (OpenAI error shape)."""
+
+    status: int
+    code: str
+    message: str
+
+
+_SHUTTING_DOWN = "gpulane is shutting down; retry in a moment"
 
 
 class Ticket:
@@ -62,6 +83,7 @@ class Ticket:
 
     __slots__ = (
         "request_id",
+        "model",
         "band",
         "priority",
         "enqueued_ns",
@@ -69,10 +91,12 @@ class Ticket:
         "committed",
         "score",
         "queue_wait_ms",
+        "detached",
     )
 
-    def __init__(self, request_id: str, priority: int, enqueued_ns: int) -> None:
+    def __init__(self, request_id: str, model: str, priority: int, enqueued_ns: int) -> None:
         self.request_id = request_id
+        self.model = model
         self.priority = priority
         self.band = band_of(priority)
         self.enqueued_ns = enqueued_ns
@@ -81,6 +105,9 @@ class Ticket:
         """Resolves when the enqueue is on disk (durable jobs wait for it)."""
         self.score: float | None = None
         self.queue_wait_ms: float | None = None
+        self.detached: asyncio.Future[Detached] = asyncio.get_running_loop().create_future()
+        """Set when the scheduler ends or re-queues the request on its own
+        (time limit, operator, shutdown): the serving task stops and answers this."""
 
 
 def new_request_id() -> str:
@@ -115,6 +142,12 @@ class Scheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_used: dict[str, float] = {}
         self.running_since: dict[str, int] = {}
+        self._served_by: dict[str, asyncio.Task[Any]] = {}
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._uncommitted: set[str] = set()
+        """Durable enqueues not yet on disk: they may not be dispatched until they are."""
+        self.draining = False
+        self._idle: asyncio.Future[None] | None = None
 
     # -- messages ------------------------------------------------------------
 
@@ -133,16 +166,39 @@ class Scheduler:
         """Put back a request that is already in the log (recovery): applied, not recorded."""
         apply(self.state, enqueued)
         at = enqueued.enqueued_at if enqueued.enqueued_at is not None else enqueued.at
-        ticket = Ticket(enqueued.request_id, enqueued.priority, at)
+        ticket = Ticket(enqueued.request_id, enqueued.model, enqueued.priority, at)
         self.tickets[ticket.request_id] = ticket
         return ticket
 
     def admit(self, admission: Admission) -> Ticket:
-        """Queue a request (RequestEnqueued) and dispatch whatever can run now."""
+        """Queue a request (RequestEnqueued) and dispatch whatever can run now.
+
+        A durable job is not dispatched until its enqueue is on disk, and if
+        that commit fails it leaves no trace in the queue: its caller awaits
+        `ticket.committed` (StoreError when the commit failed) before answering."""
+        ticket = self._enqueue(admission)
+        if admission.durable:
+            rid = ticket.request_id
+            self._uncommitted.add(rid)
+
+            def on_commit(fut: asyncio.Future[list[int]]) -> None:
+                self._uncommitted.discard(rid)
+                if fut.cancelled() or fut.exception() is not None:
+                    self._withdraw(rid)
+                self.pump()
+
+            assert ticket.committed is not None
+            ticket.committed.add_done_callback(on_commit)
+        self.pump()
+        return ticket
+
+    def _enqueue(self, admission: Admission) -> Ticket:
+        if self.draining:
+            raise Refused(_SHUTTING_DOWN)
         if self.store.failure is not None:
             raise Refused(f"the event log cannot be written: {self.store.failure}")
         now = self.clock()
-        ticket = Ticket(new_request_id(), admission.priority, now)
+        ticket = Ticket(new_request_id(), admission.model, admission.priority, now)
         self.tickets[ticket.request_id] = ticket
         ticket.committed = self.emit(
             [
@@ -161,8 +217,98 @@ class Scheduler:
                 )
             ]
         )
-        self.pump()
         return ticket
+
+    def _withdraw(self, request_id: str) -> None:
+        """Forget a request whose enqueue never reached the disk. Applied, not
+        recorded: the log never held it, so state and log agree again."""
+        apply(
+            self.state,
+            ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="explicit"),
+        )
+        ticket = self.tickets.pop(request_id, None)
+        if ticket is not None and not ticket.ready.done():
+            ticket.ready.cancel()
+
+    def reject(
+        self,
+        endpoint: str,
+        status: int,
+        message: str,
+        model: str | None,
+        priority: int,
+        caller: str | None,
+    ) -> None:
+        """A request refused at admission: recorded so every request seen has a row."""
+        self.emit(
+            [
+                ev.RequestRejected(
+                    at=self.clock(),
+                    request_id=new_request_id(),
+                    endpoint=endpoint,
+                    http_status=status,
+                    error=message,
+                    model_requested=model,
+                    priority=priority,
+                    band=band_of(priority),
+                    caller=caller,
+                )
+            ]
+        )
+
+    # -- facts from the task serving a request ---------------------------------
+
+    def supervise(self, request_id: str, task: asyncio.Task[Any]) -> None:
+        """`task` serves this request. If it ends while the request is still
+        open, whatever happened is recorded as the request's end."""
+        self._served_by[request_id] = task
+        task.add_done_callback(lambda t: self._served_task_done(request_id, t))
+
+    def started(self, request_id: str, dropped_headers: Iterable[str] = ()) -> None:
+        if request_id in self.state.running:
+            self.emit(
+                [
+                    ev.RequestStarted(
+                        at=self.clock(),
+                        request_id=request_id,
+                        dropped_headers=list(dropped_headers),
+                    )
+                ]
+            )
+
+    def completed(self, request_id: str, http_status: int, **facts: Any) -> None:
+        """The whole answer went through (facts: RequestCompleted's optional fields)."""
+        if request_id in self.state.running:
+            self._end(
+                ev.RequestCompleted(
+                    at=self.clock(), request_id=request_id, http_status=http_status, **facts
+                )
+            )
+
+    def failed(
+        self, request_id: str, error: str, http_status: int | None, *, hung: bool = False
+    ) -> None:
+        """The request could not be served. `hung`: the upstream stopped answering,
+        so it is restarted (the next request for it loads it again)."""
+        model = self.state.running.get(request_id)
+        if model is None:
+            return
+        if hung:
+            # Stopped first, so the next dispatch to this model loads it afresh.
+            log.warning("upstream %s hung (%s): restarting it", model, error)
+            self._stop(model, "hung")
+        self._end(
+            ev.RequestFailed(
+                at=self.clock(), request_id=request_id, error=error, http_status=http_status
+            )
+        )
+
+    def client_gone(self, request_id: str) -> None:
+        """The client disconnected, queued or running."""
+        if request_id in self.state.requests:
+            self._end(
+                ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="client_gone")
+            )
 
     def cancel(self, request_id: str, reason: ev.CancelReason) -> bool:
         """Take a queued request out (its client left, or it was cancelled)."""
@@ -172,12 +318,19 @@ class Scheduler:
         self._end(ev.RequestCancelled(at=self.clock(), request_id=request_id, reason=reason))
         return True
 
-    def started(self, request_id: str) -> None:
-        self.emit([ev.RequestStarted(at=self.clock(), request_id=request_id)])
-
-    def finish(self, event: ev.AnyEvent) -> None:
-        """A dispatched request ended (completed, failed or cancelled)."""
-        self._end(event)
+    def cancel_any(self, request_id: str) -> str | None:
+        """An operator cancels a request, queued or running: it is recorded as
+        cancelled and its lane is free at once, even if the upstream does not
+        answer. Returns what it was ("queued" or "running"), None if not open."""
+        request = self.state.requests.get(request_id)
+        if request is None:
+            return None
+        was = "running" if request.running else "queued"
+        self._end(
+            ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="explicit"),
+            Detached(409, "request_cancelled", f"request {request_id} was cancelled"),
+        )
+        return was
 
     def unload(self, model: str | None, reason: ev.StopReason = "unload") -> list[str]:
         """Stop idle upstreams (all, or one model); busy ones are left running."""
@@ -196,7 +349,7 @@ class Scheduler:
         (a crash racing this dispatch), load it again for this request and say
         True; False when the process is alive, so the error is real."""
         model = self.state.running.get(request_id)
-        if model is None:
+        if model is None or self.draining:
             return False
         proc = self.upstreams.get(model)
         if proc is not None:
@@ -205,7 +358,7 @@ class Scheduler:
             if proc.running:
                 return False
         ticket = self.tickets.get(request_id)
-        if ticket is None or request_id not in self.state.running:
+        if ticket is None or request_id not in self.state.running or self.draining:
             return False
         ticket.ready = asyncio.get_running_loop().create_future()
         if self.state.loading != model:
@@ -217,12 +370,17 @@ class Scheduler:
         return True
 
     def preload(self, model: str) -> None:
-        if self.state.loading is None and self.state.resident != model and not self.state.running:
+        if (
+            not self.draining
+            and self.state.loading is None
+            and self.state.resident != model
+            and not self.state.running
+        ):
             self._begin_swap(model, request_id=None)
 
     def pump(self) -> None:
         """Dispatch until the policy says nothing more can run now."""
-        while True:
+        while not self.draining:
             now = self.clock()
             decision = decide(self.state, now)
             if not decision:
@@ -230,6 +388,8 @@ class Scheduler:
             scores, dispatched = decision
             assert isinstance(scores, ev.ScoresComputed)
             assert isinstance(dispatched, ev.RequestDispatched)
+            if dispatched.request_id in self._uncommitted:
+                return  # the winner is not on disk yet: decide again once it is
             enqueued = self.state.requests[dispatched.request_id].enqueued_ns
             self.emit(decision)
             self.running_since[dispatched.request_id] = now
@@ -244,34 +404,143 @@ class Scheduler:
             else:
                 self._release(dispatched.request_id, dispatched.model)
 
+    async def drain(self, grace: float) -> None:
+        """Graceful stop: admit nothing more and dispatch nothing more; waiting
+        synchronous clients get 503; running work may finish within `grace`
+        seconds. What still runs then: a durable job goes back in the queue on
+        the same attempt (a stop is not the job's fault), a synchronous request
+        fails. Durable jobs that wait stay queued in the log for the next start."""
+        self.draining = True
+        detach = Detached(503, "shutting_down", _SHUTTING_DOWN)
+        for request_id, request in list(self.state.requests.items()):
+            if not request.running and not request.durable:
+                self._end(
+                    ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="shutdown"),
+                    detach,
+                )
+        if self.state.running:
+            self._idle = asyncio.get_running_loop().create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle, grace)
+        for request_id in list(self.state.running):
+            request = self.state.requests[request_id]
+            if request.durable:
+                self.emit(
+                    [
+                        ev.RequestRequeued(
+                            at=self.clock(), request_id=request_id, attempt=request.attempt
+                        )
+                    ]
+                )
+                self._detach(request_id, detach)
+            else:
+                self._end(
+                    ev.RequestFailed(
+                        at=self.clock(),
+                        request_id=request_id,
+                        error=f"gpulane stopped before the request finished "
+                        f"(shutdownGrace {grace:g} s)",
+                        http_status=503,
+                    ),
+                    detach,
+                )
+
     # -- internals -----------------------------------------------------------
 
-    def _end(self, event: ev.AnyEvent) -> None:
+    def _end(self, event: ev.AnyEvent, detach: Detached | None = None) -> bool:
+        """Record a request's one terminal event; False (nothing recorded) when
+        it has already ended."""
         request_id = ev.request_id_of(event)
         assert request_id is not None
         request = self.state.requests.get(request_id)
+        if request is None:
+            return False
         self.emit([event])
-        self.running_since.pop(request_id, None)
-        ticket = self.tickets.pop(request_id, None)
-        if ticket is not None and not ticket.ready.done():
-            ticket.ready.cancel()
-        if request is not None:
-            status = ev.type_name(event).removeprefix("request_")  # completed, failed, ...
-            self.metrics.observe_finish(band_of(request.priority), status)
-            self._last_used[request.model] = time.monotonic()
-            self._arm_ttl(request.model)
+        self._detach(request_id, detach)
+        status = ev.type_name(event).removeprefix("request_")  # completed, failed, ...
+        self.metrics.observe_finish(band_of(request.priority), status)
+        self._last_used[request.model] = time.monotonic()
+        self._arm_ttl(request.model)
+        if self._idle is not None and not self.state.running and not self._idle.done():
+            self._idle.set_result(None)
         self.pump()
+        return True
+
+    def _detach(self, request_id: str, detach: Detached | None) -> None:
+        """The request no longer runs here: forget its serving task and time
+        limit, and tell whoever serves it why (None: it told us)."""
+        self.running_since.pop(request_id, None)
+        self._served_by.pop(request_id, None)
+        deadline = self._deadlines.pop(request_id, None)
+        if deadline is not None:
+            deadline.cancel()
+        ticket = self.tickets.pop(request_id, None)
+        if ticket is None:
+            return
+        if not ticket.ready.done():
+            ticket.ready.cancel()
+        if detach is not None and not ticket.detached.done():
+            ticket.detached.set_result(detach)
+
+    def _served_task_done(self, request_id: str, task: asyncio.Task[Any]) -> None:
+        if self._served_by.get(request_id) is not task:
+            return  # the request ended, or a later attempt has its own task
+        del self._served_by[request_id]
+        request = self.state.requests.get(request_id)
+        if request is None:
+            return
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("serving request %s failed", request_id, exc_info=exc)
+        if exc is None and not request.running:
+            self.client_gone(request_id)  # its handler returned: nobody waits for it
+            return
+        what = "was cancelled" if exc is None else f"raised {type(exc).__name__}: {exc}"
+        self._end(
+            ev.RequestFailed(
+                at=self.clock(),
+                request_id=request_id,
+                error=f"internal error: the task serving the request {what}",
+                http_status=500,
+            )
+        )
 
     def _release(self, request_id: str, model: str) -> None:
         ticket = self.tickets.get(request_id)
         proc = self.upstreams.get(model)
         if proc is None or not proc.running:
+            if self.draining:
+                return  # no swap starts during shutdown; drain ends the request
             # The process went away between decision and release (TTL stop, crash):
             # load it again rather than send the request to nothing.
             self._begin_swap(model, request_id)
             return
         if ticket is not None and not ticket.ready.done():
             ticket.ready.set_result(proc.spec.proxy)
+            self._arm_deadline(request_id, model)
+
+    def _arm_deadline(self, request_id: str, model: str) -> None:
+        limit = self.config.models[model].max_run_time
+        if limit is None or request_id in self._deadlines:
+            return
+        self._deadlines[request_id] = asyncio.get_running_loop().call_later(
+            limit, self._overran, request_id, limit
+        )
+
+    def _overran(self, request_id: str, limit: float) -> None:
+        self._deadlines.pop(request_id, None)
+        model = self.state.running.get(request_id)
+        if model is None:
+            return
+        message = f"the request ran longer than maxRunTime ({limit:g} s) for model {model!r}"
+        log.warning("request %s: %s; restarting the upstream", request_id, message)
+        self._stop(model, "hung")
+        self._end(
+            ev.RequestFailed(
+                at=self.clock(), request_id=request_id, error=message, http_status=504
+            ),
+            Detached(504, "upstream_timeout", message),
+        )
 
     def _begin_swap(self, model: str, request_id: str | None) -> None:
         now = self.clock()

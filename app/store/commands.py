@@ -1,7 +1,9 @@
-"""`gpulane db upgrade | rebuild | check`: each takes a database path and returns an exit code."""
+"""`gpulane db upgrade | rebuild | check | backup`: each takes a database path, returns 0 or 1."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import sys
 from itertools import islice
@@ -113,6 +115,59 @@ def check(path: str) -> int:
         return 1
     print(f"ok: {audit.events} events, {audit.requests} requests")
     return 0
+
+
+def backup(path: str, target: str) -> int:
+    """A consistent copy of the database at `target`, safe while gpulane is serving.
+
+    SQLite's online backup copies every page in one step, under one read
+    snapshot: the copy is the database as of one commit, and in WAL mode the
+    server keeps writing meanwhile. The copy is written next to `target` and
+    renamed over it at the end, so a failed backup leaves any older copy whole.
+    """
+    dest = Path(target)
+    if dest.is_dir():
+        return _fail(DatabaseError(f"{target}: is a directory; name the backup file"))
+    if not dest.parent.is_dir():
+        return _fail(DatabaseError(f"{target}: directory {dest.parent} does not exist"))
+    if dest.exists() and dest.resolve() == Path(path).resolve():
+        return _fail(DatabaseError(f"{target}: is the database itself; name another file"))
+    try:
+        engine = _open_existing(path, upgrade=False)
+    except DatabaseError as exc:
+        return _fail(exc)
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    try:
+        raw = engine.raw_connection()
+        try:
+            source = raw.driver_connection
+            assert isinstance(source, sqlite3.Connection)
+            with contextlib.closing(sqlite3.connect(partial)) as copy:
+                # pages=-1: all at once. Step-wise copying restarts whenever
+                # another connection writes, so under load it might never end.
+                source.backup(copy, pages=-1)
+                events, last = copy.execute("SELECT count(*), max(seq) FROM events").fetchone()
+        finally:
+            raw.close()
+        os.replace(partial, dest)
+        _fsync_directory(dest.parent)
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError) as exc:
+        for leftover in (partial, *(partial.with_name(partial.name + x) for x in ("-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
+        return _fail(DatabaseError(f"{path}: backup to {target} failed: {describe(exc)}"))
+    finally:
+        engine.dispose()
+    print(f"ok: {path} copied to {target}: {events} events (last seq {last or 0})")
+    return 0
+
+
+def _fsync_directory(directory: Path) -> None:
+    # So the rename itself survives a power loss, not just the file's contents.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _open_existing(path: str, upgrade: bool) -> Engine:

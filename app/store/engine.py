@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import sqlalchemy
 from sqlalchemy import event
@@ -19,6 +19,12 @@ from app.store import migrate
 Synchronous = Literal["full", "normal"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+
+BUSY_TIMEOUT_MS: Final = 5000
+"""How long any statement waits for another connection's lock before failing."""
+
+STARTUP_WRITE_WAIT_S: Final = 5.0
+"""How long start-up waits for another writer to let go before refusing the file."""
 
 
 class DatabaseError(Exception):
@@ -40,7 +46,7 @@ def create_engine(path: str | Path, synchronous: Synchronous = "full") -> Engine
         # implicit transactions, so DDL and reads are transactional too.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA busy_timeout = 5000")
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         cursor.execute("PRAGMA foreign_keys = ON")
@@ -62,9 +68,11 @@ def open_database(
     """Check the file at `path`, migrate it to the latest schema and return its engine.
 
     A missing or empty file becomes a new database. `upgrade=False` only checks
-    (for tools that must not change the file). Raises `DatabaseError` for a
-    file that is not SQLite, corrupt, another application's database, or from a
-    newer gpulane.
+    (for tools that must not change the file); otherwise the file must also
+    be writable now (`check_writable`), because a server that cannot record
+    its decisions must not start. Raises `DatabaseError` for a file that is not
+    SQLite, corrupt, another application's database, from a newer gpulane,
+    read-only, or locked by another writer for longer than STARTUP_WRITE_WAIT_S.
     """
     check_file(path)
     engine = create_engine(path, synchronous)
@@ -84,12 +92,13 @@ def open_database(
                 )
         if upgrade:
             migrate.upgrade_to_head(engine)
+            check_writable(engine, path)
     except sqlalchemy.exc.DatabaseError as exc:
         engine.dispose()
         # OperationalError is about access (locked, unreadable); its base class
         # is what SQLite raises for a damaged file.
         if isinstance(exc.orig, sqlite3.OperationalError):
-            raise DatabaseError(f"{path}: cannot use the database ({describe(exc)})") from exc
+            raise DatabaseError(f"{path}: {_access_problem(exc.orig)} ({describe(exc)})") from exc
         raise DatabaseError(
             f"{path}: file is corrupt or not an SQLite database ({describe(exc)})"
         ) from exc
@@ -97,6 +106,48 @@ def open_database(
         engine.dispose()
         raise
     return engine
+
+
+def check_writable(engine: Engine, path: str | Path) -> None:
+    """Take the write lock and try a write, then roll back: nothing changes on disk.
+
+    Waits at most STARTUP_WRITE_WAIT_S for another writer; raises DatabaseError
+    for a locked or read-only (or immutable) file.
+    """
+    raw = engine.raw_connection()
+    try:
+        dbapi = raw.driver_connection
+        assert isinstance(dbapi, sqlite3.Connection)
+        dbapi.execute(f"PRAGMA busy_timeout = {int(STARTUP_WRITE_WAIT_S * 1000)}")
+        try:
+            dbapi.execute("BEGIN IMMEDIATE")
+            try:
+                # A read-only file still grants BEGIN IMMEDIATE in WAL mode; only a
+                # write statement (even one that matches no row) is refused.
+                dbapi.execute("UPDATE alembic_version SET version_num = version_num WHERE 0")
+            finally:
+                dbapi.execute("ROLLBACK")
+        finally:
+            dbapi.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    except sqlite3.OperationalError as exc:
+        raise DatabaseError(f"{path}: {_access_problem(exc)} ({describe(exc)})") from exc
+    finally:
+        raw.close()
+
+
+def _access_problem(exc: sqlite3.OperationalError) -> str:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return (
+            "the database is locked by another writer (another gpulane, `gpulane db rebuild` "
+            f"or an open sqlite3 transaction); gave up after {STARTUP_WRITE_WAIT_S:g} s"
+        )
+    if "readonly" in text or "read-only" in text:
+        return (
+            "the database cannot be written (read-only or immutable file, or read-only "
+            "directory); gpulane records every decision and needs write access"
+        )
+    return "cannot use the database"
 
 
 def describe(exc: BaseException) -> str:

@@ -16,7 +16,13 @@ convoy halved throughput.
 WAL checkpoints stay SQLite's automatic ones, run by the COMMIT that crosses
 1000 pages. A checkpointer on its own connection was tried: under continuous
 load it never catches up with the writer, so the WAL never restarts and grows
-without bound (620 MB in a 4 s benchmark).
+without bound (620 MB in a 4 s benchmark). `close` runs one TRUNCATE
+checkpoint, so after a clean stop the `.db` file alone holds everything.
+
+A batch that fails because of one of its events (an integer SQLite cannot
+hold, say) is redone with a savepoint per `submit` call: only that call's
+future fails. A failure of the database itself (locked, full, read-only)
+fails the whole batch and sets `failure`.
 """
 
 from __future__ import annotations
@@ -86,6 +92,28 @@ def write_events(cur: sqlite3.Cursor, first: int, events: Sequence[AnyEvent]) ->
     read_model.project_all(cur, zip(range(first, first + len(events)), events, strict=True))
 
 
+def is_storage_fault(exc: BaseException) -> bool:
+    """True for what fails every event alike: access, locking, space, I/O, a damaged file.
+
+    Anything else raised while writing an event (an integer SQLite cannot hold,
+    a constraint, an unencodable value) is that event's own fault.
+    """
+    if isinstance(exc, sqlite3.OperationalError | sqlite3.InternalError | OSError | MemoryError):
+        return True
+    return type(exc) is sqlite3.DatabaseError  # SQLITE_CORRUPT and SQLITE_NOTADB
+
+
+def _label(group: Sequence[AnyEvent]) -> str:
+    """`request_enqueued of request r1 (+1 more)`: which events a failure is about."""
+    rid = request_id_of(group[0])
+    label = type_name(group[0]) + (f" of request {rid}" if rid else "")
+    return label + (f" (+{len(group) - 1} more)" if len(group) > 1 else "")
+
+
+class _EventFault(Exception):
+    """A batch failed because of one of its events, not because of the database."""
+
+
 class SqliteEventStore:
     """The event store over an engine from `app.store.engine.open_database`."""
 
@@ -133,8 +161,29 @@ class SqliteEventStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._checkpoint)
+        except Exception as exc:  # the data is safe in the WAL; only the copy-the-file case suffers
+            log.warning("event store: WAL not checkpointed at close: %s", describe(exc))
         self._thread.shutdown(wait=True)
         self._closed = True
+
+    def _checkpoint(self) -> None:
+        """Move the WAL into the .db file and empty it, so after a clean stop the file is whole."""
+        raw = self._engine.raw_connection()
+        try:
+            dbapi = raw.driver_connection
+            assert isinstance(dbapi, sqlite3.Connection)
+            # Outside any transaction (isolation_level None); waits busy_timeout for readers.
+            busy, wal_frames, _ = dbapi.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            raw.close()
+        if busy:
+            log.warning(
+                "event store: WAL not emptied at close (a reader held it); %d frames stay "
+                "in the -wal file until the next start",
+                wal_frames,
+            )
 
     def read(
         self, after_seq: int = 0, limit: int | None = None, request_id: str | None = None
@@ -152,24 +201,50 @@ class SqliteEventStore:
                 continue
             # Everything submitted while the previous transaction ran is one group.
             batch, self._pending = self._pending, []
-            events = [e for group, _ in batch for e in group]
             try:
-                first = await self._commit(events)
+                await self._store(batch)
             except Exception as exc:  # a failed write must not kill the writer
                 self.failure = describe(exc)
-                log.error("event store: %d events not stored: %s", len(events), self.failure)
+                log.error(
+                    "event store: %d events not stored: %s",
+                    sum(len(group) for group, _ in batch),
+                    self.failure,
+                )
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(StoreError(self.failure))
                 continue
             self.failure = None
-            for group, future in batch:
-                if not future.done():
-                    future.set_result(list(range(first, first + len(group))))
+
+    async def _store(self, batch: list[_Pending]) -> None:
+        """Commit a batch and resolve its futures; raises only for a storage-wide failure."""
+        try:
+            first = await self._commit([e for group, _ in batch for e in group])
+        except _EventFault:
+            # Some event cannot be stored. Redo the batch with each submitter's
+            # events under a savepoint, so only the bad group is left out.
+            outcomes = await self._commit_isolating(batch)
+        else:
+            outcomes = []
+            for group, _ in batch:
+                outcomes.append(list(range(first, first + len(group))))
                 first += len(group)
+        for (group, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, list):
+                future.set_result(outcome)
+                continue
+            message = f"{_label(group)} not stored: {describe(outcome)}"
+            log.error("event store: %s; the rest of its batch was stored", message)
+            future.set_exception(StoreError(message))
 
     async def _commit(self, events: list[AnyEvent]) -> int:
-        """One transaction for `events`; returns the seq of the first."""
+        """One transaction for `events`; returns the seq of the first.
+
+        Raises _EventFault when the failure came from one of the events rather
+        than from the database (nothing is stored either way).
+        """
         loop = asyncio.get_running_loop()
         conn = await loop.run_in_executor(self._thread, self._begin)
         try:
@@ -178,14 +253,54 @@ class SqliteEventStore:
             for start in range(0, len(events), CHUNK):
                 if start:
                     await asyncio.sleep(0)
-                write_events(cur, first + start, events[start : start + CHUNK])
+                try:
+                    write_events(cur, first + start, events[start : start + CHUNK])
+                except Exception as exc:
+                    if is_storage_fault(exc):
+                        raise
+                    raise _EventFault from exc
             await loop.run_in_executor(self._thread, conn.commit)
         except Exception:
-            # Start the next batch on a fresh connection, whatever state this one is in.
-            self._conn = None
-            await loop.run_in_executor(self._thread, conn.close)
+            await self._discard(conn)
             raise
         return first
+
+    async def _commit_isolating(self, batch: list[_Pending]) -> list[list[int] | Exception]:
+        """One transaction, one savepoint per group: each group's seqs, or why it was left out."""
+        loop = asyncio.get_running_loop()
+        conn = await loop.run_in_executor(self._thread, self._begin)
+        outcomes: list[list[int] | Exception] = []
+        try:
+            cur = driver_cursor(conn)
+            seq = next_seq(cur)
+            since_yield = 0
+            for group, _ in batch:
+                if since_yield >= CHUNK:
+                    await asyncio.sleep(0)
+                    since_yield = 0
+                since_yield += len(group)
+                cur.execute("SAVEPOINT event_group")
+                try:
+                    write_events(cur, seq, group)
+                except Exception as exc:
+                    if is_storage_fault(exc):
+                        raise
+                    cur.execute("ROLLBACK TO event_group")
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(list(range(seq, seq + len(group))))
+                    seq += len(group)
+                cur.execute("RELEASE event_group")
+            await loop.run_in_executor(self._thread, conn.commit)
+        except Exception:
+            await self._discard(conn)
+            raise
+        return outcomes
+
+    async def _discard(self, conn: sqlalchemy.Connection) -> None:
+        # Start the next batch on a fresh connection, whatever state this one is in.
+        self._conn = None
+        await asyncio.get_running_loop().run_in_executor(self._thread, conn.close)
 
     def _begin(self) -> sqlalchemy.Connection:
         try:

@@ -19,7 +19,7 @@ from app.config import Config
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.web.auth import api_key_middleware
-from app.web.errors import send_error
+from app.web.errors import EXCEPTION_HANDLERS, send_error
 from app.web.proxy import Proxy
 
 JSON_ROUTES = (
@@ -52,8 +52,12 @@ def create_app(
     on_shutdown: Sequence[Callable[[], Any]] = (),
 ) -> Litestar:
     handlers: list[BaseRouteHandler] = [
-        asgi(path=list(JSON_ROUTES), is_mount=False, copy_scope=False)(proxy.handler("json")),
-        asgi(path=list(FORM_ROUTES), is_mount=False, copy_scope=False)(proxy.handler("form")),
+        asgi(path=list(JSON_ROUTES), is_mount=False, copy_scope=False)(
+            _post_only(proxy.handler("json"))
+        ),
+        asgi(path=list(FORM_ROUTES), is_mount=False, copy_scope=False)(
+            _post_only(proxy.handler("form"))
+        ),
         asgi(path="/upstream", is_mount=True, copy_scope=False)(_upstream_mount(proxy)),
     ]
 
@@ -152,9 +156,11 @@ def create_app(
         limit: FromQuery[int] = 50, offset: FromQuery[int] = 0
     ) -> dict[str, Any]:
         limit = max(1, min(limit, 1000))
+        # SQLite's OFFSET is a signed 64-bit integer; past the end is an empty page anyway.
+        offset = max(0, min(offset, 2**62))
         rows = []
         if activity is not None:
-            rows = await asyncio.to_thread(activity, limit, max(0, offset))
+            rows = await asyncio.to_thread(activity, limit, offset)
         return {"data": rows, "limit": limit, "offset": offset}
 
     handlers += [
@@ -178,9 +184,28 @@ def create_app(
         on_shutdown=list(on_shutdown),
         state=State({"scheduler": scheduler}),
         request_max_body_size=None,
+        exception_handlers=EXCEPTION_HANDLERS,
         logging_config=None,  # serve.py configures logging once, for every module
         debug=False,
     )
+
+
+def _post_only(handle: Callable[..., Any]) -> Callable[..., Any]:
+    """A raw ASGI route takes every method; the inference routes take only POST."""
+
+    async def post_only(scope: Any, receive: Any, send: Any) -> None:
+        if scope["method"] != "POST":
+            await send_error(
+                send,
+                405,
+                f"method {scope['method']} is not allowed on {scope['path']}; allowed: POST",
+                code="method_not_allowed",
+                headers=[(b"allow", b"POST")],
+            )
+            return
+        await handle(scope, receive, send)
+
+    return post_only
 
 
 def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:

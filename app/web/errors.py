@@ -1,18 +1,41 @@
-"""OpenAI-style error envelope: {"error": {"message", "type", "code"}}."""
+"""OpenAI-style error envelope: {"error": {"message", "type", "code"}}.
+
+Every error gpulane itself answers uses it: the raw ASGI paths send it with
+`send_error`, Litestar's own (404, 405, validation, anything a route raises) go
+through `EXCEPTION_HANDLERS`, and the HTTP protocol writes it with `error_body`
+for what it refuses before a request exists (431, 408, 400).
+"""
 
 from __future__ import annotations
 
+import logging
+from http import HTTPStatus
+from typing import Any
+
 import msgspec
-from litestar.types import Send
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap, Send
+
+log = logging.getLogger("gpulane.http")
 
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
     413: "request_too_large",
+    431: "request_too_large",
     502: "upstream_error",
     503: "service_unavailable",
+}
+_CODES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    500: "internal_error",
 }
 
 
@@ -48,3 +71,63 @@ async def send_json(
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _error_response(
+    status: int, message: str, code: str | None, headers: dict[str, str] | None = None
+) -> Response[bytes]:
+    return Response(
+        error_body(status, message, code or _CODES.get(status)),
+        status_code=status,
+        media_type=MediaType.JSON,
+        headers=headers,
+    )
+
+
+def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    where = f"{request.method} {request.url.path}"
+    generic = exc.detail == HTTPStatus(status).phrase  # Litestar's default: says nothing
+    if status == 404 and generic:
+        message = (
+            f"no route {where}: the OpenAI routes are under /v1/, "
+            "a model's own server under /upstream/MODEL/"
+        )
+    elif status == 405 and generic:
+        allowed = (exc.headers or {}).get("allow", "")
+        message = (
+            f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+        )
+    elif isinstance(exc, ValidationException) and isinstance(exc.extra, list):
+        # Litestar's detail says only "Validation failed"; the parameter is in `extra`.
+        problems = "; ".join(_problem(p) for p in exc.extra if isinstance(p, dict))
+        message = f"invalid request to {where}: {problems}" if problems else exc.detail
+    else:
+        message = exc.detail
+    if status >= 500:
+        log.error("%s failed with %d: %s", where, status, exc.detail, exc_info=exc)
+    return _error_response(status, message, None, exc.headers)
+
+
+def _problem(problem: dict[str, Any]) -> str:
+    source = problem.get("source")
+    where = f"{getattr(source, 'value', source)} parameter " if source else ""
+    return f"{where}{problem.get('key', '?')!r}: {problem.get('message', 'invalid')}"
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    # The traceback goes to the log only: it is for the operator, not the caller.
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return _error_response(
+        500,
+        f"internal error while handling {request.method} {request.url.path} "
+        f"({type(exc).__name__}); the gpulane log has the traceback",
+        "internal_error",
+    )
+
+
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    HTTPException: _http_exception,
+    Exception: _unexpected,
+}
+"""For `Litestar(exception_handlers=...)`: errors Litestar raises or a route lets escape."""

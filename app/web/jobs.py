@@ -30,7 +30,7 @@ from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket
 from app.store.port import StoreError
 from app.store.tables import job_results, requests
 from app.web.errors import send_error, send_json
-from app.web.proxy import HOP_BY_HOP, Proxy, upstream_url
+from app.web.proxy import HOP_BY_HOP, Proxy, Reply, upstream_url
 
 log = logging.getLogger("gpulane.jobs")
 
@@ -62,7 +62,10 @@ class JobRunner:
         self.scheduler = scheduler
         self.proxy = proxy
         self.engine = engine
-        self._pending_keys: dict[str, tuple[str, str]] = {}
+        self._keys: dict[str, tuple[str, str]] = {}
+        """Idempotency keys admitted by this process (id, body digest). Kept for
+        the process's life: a key is then found here or, from earlier runs, on
+        disk, with no window between the two (a few hundred bytes per job)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- accepting ------------------------------------------------------------
@@ -80,20 +83,14 @@ class JobRunner:
         digest = hashlib.sha256(body).hexdigest()
         key = headers.get("idempotency-key") or None
         if key is not None:
-            existing = self._pending_keys.get(key) or await asyncio.to_thread(self._find_key, key)
+            existing = self._keys.get(key)
+            if existing is None:
+                found = await asyncio.to_thread(self._find_key, key)
+                # Looked up again after the await: a concurrent POST with the same
+                # key may have been admitted meanwhile, and it is in `_keys` now.
+                existing = self._keys.get(key) or found
             if existing is not None:
-                request_id, existing_digest = existing
-                if existing_digest != digest:
-                    await send_error(
-                        send,
-                        409,
-                        f"Idempotency-Key {key!r} was already used for job {request_id} "
-                        "with a different body",
-                        code="idempotency_key_reused",
-                    )
-                    return
-                view = await self.view(request_id) or {"id": request_id}
-                await _send_json(send, 200, view, request_id)
+                await self._send_existing(send, key, existing, digest)
                 return
         job = {
             "method": method,
@@ -109,24 +106,39 @@ class JobRunner:
         except Refused as exc:
             await send_error(send, 503, str(exc), code="event_log_unavailable")
             return
+        # Reserved before the first await, so no concurrent POST takes the key too.
         if key is not None:
-            self._pending_keys[key] = (ticket.request_id, digest)
+            self._keys[key] = (ticket.request_id, digest)
         try:
             assert ticket.committed is not None
-            await ticket.committed
+            await asyncio.shield(ticket.committed)
         except StoreError as exc:
-            # Not on disk, so not accepted: take it back out of the queue.
-            self.scheduler.cancel(ticket.request_id, "explicit")
+            # Not on disk, so not accepted: the scheduler has taken it back out.
+            if key is not None:
+                self._keys.pop(key, None)
             await send_error(
                 send, 503, f"the job could not be recorded: {exc}", code="event_log_unavailable"
             )
             return
-        finally:
-            if key is not None:
-                self._pending_keys.pop(key, None)
         self.run(ticket, job)
         view = await self.view(ticket.request_id) or {"id": ticket.request_id}
         await _send_json(send, 202, view, ticket.request_id)
+
+    async def _send_existing(
+        self, send: Send, key: str, existing: tuple[str, str], digest: str
+    ) -> None:
+        request_id, existing_digest = existing
+        if existing_digest != digest:
+            await send_error(
+                send,
+                409,
+                f"Idempotency-Key {key!r} was already used for job {request_id} "
+                "with a different body",
+                code="idempotency_key_reused",
+            )
+            return
+        view = await self.view(request_id) or {"id": request_id}
+        await _send_json(send, 200, view, request_id)
 
     def _find_key(self, key: str) -> tuple[str, str] | None:
         query = select(requests.c.id, requests.c.job).where(requests.c.idempotency_key == key)
@@ -149,6 +161,7 @@ class JobRunner:
             task = asyncio.get_running_loop().create_task(self._run(ticket, job, ready.result()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            self.scheduler.supervise(ticket.request_id, task)
 
         ticket.ready.add_done_callback(turn_came)
 
@@ -165,7 +178,7 @@ class JobRunner:
             base64.b64decode(job["body"]),
             dict(job["headers"]),
             ticket,
-            captured.send,
+            Reply(captured.send, ticket),
             before_completed=store_result,
         )
 
@@ -206,6 +219,9 @@ class JobRunner:
         """A job's status: the read model, overlaid with live state for open jobs
         (the log commits in groups; the live state is never behind)."""
         row, result = await asyncio.to_thread(self._rows, request_id)
+        return self._view(request_id, row, result)
+
+    def _view(self, request_id: str, row: Any, result: Any) -> dict[str, Any] | None:
         state = self.scheduler.state
         request = state.requests.get(request_id)
         if request is None and row is None:
@@ -269,16 +285,36 @@ class JobRunner:
         return row["http_status"], json.loads(row["headers"]), row["body"]
 
     async def listing(self, status: str | None, limit: int) -> list[dict[str, Any]]:
-        query = select(requests.c.id).where(requests.c.durable.is_(True))
+        """Newest first, with their results: one query, however many jobs."""
+        query = (
+            select(
+                requests,
+                job_results.c.request_id.label("result_id"),
+                job_results.c.http_status.label("result_status"),
+                job_results.c.headers.label("result_headers"),
+                job_results.c.body.label("result_body"),
+            )
+            .outerjoin(job_results, job_results.c.request_id == requests.c.id)
+            .where(requests.c.durable.is_(True))
+        )
         if status:
             query = query.where(requests.c.status == status)
 
-        def ids() -> list[str]:
+        def rows() -> list[Any]:
             with self.engine.connect() as conn:
                 found = conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(limit))
-                return list(found.scalars().all())
+                return list(found.mappings().all())
 
-        views = [await self.view(i) for i in await asyncio.to_thread(ids)]
+        views = []
+        for row in await asyncio.to_thread(rows):
+            result = None
+            if row["result_id"] is not None:
+                result = {
+                    "http_status": row["result_status"],
+                    "headers": row["result_headers"],
+                    "body": row["result_body"],
+                }
+            views.append(self._view(row["id"], row, result))
         return [v for v in views if v is not None]
 
     async def cancel(self, request_id: str) -> tuple[int, dict[str, Any]]:
@@ -292,33 +328,34 @@ class JobRunner:
                     "code": "job_not_found",
                 }
             }
-        if request is None or request.running:
+        if request is None:
             return 409, {
                 "error": {
                     "message": f"job {request_id} is {view['status']}; "
-                    "only queued jobs can be cancelled",
+                    "only queued or running jobs can be cancelled",
                     "type": "conflict_error",
-                    "code": "job_not_queued",
+                    "code": "job_not_open",
                 }
             }
-        self.scheduler.cancel(request_id, "explicit")
-        return 200, await self.view(request_id) or view
+        # A running job is cut off at once: its upstream connection is closed.
+        self.scheduler.cancel_any(request_id)
+        after = await self.view(request_id) or view
+        # The read model may not have the group commit yet; the live state has ended it.
+        return 200, after | {"status": "cancelled"}
 
 
 def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
     @get("/v1/jobs")
     async def list_jobs(
         status: FromQuery[str | None] = None, limit: FromQuery[int] = 50
-    ) -> dict[str, Any]:
+    ) -> Response[Any]:
         allowed = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
         if status is not None and status not in allowed:
-            return {
-                "error": {
-                    "message": f"status must be one of {', '.join(allowed)}",
-                    "type": "invalid_request_error",
-                }
-            }
-        return {"object": "list", "data": await jobs.listing(status, max(1, min(limit, 1000)))}
+            message = f"status {status!r} is not one of {', '.join(allowed)}"
+            error = {"message": message, "type": "invalid_request_error", "code": "invalid_status"}
+            return Response({"error": error}, status_code=400)
+        data = await jobs.listing(status, max(1, min(limit, 1000)))
+        return Response({"object": "list", "data": data})
 
     @get("/v1/jobs/{job_id:str}")
     async def get_job(job_id: FromPath[str]) -> Response[Any]:

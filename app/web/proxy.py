@@ -20,9 +20,8 @@ import httpx
 from litestar.types import Message, Receive, Scope, Send
 
 from app.config import Config
-from app.core import events as ev
-from app.core.priority import HEADER, band_of, parse_priority
-from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket, new_request_id
+from app.core.priority import HEADER, parse_priority
+from app.runtime.scheduler import Admission, Detached, Refused, Scheduler, Ticket
 from app.runtime.upstream import UpstreamStartError
 from app.runtime.usage import UsageSniffer
 from app.web.errors import send_error
@@ -105,7 +104,9 @@ class Proxy:
                 if changed is not None:
                     body = json.dumps(changed).encode()
         except BadRequest as exc:
-            self._reject(endpoint, exc.status, exc.message, model_requested, priority, caller)
+            self.scheduler.reject(
+                endpoint, exc.status, exc.message, model_requested, priority, caller
+            )
             await send_error(send, exc.status, exc.message, code=exc.code)
             return
         except ConnectionError:
@@ -183,7 +184,7 @@ class Proxy:
         try:
             ticket = self.scheduler.admit(admission)
         except Refused as exc:
-            self._reject(
+            self.scheduler.reject(
                 admission.endpoint,
                 503,
                 str(exc),
@@ -193,20 +194,30 @@ class Proxy:
             )
             await send_error(send, 503, str(exc), code="event_log_unavailable")
             return
+        current = asyncio.current_task()
+        assert current is not None
+        # Whatever this handler does from here, the request ends when it does.
+        self.scheduler.supervise(ticket.request_id, current)
         disconnected: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(receive))
+        out = Reply(send, ticket)
         try:
-            waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected]
-            started = False
+            waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected, ticket.detached]
             if progress:
                 # Requests served at once get no progress lines.
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED, timeout=0.05)
-            if progress and not ticket.ready.done() and not disconnected.done():
+            if progress and not any(f.done() for f in waiting):
                 # sendLoadingState: the stream starts now and says where the request stands.
-                started = True
-                send = await self._send_progress(send, ticket, admission.model, disconnected)
+                out = Reply(
+                    await self._send_progress(send, ticket, admission.model, waiting),
+                    ticket,
+                    started_as_sse=True,
+                )
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if ticket.detached.done():
+                await out.error(ticket.detached.result())
+                return
             if not ticket.ready.done():
-                self._client_gone(ticket.request_id)
+                self.scheduler.client_gone(ticket.request_id)
                 return
             if ticket.ready.cancelled():
                 return
@@ -214,35 +225,14 @@ class Proxy:
             if failure is not None:
                 message = f"model {admission.model!r} failed to start: {failure}"
                 status = 502 if isinstance(failure, UpstreamStartError) else 500
-                if started:
-                    error = _sse_error(message)
-                    await send({"type": "http.response.body", "body": error, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    return
-                await send_error(
-                    send,
-                    status,
-                    message,
-                    code="upstream_start_failed",
-                    headers=_ticket_headers(ticket),
-                )
+                await out.error(Detached(status, "upstream_start_failed", message))
                 return
-            base_url = ticket.ready.result()
             raw_query: bytes = scope.get("query_string", b"")
             url = upstream_url(
-                base_url, upstream_path or scope["path"], raw_query.decode("latin-1")
+                ticket.ready.result(), upstream_path or scope["path"], raw_query.decode("latin-1")
             )
-            streaming = asyncio.ensure_future(
-                self.forward(str(scope.get("method", "GET")), url, body, headers, ticket, send)
-            )
-            await asyncio.wait({streaming, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not streaming.done():
-                streaming.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await streaming
-                self._client_gone(ticket.request_id)
-            else:
-                streaming.result()  # re-raises what the forwarding task raised
+            method = str(scope.get("method", "GET"))
+            await self.forward(method, url, body, headers, ticket, out, disconnected=disconnected)
         finally:
             disconnected.cancel()
 
@@ -253,95 +243,143 @@ class Proxy:
         body: bytes,
         headers: dict[str, str],
         ticket: Ticket,
-        send: Send,
+        out: Reply,
+        *,
+        disconnected: asyncio.Future[None] | None = None,
         before_completed: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """Send one dispatched request upstream and stream the answer to `send`.
+        """Send one dispatched request upstream and stream the answer to `out`,
+        until the answer ends, the client leaves, or the scheduler takes the
+        request away (time limit, operator, shutdown): then the upstream
+        connection is closed at once, whether or not the upstream answers.
         `before_completed` runs once the whole answer is through and before the
         completion is recorded (durable jobs store their result there)."""
+        exchange = asyncio.ensure_future(
+            self._exchange(method, url, body, headers, ticket, out, before_completed)
+        )
+        watched: set[asyncio.Future[Any]] = {exchange, ticket.detached}
+        if disconnected is not None:
+            watched.add(disconnected)
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not exchange.done():
+                exchange.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await exchange
         rid = ticket.request_id
-        self.scheduler.started(rid)
+        if not exchange.cancelled() and exchange.exception() is not None:
+            exc = exchange.exception()
+            log.error("forwarding request %s failed", rid, exc_info=exc)
+            message = f"internal error while forwarding: {type(exc).__name__}: {exc}"
+            self.scheduler.failed(rid, message, 500)
+            await out.error(Detached(500, "internal_error", message))
+        elif ticket.detached.done():
+            await out.error(ticket.detached.result())
+        elif exchange.cancelled():  # cut short because the client left
+            self.scheduler.client_gone(rid)
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        ticket: Ticket,
+        out: Reply,
+        before_completed: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        rid = ticket.request_id
+        spec = self.config.models[ticket.model]
+        forward, dropped = outgoing_headers(headers, strip_credentials=bool(self.config.api_keys))
+        if dropped:
+            log.warning("request %s: headers not forwarded (not valid HTTP): %s", rid, dropped)
+        self.scheduler.started(rid, dropped)
         t0 = time.monotonic()
-        forward = {
-            k: v
-            for k, v in headers.items()
-            if k not in HOP_BY_HOP and not (self.config.api_keys and k in _CREDENTIALS)
-        }
-        request = self.client.build_request(method, url, content=body, headers=forward)
+        request = self.client.build_request(
+            method,
+            url,
+            content=body,
+            headers=forward,
+            timeout=httpx.Timeout(None, connect=spec.connect_timeout),
+        )
+        header_limit = spec.response_header_timeout
         try:
             try:
-                response = await self.client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
-                # No answer at all: if the process just died, load it again and retry once.
-                if not await self.scheduler.reload_crashed(rid):
-                    raise
-                response = await self.client.send(request, stream=True)
+                async with asyncio.timeout(header_limit):
+                    try:
+                        response = await self.client.send(request, stream=True)
+                    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+                        # No answer at all: if the process just died, load it again, retry once.
+                        if not await self.scheduler.reload_crashed(rid):
+                            raise
+                        response = await self.client.send(request, stream=True)
+            except TimeoutError:
+                message = (
+                    f"upstream {ticket.model!r} sent no response headers within "
+                    f"timeouts.responseHeader ({header_limit:g} s)"
+                )
+                self.scheduler.failed(rid, message, 504, hung=True)
+                await out.error(Detached(504, "upstream_timeout", message))
+                return
         except httpx.HTTPError as exc:
             message = f"upstream request failed: {type(exc).__name__}: {exc}"
-            self.scheduler.finish(
-                ev.RequestFailed(
-                    at=self.scheduler.clock(), request_id=rid, error=message, http_status=502
-                )
-            )
-            await send_error(
-                send, 502, message, code="upstream_error", headers=_ticket_headers(ticket)
-            )
+            self.scheduler.failed(rid, message, 502)
+            await out.error(Detached(502, "upstream_error", message))
             return
         sniffer = UsageSniffer()
         ttfb_ms: float | None = None
+        idle_limit = spec.stream_idle_timeout
         try:
-            out_headers = [
-                (k.encode("latin-1"), v.encode("latin-1"))
-                for k, v in response.headers.multi_items()
-                if k.lower() not in _NOT_PASSED_BACK
-            ]
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": out_headers + _ticket_headers(ticket),
-                }
-            )
-            async for chunk in response.aiter_raw():
+            await out.start(response.status_code, response.headers.raw)
+            chunks = response.aiter_raw()
+            while True:
+                try:
+                    async with asyncio.timeout(idle_limit):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
                 if ttfb_ms is None:
                     ttfb_ms = (time.monotonic() - t0) * 1000
                 sniffer.feed(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await out.body(chunk)
+        except TimeoutError:
+            message = (
+                f"upstream {ticket.model!r} sent nothing for streamIdleTimeout "
+                f"({idle_limit:g} s) in the middle of its response"
+            )
+            self.scheduler.failed(rid, message, response.status_code, hung=True)
+            await out.error(Detached(504, "upstream_timeout", message))
+            return
         except httpx.HTTPError as exc:
             # The upstream died mid-response: end the stream, record the failure.
-            self.scheduler.finish(
-                ev.RequestFailed(
-                    at=self.scheduler.clock(),
-                    request_id=rid,
-                    error=f"upstream ended the response early: {type(exc).__name__}: {exc}",
-                    http_status=response.status_code,
-                )
+            self.scheduler.failed(
+                rid,
+                f"upstream ended the response early: {type(exc).__name__}: {exc}",
+                response.status_code,
             )
             with contextlib.suppress(Exception):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.end()
             return
         finally:
             await response.aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await out.end()
         if before_completed is not None:
             await before_completed()
         tokens_in, tokens_out, tps = sniffer.result()
-        self.scheduler.finish(
-            ev.RequestCompleted(
-                at=self.scheduler.clock(),
-                request_id=rid,
-                http_status=response.status_code,
-                bytes=sniffer.bytes,
-                ttfb_ms=ttfb_ms,
-                run_ms=(time.monotonic() - t0) * 1000,
-                input_tokens=tokens_in,
-                output_tokens=tokens_out,
-                tokens_per_second=tps,
-            )
+        self.scheduler.completed(
+            rid,
+            response.status_code,
+            bytes=sniffer.bytes,
+            ttfb_ms=ttfb_ms,
+            run_ms=(time.monotonic() - t0) * 1000,
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            tokens_per_second=tps,
         )
 
     async def _send_progress(
-        self, send: Send, ticket: Ticket, model: str, disconnected: asyncio.Future[None]
+        self, send: Send, ticket: Ticket, model: str, waiting: list[asyncio.Future[Any]]
     ) -> Send:
         """Start an SSE response and send a progress chunk (as `reasoning_content`,
         like llama-swap) every second until the request may run. Returns a `send`
@@ -357,8 +395,7 @@ class Proxy:
                 ],
             }
         )
-        waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected]
-        while not ticket.ready.done() and not disconnected.done():
+        while not any(f.done() for f in waiting):
             text = self._progress_text(ticket.request_id, model)
             await send(
                 {"type": "http.response.body", "body": _sse_progress(text), "more_body": True}
@@ -378,44 +415,91 @@ class Proxy:
             return f"gpulane: waiting in the queue, {position} ahead of this request\n"
         return f"gpulane: loading model {model}\n"
 
-    def _client_gone(self, request_id: str) -> None:
-        event = ev.RequestCancelled(
-            at=self.scheduler.clock(), request_id=request_id, reason="client_gone"
-        )
-        if (
-            not self.scheduler.cancel(request_id, "client_gone")
-            and request_id in self.scheduler.state.requests
-        ):
-            self.scheduler.finish(event)
 
-    def _reject(
-        self,
-        endpoint: str,
-        status: int,
-        message: str,
-        model: str | None,
-        priority: int,
-        caller: str | None,
-    ) -> None:
-        self.scheduler.emit(
-            [
-                ev.RequestRejected(
-                    at=self.scheduler.clock(),
-                    request_id=new_request_id(),
-                    endpoint=endpoint,
-                    http_status=status,
-                    error=message,
-                    model_requested=model,
-                    priority=priority,
-                    band=band_of(priority),
-                    caller=caller,
-                )
-            ]
+class Reply:
+    """The client's side of one request: remembers what was sent, so an error
+    can still be reported in the right form at any point."""
+
+    def __init__(self, send: Send, ticket: Ticket, *, started_as_sse: bool = False) -> None:
+        self._send = send
+        self._ticket = ticket
+        self.started = started_as_sse
+        self.sse = started_as_sse
+        self.ended = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        passed = [(k, v) for k, v in headers if k.lower().decode("latin-1") not in _NOT_PASSED_BACK]
+        if not self.started:
+            self.sse = any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                for k, v in passed
+            )
+        self.started = True
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": passed + _ticket_headers(self._ticket),
+            }
         )
+
+    async def body(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def error(self, why: Detached) -> None:
+        """An error as a JSON response, or, once the answer has started, as a
+        last SSE event (if it is a stream) and the end of the body."""
+        if self.ended:
+            return
+        with contextlib.suppress(Exception):  # the client may be gone already
+            if not self.started:
+                self.ended = True
+                await send_error(
+                    self._send,
+                    why.status,
+                    why.message,
+                    code=why.code,
+                    headers=_ticket_headers(self._ticket),
+                )
+                return
+            if self.sse:
+                await self.body(_sse_error(why.message))
+            await self.end()
 
 
 def _headers(scope: Scope) -> dict[str, str]:
+    # latin-1 maps bytes to str one to one, so the original bytes come back
+    # exactly when forwarding (`outgoing_headers`), UTF-8 or not.
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+# RFC 9110 field-value: visible ASCII, obs-text (0x80-0xff), and inner SP/HTAB.
+_FIELD_VALUE = re.compile(r"[\x21-\x7e\x80-\xff]([\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+
+
+def outgoing_headers(
+    headers: dict[str, str], *, strip_credentials: bool
+) -> tuple[list[tuple[bytes, bytes]], list[str]]:
+    """The headers to send upstream, as the bytes the client sent, and the
+    names of those HTTP/1.1 cannot carry (dropped). Surrounding whitespace is
+    not part of a value (RFC 9110 5.5), so it is trimmed, not a reason to drop."""
+    out: list[tuple[bytes, bytes]] = []
+    dropped: list[str] = []
+    for name, value in headers.items():
+        if name in HOP_BY_HOP or (strip_credentials and name in _CREDENTIALS):
+            continue
+        value = value.strip(" \t")
+        if not _TOKEN.fullmatch(name) or not (value == "" or _FIELD_VALUE.fullmatch(value)):
+            dropped.append(name)
+            continue
+        out.append((name.encode("latin-1"), value.encode("latin-1")))
+    return out, dropped
 
 
 def _ticket_headers(ticket: Ticket) -> list[tuple[bytes, bytes]]:

@@ -5,8 +5,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import os
+import signal
+import socket
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
+from types import FrameType
 
 import httpx
 import uvicorn
@@ -22,8 +28,10 @@ from app.runtime.scheduler import Scheduler
 from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
 from app.store.queries import activity
+from app.web.admin_routes import admin_routes
 from app.web.app import create_app
 from app.web.jobs import JobRunner, job_routes
+from app.web.limits import server_options
 from app.web.proxy import Proxy
 from app.web.report_routes import report_routes
 
@@ -126,23 +134,51 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
         proxy,
         logs,
         activity=lambda limit, offset: activity(engine, limit, offset),
-        extra_handlers=[*job_routes(jobs), *report_routes(scheduler, engine)],
+        extra_handlers=[
+            *job_routes(jobs),
+            *report_routes(scheduler, engine),
+            *admin_routes(scheduler),
+        ],
         on_startup=[startup],
         on_shutdown=[shutdown],
     )
-    server = uvicorn.Server(
+    server = _Server(
+        partial(scheduler.drain, config.shutdown_grace),
         uvicorn.Config(
             app,
             host=host,
             port=port,
-            http="httptools",
+            **server_options(),  # httptools, with limits on the request head
             server_header=False,  # the upstream's own Server header passes through
             log_level="warning",
             access_log=False,
             lifespan="on",
-        )
+            # A backstop only: drain has already ended every request by then.
+            timeout_graceful_shutdown=math.ceil(config.shutdown_grace) + 5,
+        ),
     )
     await server.serve()
+
+
+class _Server(uvicorn.Server):
+    """Drains the scheduler when a stop is asked for (SIGTERM, Ctrl-C), before
+    uvicorn waits for open connections: clients still queued get their answer
+    then, instead of holding the stop up for ever."""
+
+    def __init__(self, drain: Callable[[], Awaitable[None]], config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._drain = drain
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._drain()
+        await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises the signal once stopped; a SIGTERM that ends in a
+        # complete graceful stop exits 0, as service managers expect.
+        if sig == signal.SIGTERM:
+            self._captured_signals.remove(sig)
 
 
 def _capture_logs(logs: LogBuffer) -> None:

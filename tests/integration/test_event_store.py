@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import shutil
 import sqlite3
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 
 from app.core import events as ev
+from app.store import commands
 from app.store.engine import DatabaseError, create_engine, open_database
 from app.store.event_store import (
     SqliteEventStore,
@@ -332,3 +336,140 @@ def test_an_empty_file_becomes_a_new_database(tmp_path: Path) -> None:
     engine = open_database(path)
     assert last_seq(engine) == 0
     engine.dispose()
+
+
+# -- one bad event, a clean stop, a backup -----------------------------------------------------
+
+
+async def test_an_event_sqlite_cannot_hold_fails_alone_and_its_batch_is_stored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "events.db"
+    engine = open_database(path)
+    store = SqliteEventStore(engine)
+    store.start()
+    await store.append([enqueued("before")])
+    # Submitted in one tick, so they reach the writer as one group commit: the bad
+    # event sits between other callers' events, past the first insert chunk.
+    many = store.submit([enqueued(f"many{i}") for i in range(300)])
+    other = store.submit(
+        [enqueued("other"), ev.RequestDispatched(at=T0 + 1, request_id="other", model="qwen")]
+    )
+    bad = store.submit([enqueued("big", priority=2**63, band="interactive")])
+    mixed = store.submit([enqueued("mixed"), enqueued("huge", priority=-(2**63) - 1)])
+    after = store.submit([enqueued("after")])
+
+    with pytest.raises(StoreError, match="request_enqueued of request big not stored.*too large"):
+        await bad
+    with pytest.raises(StoreError, match="request mixed \\(\\+1 more\\) not stored"):
+        await mixed  # a caller's events are stored together or not at all
+    seqs = [*await many, *await other, *await after]
+    assert seqs == list(range(2, 2 + 303))  # no gaps where the bad events would have been
+    assert store.failure is None
+    assert await store.append([enqueued("next")]) == [305]
+    await store.close()
+    engine.dispose()
+
+    stored = [e.request_id for _, e in _read_file(path)]  # type: ignore[union-attr]
+    assert stored == [
+        "before",
+        *(f"many{i}" for i in range(300)),
+        "other",
+        "other",
+        "after",
+        "next",
+    ]
+    assert commands.check(str(path)) == 0
+    assert capsys.readouterr().out.startswith("ok: 305 events")
+
+
+async def test_close_checkpoints_the_wal_so_the_db_file_alone_is_complete(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    engine = open_database(path)
+    # Another open connection: SQLite's own checkpoint when the last one closes
+    # must not be what makes the file whole.
+    keeper = sqlite3.connect(path)
+    store = SqliteEventStore(engine)
+    store.start()
+    await store.append([enqueued(f"r{i}") for i in range(50)])
+    await store.close()
+
+    copy = tmp_path / "copy" / "events.db"
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)  # the .db alone, as a user copies it
+    keeper.close()
+    engine.dispose()
+
+    with sqlite3.connect(copy) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+        assert {"events", "requests", "alembic_version"} <= tables
+        assert conn.execute("SELECT count(*) FROM events").fetchone() == (50,)
+        assert conn.execute("SELECT count(*) FROM requests").fetchone() == (50,)
+    assert commands.check(str(copy)) == 0
+
+
+async def test_db_backup_while_the_store_appends_is_a_consistent_copy(tmp_path: Path) -> None:
+    path = tmp_path / "gpulane.db"
+    target = tmp_path / "backups" / "copy.db"
+    target.parent.mkdir()
+    engine = open_database(path)
+    store = SqliteEventStore(engine)
+    store.start()
+    await store.append([enqueued(f"seed{i}") for i in range(500)])
+    backup = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        "db",
+        "backup",
+        str(target),
+        "--db",
+        str(path),
+        cwd=Path(__file__).parents[2],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    appended_during = 0
+    while backup.returncode is None:  # the backup runs under continuous writes
+        rid = f"live{appended_during}"
+        await store.append(
+            [enqueued(rid), ev.RequestDispatched(at=T0 + 1, request_id=rid, model="qwen")]
+        )
+        appended_during += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(backup.wait(), 0.001)
+    out, err = await backup.communicate()
+    assert backup.returncode == 0, err.decode()
+    await store.append([enqueued("after")])
+    await store.close()
+    engine.dispose()
+
+    assert appended_during > 0
+    assert out.decode().startswith(f"ok: {path} copied to {target}: ")
+    copied, original = _read_file(target), _read_file(path)
+    assert 500 <= len(copied) < len(original)
+    assert copied == original[: len(copied)]  # a prefix of the log: one commit's snapshot
+    assert len(copied) % 2 == 0  # never half of a transaction
+    assert commands.check(str(target)) == 0
+    assert not [p.name for p in target.parent.iterdir() if "partial" in p.name]
+
+
+def test_db_backup_refuses_to_overwrite_the_database_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "gpulane.db"
+    open_database(path).dispose()
+    assert commands.backup(str(path), str(path)) == 1
+    assert "is the database itself" in capsys.readouterr().err
+    assert commands.backup(str(path), str(tmp_path)) == 1
+    assert "is a directory" in capsys.readouterr().err
+    assert commands.backup(str(tmp_path / "missing.db"), str(tmp_path / "x.db")) == 1
+    assert "no such database file" in capsys.readouterr().err
+
+
+def _read_file(path: Path) -> list[tuple[int, ev.AnyEvent]]:
+    engine = open_database(path, upgrade=False)
+    try:
+        return list(read_events(engine))
+    finally:
+        engine.dispose()

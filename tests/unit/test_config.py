@@ -66,14 +66,16 @@ def test_example_config_loads_with_home_from_environ() -> None:
     assert config.warnings == ()
     assert config.scheduler == "serial"
     assert config.database_path == "gpulane.db"
+    assert (short.max_run_time, long.stream_idle_timeout, config.shutdown_grace) == (7200, 1200, 30)
     assert config.source == str(EXAMPLE)
 
 
 def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
     config = load_config(LLAMA_SWAP, environ={**ENV, "API_KEY_1": "sk-env"})
 
-    warned = sorted(w.split(":", 1)[0] for w in config.warnings)
-    assert warned == sorted(
+    ignored = sorted(w.split(":", 1)[0] for w in config.warnings if "ignored" in w)
+    gpt = "models.gpt-oss-120b"
+    assert ignored == sorted(
         [
             "logTimeFormat",
             "logToStdout",
@@ -83,14 +85,20 @@ def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
             "groups",
             "profiles",
             "peers",
-            "models.gpt-oss-120b.filters.setParamsByID",
-            "models.gpt-oss-120b.timeouts",
+            f"{gpt}.filters.setParamsByID",
+            f"{gpt}.timeouts.keepalive",
+            f"{gpt}.timeouts.tlsHandshake",
+            f"{gpt}.timeouts.expectContinue",
+            f"{gpt}.timeouts.idleConn",
+            f"{gpt}.compat.ignoreWebsockets",
         ]
     )
-    assert all("ignored" in w for w in config.warnings)
+    assert [w for w in config.warnings if "ignored" not in w] == [
+        "hooks.on_startup.preload[1]: unknown model 'retired-model', not preloaded"
+    ]
     assert config.health_check_timeout == 500
     assert config.api_keys == ("sk-hunter2", "sk-env")
-    assert config.preload == ("gpt-oss-120b",)  # given as an alias
+    assert config.preload == ("gpt-oss-120b",)  # given as an alias; the unknown one skipped
 
 
 def test_llama_swap_model_settings_resolve() -> None:
@@ -129,6 +137,9 @@ def test_llama_swap_model_settings_resolve() -> None:
     assert docker.check_endpoint is None
     assert docker.ttl == 300  # globalTTL
     assert docker.unload_timeout == 30
+    # llama-swap's timeouts block, in its own units (seconds)
+    assert (gpt.connect_timeout, gpt.response_header_timeout) == (30, 60)
+    assert (docker.connect_timeout, docker.response_header_timeout) == (10, 3600)
     assert config.models["qwen-unlisted"].unlisted is True
 
 
@@ -256,17 +267,21 @@ def test_invalid_yaml_names_line_and_column() -> None:
     assert errors[0].startswith("<string>: invalid YAML: line 3, column 1:")
 
 
-def test_preload_and_fifo_priority_must_name_known_models() -> None:
+def test_fifo_priority_must_name_known_models() -> None:
     errors = errors_of(
         one_model()
-        + "hooks:\n  on_startup:\n    preload: [mm]\n"
         + "routing:\n  scheduler:\n    use: fifo\n    settings:\n      fifo:\n"
         + "        priority: {ghost: 1}\n"
     )
-    assert errors == [
-        "routing.scheduler.settings.fifo.priority.ghost: unknown model 'ghost'",
-        "hooks.on_startup.preload[0]: unknown model 'mm'; did you mean 'm'?",
-    ]
+    assert errors == ["routing.scheduler.settings.fifo.priority.ghost: unknown model 'ghost'"]
+
+
+def test_preload_of_an_unknown_model_warns_and_is_skipped_as_in_llama_swap() -> None:
+    config = parse(one_model() + "hooks:\n  on_startup:\n    preload: [mm, ' m ', '', m]\n")
+    assert config.preload == ("m",)  # trimmed, blank dropped, listed once
+    assert config.warnings == (
+        "hooks.on_startup.preload[0]: unknown model 'mm', not preloaded; did you mean 'm'?",
+    )
 
 
 def test_fifo_priority_applies_per_model_with_default_zero() -> None:
@@ -452,6 +467,131 @@ def test_defaults() -> None:
         None,
         0,
     )
+    # Generous enough for a 16-minute render, streamed (headers first) or not.
+    assert (model.connect_timeout, model.response_header_timeout) == (10, 3600)
+    assert (model.max_run_time, model.stream_idle_timeout) == (7200, 1200)
+    assert config.shutdown_grace == 30
+
+
+# --- time limits ----------------------------------------------------------------------
+
+
+def test_llama_swap_timeouts_resolve_in_seconds_and_zero_means_no_limit() -> None:
+    config = parse(
+        """
+        models:
+          set:
+            cmd: x --port ${PORT}
+            timeouts: {connect: 5, responseHeader: 1.5}
+          unlimited:
+            cmd: x --port ${PORT}
+            timeouts: {connect: 0, responseHeader: 0}
+          empty:
+            cmd: x --port ${PORT}
+            timeouts:
+        """
+    )
+    limits = {
+        model_id: (m.connect_timeout, m.response_header_timeout)
+        for model_id, m in config.models.items()
+    }
+    assert limits == {"empty": (10, 3600), "set": (5, 1.5), "unlimited": (None, None)}
+    assert config.warnings == ()
+
+
+def test_llama_swap_timeout_keys_without_a_gpulane_meaning_warn_once_each() -> None:
+    config = parse(
+        one_model("timeouts: {keepalive: 30, tlsHandshake: 10, expectContinue: 1, idleConn: 90}\n")
+    )
+    assert [w.split(": ", 1)[0] for w in config.warnings] == [
+        "models.m.timeouts.keepalive",
+        "models.m.timeouts.tlsHandshake",
+        "models.m.timeouts.expectContinue",
+        "models.m.timeouts.idleConn",
+    ]
+    assert all(": llama-swap key ignored: " in w for w in config.warnings)
+    assert config.models["m"].connect_timeout == 10
+
+
+def test_llama_swap_timeouts_take_numbers_and_known_keys_only() -> None:
+    errors = errors_of(one_model("timeouts: {connect: 5s, respnseHeader: 1}\n"))
+    assert errors == [
+        "models.m.timeouts.connect: expected a number, got '5s' (a string)",
+        "models.m.timeouts.respnseHeader: unknown key; did you mean 'responseHeader'?",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("timeouts: {connect: -1}", "models.m.timeouts.connect"),
+        ("timeouts: {responseHeader: -1}", "models.m.timeouts.responseHeader"),
+        ("maxRunTime: -1", "models.m.maxRunTime"),
+        ("streamIdleTimeout: -1", "models.m.streamIdleTimeout"),
+    ],
+)
+def test_negative_model_time_limit_is_an_error_naming_the_key(text: str, key: str) -> None:
+    (error,) = errors_of(one_model(text + "\n"))
+    assert error.startswith(f"{key}: -1 is out of range; expected seconds >= 0 (0 = no limit)")
+
+
+@pytest.mark.parametrize("key", ["maxRunTime", "streamIdleTimeout", "shutdownGrace"])
+def test_negative_top_level_time_is_an_error_naming_the_key(key: str) -> None:
+    (error,) = errors_of(one_model() + f"{key}: -1\n")
+    assert error.startswith(f"{key}: -1 is out of range; expected seconds >= 0")
+
+
+def test_run_limits_accept_durations_and_a_model_overrides_the_top_level_value() -> None:
+    config = parse(
+        """
+        maxRunTime: 4h
+        streamIdleTimeout: 30m
+        shutdownGrace: 2m
+        models:
+          inherits: {cmd: "x --port ${PORT}"}
+          own: {cmd: "x --port ${PORT}", maxRunTime: 90, streamIdleTimeout: 1h30m}
+          unlimited: {cmd: "x --port ${PORT}", maxRunTime: 0, streamIdleTimeout: 0}
+        """
+    )
+    limits = {
+        model_id: (m.max_run_time, m.stream_idle_timeout) for model_id, m in config.models.items()
+    }
+    assert limits == {
+        "inherits": (4 * 3600, 30 * 60),
+        "own": (90, 5400),
+        "unlimited": (None, None),
+    }
+    assert config.shutdown_grace == 120
+    assert parse(one_model() + "shutdownGrace: 0\n").shutdown_grace == 0  # stop at once
+
+
+def test_bad_duration_names_the_key_and_the_allowed_forms() -> None:
+    (error,) = errors_of(one_model("maxRunTime: 2w\n"))
+    assert error == (
+        "models.m.maxRunTime: '2w' is not a duration; expected seconds >= 0 (0 = no limit), "
+        'or a duration like "7d", "12h", "30m", "45s" or "1d12h"'
+    )
+
+
+# --- compat -----------------------------------------------------------------------------
+
+
+def test_compat_block_loads_with_one_warning_per_key() -> None:
+    config = parse(one_model("compat:\n  ignoreWebsockets: true\n"))
+    assert config.warnings == (
+        "models.m.compat.ignoreWebsockets: llama-swap key ignored: "
+        "gpulane does not proxy websockets, so none ever holds a model",
+    )
+    assert parse(one_model("compat:\n")).warnings == ()
+
+
+def test_compat_typo_is_an_error_naming_the_known_key() -> None:
+    assert errors_of(one_model("compat: {ignoreWebSockets: true}\n")) == [
+        "models.m.compat.ignoreWebSockets: unknown key; did you mean 'ignoreWebsockets'?"
+    ]
+    assert errors_of(one_model("compat: {zzz: true}\n")) == [
+        "models.m.compat.zzz: unknown key; llama-swap keys accepted and ignored: ignoreWebsockets"
+    ]
 
 
 @pytest.mark.parametrize(("model_ttl", "expected"), [(None, 300), (-1, 300), (0, 0), (45, 45)])

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from app.core.priority import ALIASES, HEADER, band_of, parse_priority
+from app.core.priority import (
+    ALIASES,
+    HEADER,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    band_of,
+    parse_priority,
+)
+from app.core.scoring import NS_PER_S, ScoringParams
 
 
 def test_header_name_is_llama_swaps() -> None:
@@ -87,20 +97,60 @@ def test_aliases_are_case_insensitive_and_ignore_surrounding_spaces(
     assert ALIASES[value.strip().lower()] == expected
 
 
-@pytest.mark.parametrize("sign", ["", "+", "-"])
-def test_a_30_digit_value_is_kept_exactly_not_clamped(sign: str) -> None:
-    digits = "123456789012345678901234567890"
-    assert len(digits) == 30
-    expected = int(digits) * (-1 if sign == "-" else 1)
-    assert parse_priority(f" {sign}{digits} ") == expected
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (str(2**63 - 1), 2**63 - 1),
+        (f"+{2**63 - 1}", 2**63 - 1),
+        (str(-(2**63)), -(2**63)),
+        (" 0009223372036854775807 ", 2**63 - 1),  # leading zeros do not count
+        ("0" * 5000 + "42", 42),
+    ],
+)
+def test_the_whole_signed_64_bit_range_is_kept_exactly_not_clamped(
+    value: str, expected: int
+) -> None:
+    assert parse_priority(value) == expected
+    assert (MIN_PRIORITY, MAX_PRIORITY) == (-(2**63), 2**63 - 1)
 
 
-def test_a_value_too_long_for_int_parses_as_0_instead_of_failing_the_request() -> None:
-    # int() refuses more than sys.int_max_str_digits (4300) digits with ValueError;
-    # a malformed header must never fail a request.
-    assert parse_priority("9" * 5000) == 0
-    assert parse_priority("-" + "9" * 5000) == 0
-    assert parse_priority("9" * 4300) == int("9" * 4300)
+@pytest.mark.parametrize(
+    "value",
+    [
+        str(2**63),
+        f"+{2**63}",
+        str(-(2**63) - 1),
+        "123456789012345678901234567890",
+        "-123456789012345678901234567890",
+        "9" * 309,  # float(priority) overflowed from here: the score broke for everyone
+        "-" + "9" * 309,
+        "9" * 4300,  # the most digits int() converts by default
+        "-" + "9" * 4300,
+        "9" * 5000,  # int() refuses these with ValueError
+    ],
+    ids=lambda v: f"{len(v)}-chars",
+)
+def test_values_outside_the_signed_64_bit_range_parse_as_0_as_in_the_fork(value: str) -> None:
+    assert parse_priority(value) == 0
+
+
+@pytest.mark.parametrize("digits", [309, 4300])
+def test_an_out_of_range_header_scores_like_priority_0(digits: int) -> None:
+    # What broke: the breakdown's float of a 309+ digit priority overflowed.
+    params = ScoringParams()
+    parsed = parse_priority("9" * digits)
+    enqueued, now = 5 * NS_PER_S, 65 * NS_PER_S
+    assert params.breakdown(parsed, enqueued, now, resident=True) == params.breakdown(
+        0, enqueued, now, resident=True
+    )
+
+
+@pytest.mark.parametrize("priority", [MAX_PRIORITY, MIN_PRIORITY])
+def test_the_score_of_an_extreme_priority_is_finite(priority: int) -> None:
+    params = ScoringParams()
+    b = params.breakdown(priority, 0, 3600 * NS_PER_S, resident=True)
+    assert math.isfinite(b.total) and b.priority == priority
+    assert params.base_key(priority, 0) == priority * params.aging_divisor_ns
 
 
 @pytest.mark.parametrize(
