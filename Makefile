@@ -40,6 +40,7 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.proxy_bench
 	$(PY) -m bench.recovery_bench
 	$(PY) -m bench.replay_bench
+	$(PY) -m bench.swap_bench
 
 clean: ## remove the venv and caches (not ~/.cache/gpulane)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

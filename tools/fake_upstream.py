@@ -2,6 +2,7 @@
 
     python -m tools.fake_upstream --port N [--name NAME] [--start-delay S]
                                   [--exit-at-start] [--health-status CODE]
+                                  [--spawn-setsid-child]
 
 Standard library only, so it starts in tens of milliseconds. Each request may
 steer the reply with a ``"fake"`` object in its JSON body or an ``X-Fake``
@@ -13,6 +14,12 @@ header holding the same JSON (the header wins field by field):
 Every reply names the server (``served_by`` field, ``X-Served-By`` header) and
 echoes the ``model`` it received, so tests can tell which upstream served them.
 One line per request goes to stdout so log capture can be tested.
+
+``--spawn-setsid-child`` leaves a copy of the server behind as a daemonizing
+helper would (fork, ``setsid``, fork again, the middle process exits): the copy
+is in a session and process group of its own, its parent is gone, and it keeps
+serving the same listening socket until it is signalled itself. Its replies
+name it ``NAME/setsid-child``.
 """
 
 from __future__ import annotations
@@ -328,6 +335,23 @@ def _vector(item: Any, dims: int = 8) -> list[float]:
     return [round(b / 127.5 - 1.0, 6) for b in digest[:dims]]
 
 
+def _leave_setsid_copy(server: FakeServer) -> None:
+    # Called before serve_forever, while this process has one thread: fork is safe.
+    middle = os.fork()
+    if middle:
+        os.waitpid(middle, 0)  # the copy's parent is gone once this returns
+        return
+    try:
+        os.setsid()  # out of the upstream's session and process group
+        if os.fork():
+            os._exit(0)
+        server.name = f"{server.name}/setsid-child"
+        log(f"{server.name} pid={os.getpid()} sid={os.getsid(0)} serving port {server.server_port}")
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.fake_upstream", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
@@ -336,6 +360,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start-delay", type=float, default=0.0, help="answer 503 until then")
     parser.add_argument("--exit-at-start", action="store_true", help=f"exit {EXIT_AT_START_CODE}")
     parser.add_argument("--health-status", type=int, default=200, help="GET /health status")
+    parser.add_argument(
+        "--spawn-setsid-child",
+        action="store_true",
+        help="leave a daemonized copy serving the port, in a new session",
+    )
     args = parser.parse_args(argv)
 
     name = args.name
@@ -353,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     server = FakeServer(
         (args.host, args.port), name=name, ready_at=ready_at, health=args.health_status
     )
+    if args.spawn_setsid_child:
+        _leave_setsid_copy(server)
     log(f"{name} listening on http://{args.host}:{server.server_port} pid={os.getpid()}")
     server.serve_forever(poll_interval=0.5)
 

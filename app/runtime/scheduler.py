@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from app.config import Config
+from app.config import Config, ModelConfig
 from app.core import events as ev
 from app.core.policy import decide
 from app.core.priority import band_of
@@ -38,7 +38,7 @@ from app.core.scoring import ScoringParams
 from app.core.state import SchedulerState, apply
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
-from app.runtime.upstream import UpstreamProcess, UpstreamStartError
+from app.runtime.upstream import UpstreamProcess, UpstreamSpec, UpstreamStartError
 
 log = logging.getLogger("gpulane.scheduler")
 
@@ -47,6 +47,44 @@ class EventSink(Protocol):
     failure: str | None
 
     def submit(self, events: list[ev.AnyEvent]) -> asyncio.Future[list[int]]: ...
+
+
+class Upstream(Protocol):
+    """What the run loop needs of one model's server: `UpstreamProcess` in
+    production, a recording fake in tests/unit/test_scheduler.py."""
+
+    @property
+    def spec(self) -> UpstreamSpec: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def cmdline(self) -> list[str]: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def exit_code(self) -> int | None: ...
+
+    async def start(self) -> int: ...
+    async def stop(self) -> int | None: ...
+    async def wait_exit(self) -> int: ...
+
+
+UpstreamFactory = Callable[[ModelConfig, Callable[[Upstream], None]], Upstream]
+"""Builds the upstream for a model; the callback records it once it has a pid."""
+
+
+class Timers(Protocol):
+    """`call_later` as the event loop has it; a fake clock in unit tests."""
+
+    def call_later(
+        self, delay: float, callback: Callable[..., object], *args: Any
+    ) -> Cancellable: ...
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 class Admission(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,11 +160,17 @@ class Scheduler:
         *,
         logs: LogBuffer,
         clock: Callable[[], int] = time.time_ns,
+        timers: Timers | None = None,
+        upstreams: UpstreamFactory | None = None,
     ) -> None:
+        """`clock` (unix ns) stamps every event and measures swaps and idle time;
+        `timers` runs TTLs and time limits; `upstreams` builds model servers."""
         self.config = config
         self.store = store
         self.logs = logs
         self.clock = clock
+        self._timers: Timers = timers or asyncio.get_running_loop()
+        self._new_upstream = upstreams or self._upstream_process
         self.state = SchedulerState(
             ScoringParams(config.aging_divisor_ns, config.swap_affinity_bonus),
             scheduler=config.scheduler,
@@ -136,14 +180,14 @@ class Scheduler:
         )
         self.metrics = Metrics(lambda: self.state, clock)
         self.tickets: dict[str, Ticket] = {}
-        self.upstreams: dict[str, UpstreamProcess] = {}
+        self.upstreams: dict[str, Upstream] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._swap_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._last_used: dict[str, float] = {}
+        self._last_used: dict[str, int] = {}
         self.running_since: dict[str, int] = {}
         self._served_by: dict[str, asyncio.Task[Any]] = {}
-        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._deadlines: dict[str, Cancellable] = {}
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
@@ -459,7 +503,7 @@ class Scheduler:
         self._detach(request_id, detach)
         status = ev.type_name(event).removeprefix("request_")  # completed, failed, ...
         self.metrics.observe_finish(band_of(request.priority), status)
-        self._last_used[request.model] = time.monotonic()
+        self._last_used[request.model] = self.clock()
         self._arm_ttl(request.model)
         if self._idle is not None and not self.state.running and not self._idle.done():
             self._idle.set_result(None)
@@ -523,7 +567,7 @@ class Scheduler:
         limit = self.config.models[model].max_run_time
         if limit is None or request_id in self._deadlines:
             return
-        self._deadlines[request_id] = asyncio.get_running_loop().call_later(
+        self._deadlines[request_id] = self._timers.call_later(
             limit, self._overran, request_id, limit
         )
 
@@ -554,7 +598,7 @@ class Scheduler:
         self._swap_task = self._spawn(self._swap(model))
 
     async def _swap(self, model: str) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock()
         try:
             # Serial means one model at a time: stop every other one first.
             for other in list(self.upstreams):
@@ -564,11 +608,8 @@ class Scheduler:
                 await task
             proc = self.upstreams.get(model)
             if proc is None or not proc.running:
-                proc = UpstreamProcess(
-                    self.config.models[model],
-                    health_check_timeout=self.config.health_check_timeout,
-                    logs=self.logs,
-                    on_spawn=lambda p: self._process_started(model, p),
+                proc = self._new_upstream(
+                    self.config.models[model], lambda p: self._process_started(model, p)
                 )
                 self.upstreams[model] = proc
                 await proc.start()
@@ -590,11 +631,21 @@ class Scheduler:
                         )
                     ]
                 )
-            self._swap_done(model, error=str(exc), seconds=time.monotonic() - t0)
+            self._swap_done(model, error=str(exc), seconds=(self.clock() - t0) / 1e9)
             return
-        self._swap_done(model, error=None, seconds=time.monotonic() - t0)
+        self._swap_done(model, error=None, seconds=(self.clock() - t0) / 1e9)
 
-    def _process_started(self, model: str, proc: UpstreamProcess) -> None:
+    def _upstream_process(
+        self, spec: ModelConfig, on_spawn: Callable[[Upstream], None]
+    ) -> Upstream:
+        return UpstreamProcess(
+            spec,
+            health_check_timeout=self.config.health_check_timeout,
+            logs=self.logs,
+            on_spawn=on_spawn,
+        )
+
+    def _process_started(self, model: str, proc: Upstream) -> None:
         assert proc.pid is not None
         self.emit(
             [
@@ -652,7 +703,7 @@ class Scheduler:
 
         self._stopping[model] = self._spawn(stop())
 
-    def _watch(self, model: str, proc: UpstreamProcess) -> None:
+    def _watch(self, model: str, proc: Upstream) -> None:
         async def watch() -> None:
             code = await proc.wait_exit()
             if proc.stopping or proc.pid is None:
@@ -675,18 +726,22 @@ class Scheduler:
         ttl = self.config.models[model].ttl
         if ttl <= 0:
             return
-        asyncio.get_running_loop().call_later(ttl + 0.01, self._ttl_check, model)
+        self._timers.call_later(ttl, self._ttl_check, model)
 
     def _ttl_check(self, model: str) -> None:
         ttl = self.config.models[model].ttl
-        idle_for = time.monotonic() - self._last_used.get(model, 0.0)
         if (
-            model in self.upstreams
-            and self.state.loading != model
-            and not self.state.running_on(model)
-            and idle_for >= ttl
+            model not in self.upstreams
+            or self.state.loading == model
+            or self.state.running_on(model)
         ):
-            self._stop(model, "ttl")
+            return  # busy: the request's end arms the TTL again
+        early = ttl - (self.clock() - self._last_used.get(model, 0)) / 1e9
+        if early > 0:
+            # The timer and the clock may disagree by a hair; look again then.
+            self._timers.call_later(early, self._ttl_check, model)
+            return
+        self._stop(model, "ttl")
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

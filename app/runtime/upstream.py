@@ -1,29 +1,65 @@
 """The server process behind one model: start it, wait until healthy, stop it.
 
-Each upstream runs in its own session (so its own process group): stopping
-signals the whole group, so helpers it spawned cannot outlive it and hold
-GPU memory. Process exit is observed through the subprocess protocol rather
-than ``Process.wait()``, which on Python 3.11 also waits for the output pipe to
-close and so would hang while any escaped grandchild keeps it open.
+Each upstream runs in its own session (so its own process group) with an
+environment marker naming this start. Stopping signals the whole group and
+every other process the upstream started (found by parentage, group, or the
+marker, which survives ``setsid`` and double forks), so no helper outlives it
+holding GPU memory or the port. A start first checks that no other process
+listens on the model's port, and health is accepted only when the listener
+answering it is the upstream's (see ``_foreign_listener``).
+
+Exits are observed, not polled: the leader's through the subprocess protocol
+(``Process.wait()`` on Python 3.11 also waits for the output pipe to close, so
+it would hang while an escaped grandchild keeps it open), other processes'
+through pidfds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import time
+import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
+from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.process_table import (
+    Proc,
+    all_pids,
+    all_procs,
+    descendants,
+    describe,
+    family,
+    read_cmdline,
+    read_proc,
+    signal_procs,
+    socket_holders,
+    stat_fields,
+    tcp_listeners,
+    wait_gone,
+)
 
-_HEALTH_POLL_INTERVAL = 0.075
-_GROUP_POLL_INTERVAL = 0.05
+ENV_MARKER = "GPULANE_UPSTREAM"
+"""Set to "MODEL:START-ID" in each upstream's environment; its descendants inherit it."""
+
+# Health polls back off with the time waited so far: a server ready in 300 ms
+# is seen within ~15 ms of it, one loading for minutes costs 10 probes a second.
+_HEALTH_POLL_FIRST = 0.002
+_HEALTH_POLL_FRACTION = 0.05
+_HEALTH_POLL_MAX = 0.1
+_GROUP_POLL_FIRST = 0.001  # group members are polled only where /proc cannot be read
+_GROUP_POLL_MAX = 0.05
+_PROBE_MAX_BODY = 64 * 1024
 _OUTPUT_TAIL_LINES = 30
 _OUTPUT_DRAIN_TIMEOUT = 0.5  # after exit, for the last lines still in the pipe
 _KILL_WAIT = 5.0  # SIGKILL cannot be ignored, but teardown can take a moment
@@ -143,6 +179,9 @@ class UpstreamProcess:
         self._stopped = False
         self._stop_lock = asyncio.Lock()
         self._tail: deque[str] = deque(maxlen=_OUTPUT_TAIL_LINES)
+        self._port = _local_port(spec.proxy)  # None: not on this machine, nothing to check
+        self._root: Proc | None = None  # the leader as /proc saw it at spawn; None without /proc
+        self._marker: bytes | None = None  # ENV_MARKER=VALUE of the current start
 
     @property
     def running(self) -> bool:
@@ -160,7 +199,10 @@ class UpstreamProcess:
         return list(self._tail)
 
     async def start(self) -> int:
-        """Spawn the process and wait until its health check answers 200; returns the pid."""
+        """Spawn the process and wait until its health check answers 200; returns the pid.
+
+        Refused before anything is spawned when another process listens on the
+        model's port (pid stays None then)."""
         if self.running:
             raise RuntimeError(f"upstream {self.spec.id} is already running (pid {self.pid})")
         if self._reaper is not None and not self._stopped:
@@ -168,16 +210,21 @@ class UpstreamProcess:
         cmd = list(self.spec.cmd)
         if not cmd:
             raise UpstreamStartError("cmd is empty", model_id=self.spec.id)
+        self.pid = self._protocol = self._reaper = None  # a refused start leaves no trace
+        self._check_port_free()
         self._tail.clear()
         self._stopped = self.stopping = self.killed = False
+        marker = f"{ENV_MARKER}={self.spec.id}:{uuid.uuid4().hex}"
         try:
-            transport, protocol = await self._spawn(cmd)
+            transport, protocol = await self._spawn(cmd, marker=marker)
         except OSError as exc:
             reason = f"cannot run {cmd[0]!r}: {exc}"
             raise UpstreamStartError(reason, model_id=self.spec.id) from exc
         pid = transport.get_pid()
         self.pid = pid
-        self.cmdline = _read_cmdline(pid) or cmd
+        self._root = read_proc(pid)
+        self._marker = os.fsencode(marker)
+        self.cmdline = read_cmdline(pid) or cmd
         self.started_at = time.time()
         self._protocol = protocol
         self._reaper = asyncio.create_task(self._reap(pid, transport, protocol))
@@ -186,13 +233,14 @@ class UpstreamProcess:
                 self._on_spawn(self)
             await self._wait_healthy()
         except BaseException:
-            # Timed out, exited, or cancelled: never leave a half-started server behind.
+            # Timed out, exited, refused or cancelled: never leave a half-started server behind.
             await asyncio.shield(self.stop())
             raise
         return pid
 
     async def stop(self) -> int | None:
-        """Stop the process group; returns the exit code (None if never started). Idempotent."""
+        """Stop the process group and all else the upstream started; returns the exit
+        code (None if never started). Idempotent."""
         if self.pid is None or self._protocol is None or self._reaper is None:
             return None
         self.stopping = True
@@ -215,36 +263,109 @@ class UpstreamProcess:
         self._logs.append(self._source, line)
 
     async def _spawn(
-        self, argv: Sequence[str]
+        self, argv: Sequence[str], *, marker: str | None = None
     ) -> tuple[asyncio.SubprocessTransport, _OutputProtocol]:
         loop = asyncio.get_running_loop()
+        env = {**os.environ, **self.spec.env}
+        if marker is not None:  # not for cmd_stop: a sweep would take it for a leftover
+            name, _, value = marker.partition("=")
+            env[name] = value
         return await loop.subprocess_exec(
             lambda: _OutputProtocol(self._on_output),
             *argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self.spec.env},
+            env=env,
             start_new_session=True,
         )
+
+    # -- the port --------------------------------------------------------------
+
+    def _check_port_free(self) -> None:
+        port = self._port
+        if port is None:
+            return
+        listeners = tcp_listeners(port)
+        if listeners is None:  # no /proc/net: ask the port itself
+            if _accepts_connections(port):
+                reason = f"port {port} is already in use; stop it or give this model another port"
+                raise UpstreamStartError(reason, model_id=self.spec.id)
+            return
+        held = [listener for listener in listeners if listener.reachable_locally]
+        if not held:
+            return
+        holders = socket_holders({listener.inode for listener in held}, all_pids())
+        pids = sorted({pid for found in holders.values() for pid in found})
+        who = ", ".join(describe(pid) for pid in pids) or "a process gpulane cannot see"
+        where = ", ".join(listener.address for listener in held)
+        reason = (
+            f"port {port} is already in use by {who} (listening on {where}); "
+            "stop it or give this model another port"
+        )
+        raise UpstreamStartError(reason, model_id=self.spec.id)
+
+    async def _foreign_listener(self) -> str | None:
+        """Why the server that answered health is not this upstream, or None.
+
+        The listener on the model's port is ours when the upstream or a process
+        it started holds it. One held by a process born after the upstream is
+        accepted too (a container runtime's port proxy, as `docker run -p`
+        starts), and so is one gpulane cannot see (another user's). Refused: a
+        server that was already running and took the port after the check
+        before spawning; it, not the model, would answer the requests."""
+        port, root = self._port, self._root
+        if port is None or root is None:
+            return None
+        listeners = [
+            listener for listener in tcp_listeners(port) or () if listener.reachable_locally
+        ]
+        inodes = {listener.inode for listener in listeners}
+        inodes -= set(socket_holders(inodes, [root.pid]))  # the common case, and cheap
+        if not inodes:
+            return None
+        return await asyncio.to_thread(self._foreign_holder, port, root, inodes)
+
+    def _foreign_holder(self, port: int, root: Proc, inodes: set[int]) -> str | None:
+        procs = all_procs()
+        ours = {proc.pid for proc in family(root, self._marker, procs)}
+        for pids in socket_holders(inodes, procs).values():
+            for pid in pids:
+                proc = procs.get(pid)
+                # Strictly later: a tick is 10 ms, and a squatter may share one with the spawn.
+                if pid in ours or proc is None or proc.start_ticks > root.start_ticks:
+                    continue
+                return (
+                    f"port {port} is answered by {describe(pid)}, which was not started by "
+                    f"gpulane (the model's process is pid {root.pid}); stop it or give this "
+                    "model another port"
+                )
+        return None
+
+    # -- health ----------------------------------------------------------------
 
     async def _wait_healthy(self) -> None:
         endpoint = self.spec.check_endpoint
         if endpoint is None:
             return
         url = self.spec.proxy.rstrip("/") + "/" + endpoint.lstrip("/")
-        if self._client is not None:
-            await self._poll_health(self._client, url)
-            return
-        # Environment proxies must not intercept a check of a local port.
-        async with httpx.AsyncClient(trust_env=False) as client:
-            await self._poll_health(client, url)
+        parts = urlsplit(url)
+        client = self._client
+        if client is not None:
+            await self._poll_health(url, lambda timeout: _probe_httpx(client, url, timeout))
+        elif parts.scheme == "http":
+            await self._poll_health(url, _HttpProbe(parts))
+        else:
+            # Environment proxies must not intercept a check of a local port.
+            async with httpx.AsyncClient(trust_env=False) as own:
+                await self._poll_health(url, lambda timeout: _probe_httpx(own, url, timeout))
 
-    async def _poll_health(self, client: httpx.AsyncClient, url: str) -> None:
+    async def _poll_health(self, url: str, probe_once: Callable[[float], Awaitable[int]]) -> None:
         assert self._protocol is not None and self._reaper is not None
         loop = asyncio.get_running_loop()
         exited = self._protocol.exited
-        deadline = loop.time() + self.health_check_timeout
+        started = loop.time()
+        deadline = started + self.health_check_timeout
         last = "no answer yet"
         while True:
             remaining = deadline - loop.time()
@@ -253,7 +374,7 @@ class UpstreamProcess:
                     f"not healthy at {url} within {self.health_check_timeout:g}s (last: {last})"
                 )
                 raise UpstreamStartError(reason, model_id=self.spec.id, output=self._tail)
-            probe = asyncio.ensure_future(client.get(url, timeout=remaining))
+            probe = asyncio.ensure_future(probe_once(remaining))
             # Race the probe against exit so a crash fails the start at once.
             waiting: set[asyncio.Future[Any]] = {probe, exited}
             await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
@@ -269,14 +390,20 @@ class UpstreamProcess:
             if not probe.cancelled():
                 error = probe.exception()
                 if error is None:
-                    status = probe.result().status_code
+                    status = probe.result()
                     if status == 200:
-                        return
+                        foreign = await self._foreign_listener()
+                        if foreign is None:
+                            return
+                        raise UpstreamStartError(foreign, model_id=self.spec.id, output=self._tail)
                     last = f"HTTP {status}"
                 else:
                     last = f"{type(error).__name__}: {error}" if str(error) else repr(error)
-            pause = min(_HEALTH_POLL_INTERVAL, max(0.0, deadline - loop.time()))
-            await asyncio.wait({exited}, timeout=pause)
+            waited = loop.time() - started
+            pause = max(_HEALTH_POLL_FIRST, min(_HEALTH_POLL_MAX, waited * _HEALTH_POLL_FRACTION))
+            await asyncio.wait({exited}, timeout=min(pause, max(0.0, deadline - loop.time())))
+
+    # -- stopping --------------------------------------------------------------
 
     async def _stop(self, pid: int, protocol: _OutputProtocol, reaper: asyncio.Task[int]) -> None:
         loop = asyncio.get_running_loop()
@@ -284,7 +411,11 @@ class UpstreamProcess:
         deadline = loop.time() + timeout
         stopper: _OutputProtocol | None = None
         stopper_transport: asyncio.SubprocessTransport | None = None
-        if not protocol.exited.done() or _group_alive(pid):
+        # Look before signalling: once a parent exits, its children that cleared
+        # their environment are linked to us by nothing else. (Those that carry
+        # the marker are found after the leader exits, by _sweep.)
+        left = await self._descendants()
+        if not protocol.exited.done() or left or _group_alive(pid):
             if self.spec.cmd_stop and not protocol.exited.done():
                 argv = [arg.replace(_PID_MACRO, str(pid)) for arg in self.spec.cmd_stop]
                 try:
@@ -295,32 +426,197 @@ class UpstreamProcess:
                     )
             if stopper is None:
                 _signal_group(pid, signal.SIGTERM)
-            await _wait_group_gone(pid, protocol.exited, deadline)
-            if not protocol.exited.done() or _group_alive(pid):
+            if not await self._sweep(pid, protocol.exited, signal.SIGTERM, left, deadline):
                 self.killed = True
                 self._logs.append(
                     "proxy",
-                    f"{self.spec.id}: pid {pid} still running {timeout:g}s after stop; SIGKILL",
+                    f"{self.spec.id}: pid {pid} or what it started still running "
+                    f"{timeout:g}s after stop; SIGKILL",
                 )
                 _signal_group(pid, signal.SIGKILL)
-                await _wait_group_gone(pid, protocol.exited, loop.time() + _KILL_WAIT)
+                await self._sweep(
+                    pid, protocol.exited, signal.SIGKILL, left, loop.time() + _KILL_WAIT
+                )
         await asyncio.wait({reaper}, timeout=_KILL_WAIT)
         if stopper is not None and stopper_transport is not None:
             await _finish_helper(stopper_transport, stopper, max(0.0, deadline - loop.time()))
+
+    async def _sweep(
+        self,
+        pgid: int,
+        leader_exited: asyncio.Future[int],
+        sig: signal.Signals,
+        known: Sequence[Proc],
+        deadline: float,
+    ) -> bool:
+        """Once the leader has exited, sends SIG to what it left outside its group
+        (the group had its signal) and waits that out, looking again until
+        nothing is left. True when nothing is left by DEADLINE.
+
+        The leader goes first so that it can stop its own helpers in order (a
+        container's monitor, say); only what it leaves is ours to signal."""
+        loop = asyncio.get_running_loop()
+        if not leader_exited.done():
+            await asyncio.wait({leader_exited}, timeout=max(0.0, deadline - loop.time()))
+            if not leader_exited.done():
+                return False
+        signalled: set[Proc] = set()
+        while True:
+            pending = list({*known, *await self._leftovers()})
+            if not pending:
+                return await self._group_gone(pgid, deadline)
+            outside = [p for p in pending if p.pgrp != pgid and p not in signalled]
+            signal_procs(outside, sig)
+            signalled.update(outside)
+            remaining = deadline - loop.time()
+            if remaining <= 0 or await wait_gone(pending, remaining):
+                return False
+            known = []  # all gone: look again for any born meanwhile
+
+    async def _leftovers(self) -> list[Proc]:
+        """Live processes this start of the upstream started, its leader excluded."""
+        root, marker = self._root, self._marker
+        if root is None:
+            return []
+
+        def look() -> list[Proc]:
+            return family(root, marker, all_procs())
+
+        try:
+            return await asyncio.to_thread(look)  # a scan of every process: off the loop
+        except RuntimeError:  # the default executor is shut down: the loop is closing
+            return look()
+
+    async def _descendants(self) -> list[Proc]:
+        root = self._root
+        if root is None:
+            return []
+        found = descendants(root)  # a few small reads: cheaper than a thread hop
+        return await self._leftovers() if found is None else found
+
+    async def _group_gone(self, pgid: int, deadline: float) -> bool:
+        if self._root is not None:
+            return True  # the look that found nothing saw the group too
+        # No /proc: only the group can be watched, by polling.
+        loop = asyncio.get_running_loop()
+        pause = _GROUP_POLL_FIRST
+        while _group_alive(pgid):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, _GROUP_POLL_MAX)
+        return True
 
     async def _reap(
         self, pid: int, transport: asyncio.SubprocessTransport, protocol: _OutputProtocol
     ) -> int:
         code = await protocol.exited
-        if not self.stopping and _group_alive(pid):
+        if not self.stopping:
             # A crash orphans the server's helpers; nobody will stop them, and
-            # they may hold GPU memory. (A stop in progress handles its own.)
-            self._logs.append("proxy", f"{self.spec.id}: pid {pid} exited; killing its group")
-            _signal_group(pid, signal.SIGKILL)
-            deadline = asyncio.get_running_loop().time() + _KILL_WAIT
-            await _wait_group_gone(pid, protocol.exited, deadline)
+            # they may hold GPU memory or the port. (A stop handles its own.)
+            left = await self._leftovers()
+            if left or _group_alive(pid):
+                self._logs.append(
+                    "proxy", f"{self.spec.id}: pid {pid} exited; killing what it started"
+                )
+                _signal_group(pid, signal.SIGKILL)
+                deadline = asyncio.get_running_loop().time() + _KILL_WAIT
+                await self._sweep(pid, protocol.exited, signal.SIGKILL, left, deadline)
         await _close_when_drained(transport, protocol)
         return code
+
+
+class _HttpProbe:
+    """GET one URL over a bare connection; each call returns the HTTP status.
+
+    No httpx client: making one costs about 40 ms (its TLS context), more than
+    gpulane may add to a whole swap, and a plain-HTTP check needs nothing of it.
+    The name is resolved once, and the address that answered is tried first
+    (`localhost` may name ::1 before the 127.0.0.1 the server listens on)."""
+
+    def __init__(self, url: SplitResult) -> None:
+        self._url = url
+        target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        host = url.netloc.rpartition("@")[2]
+        self._request = (
+            f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        ).encode("latin-1")
+        self._addresses: list[str] = []
+
+    async def __call__(self, timeout: float) -> int:
+        async with asyncio.timeout(timeout):
+            reader, writer = await self._connect()
+            try:
+                writer.write(self._request)
+                status_line = await reader.readline()
+                length = 0
+                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length" and value.strip().isdigit():
+                        length = int(value)
+                if 0 < length <= _PROBE_MAX_BODY:
+                    # Closing with unread data would reset the connection under the server.
+                    with contextlib.suppress(asyncio.IncompleteReadError):
+                        await reader.readexactly(length)
+            finally:
+                writer.close()
+        if not status_line:
+            raise ConnectionError("closed without an answer")
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP response: {status_line[:100]!r}")
+        return int(parts[1])
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        port = self._url.port or 80
+        if not self._addresses:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                self._url.hostname, port, type=socket.SOCK_STREAM
+            )
+            self._addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        error: OSError | None = None
+        for address in list(self._addresses):
+            try:
+                streams = await asyncio.open_connection(address, port)
+            except OSError as exc:
+                error = exc
+                continue
+            self._addresses.remove(address)
+            self._addresses.insert(0, address)
+            return streams
+        assert error is not None
+        raise error
+
+
+async def _probe_httpx(client: httpx.AsyncClient, url: str, timeout: float) -> int:
+    return (await client.get(url, timeout=timeout)).status_code
+
+
+def _local_port(proxy: str) -> int | None:
+    """The port of PROXY when it names this machine (loopback or wildcard), else None."""
+    parts = urlsplit(proxy)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    if port is None or not host:
+        return None
+    if host == "localhost" or host.endswith(".localhost"):
+        return port
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: another machine, or a container's own address
+    return port if address.is_loopback or address.is_unspecified else None
+
+
+def _accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 async def _close_when_drained(
@@ -342,19 +638,9 @@ async def _finish_helper(
     await _close_when_drained(transport, protocol)
 
 
-async def _wait_group_gone(pgid: int, leader_exited: asyncio.Future[int], deadline: float) -> None:
-    loop = asyncio.get_running_loop()
-    remaining = deadline - loop.time()
-    if remaining > 0 and not leader_exited.done():
-        await asyncio.wait({leader_exited}, timeout=remaining)
-    # Other members of the group send no exit notice: poll for them.
-    while leader_exited.done() and _group_alive(pgid) and loop.time() < deadline:
-        await asyncio.sleep(_GROUP_POLL_INTERVAL)
-
-
 def process_matches(pid: int, cmdline: Sequence[str]) -> bool:
     """Whether PID is alive and runs exactly CMDLINE (guards against a reused pid)."""
-    current = _read_cmdline(pid)
+    current = read_cmdline(pid)
     return current is not None and current == list(cmdline) and _pid_alive(pid)
 
 
@@ -368,14 +654,13 @@ def find_group_leaders(
     leader of its own group, with the configured argv."""
     wanted = {tuple(c) for c in cmdlines}
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+    for pid in all_pids():
+        if pid == os.getpid():
             continue
-        pid = int(entry)
-        cmdline = _read_cmdline(pid)
+        cmdline = read_cmdline(pid)
         if cmdline is None or tuple(cmdline) not in wanted:
             continue
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is not None and fields[0] not in (b"Z", b"X") and int(fields[2]) == pid:
             found.append((pid, tuple(cmdline)))
     return found
@@ -412,8 +697,10 @@ def kill_process_group(pid: int, timeout: float) -> None:
             return
         send(sig)
         deadline = time.monotonic() + wait
+        pause = _GROUP_POLL_FIRST
         while alive() and time.monotonic() < deadline:
-            time.sleep(_GROUP_POLL_INTERVAL)
+            time.sleep(pause)
+            pause = min(pause * 2, _GROUP_POLL_MAX)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -425,29 +712,8 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass  # already gone
 
 
-def _read_cmdline(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    if not raw:
-        return None  # a zombie, or a kernel thread
-    return [os.fsdecode(arg) for arg in raw.rstrip(b"\0").split(b"\0")]
-
-
-def _stat_fields(pid: int | str) -> list[bytes] | None:
-    """Fields of /proc/PID/stat after the command name: state, ppid, pgrp, ..."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2 :].split()
-
-
 def _pid_alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None:
         try:
             os.kill(pid, 0)  # no /proc: fall back to existence
@@ -476,7 +742,7 @@ def _group_alive(pgid: int) -> bool:
     for entry in entries:
         if not entry.isdigit():
             continue
-        fields = _stat_fields(entry)
+        fields = stat_fields(entry)
         if fields and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
             return True
     return False

@@ -7,11 +7,13 @@ import asyncio
 from collections.abc import Sequence
 
 import httpx
+import msgspec
+import pytest
 
 from app.config import parse_config
-from app.core.events import AnyEvent
+from app.core.events import AnyEvent, RequestEnqueued
 from app.runtime.log_buffer import LogBuffer
-from app.runtime.scheduler import Scheduler
+from app.runtime.scheduler import Admission, Scheduler
 from app.store.memory_store import InMemoryEventStore
 from app.store.port import StoreError
 from app.web.app import create_app
@@ -55,3 +57,43 @@ async def test_unwritable_log_refuses_new_requests_with_503_and_keeps_serving() 
             assert len(scheduler.state.queue) == 0 and not scheduler.state.running
             assert (await client.get("/health")).text == "OK"
             assert (await client.get("/metrics")).status_code == 200
+
+
+class FailingCommitStore(InMemoryEventStore):
+    """The commit of a durable enqueue fails after submission, as when the disk
+    fills up or the database stays locked past the busy timeout mid-batch."""
+
+    def submit(self, events: Sequence[AnyEvent]) -> asyncio.Future[list[int]]:
+        if not any(isinstance(e, RequestEnqueued) and e.durable for e in events):
+            return super().submit(events)
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(
+            future.set_exception, StoreError("OperationalError: database is locked")
+        )
+        return future
+
+
+async def test_a_durable_enqueue_that_fails_to_commit_leaves_no_phantom() -> None:
+    config = parse_config(CONFIG)
+    store = FailingCommitStore()
+    store.start()
+    scheduler = Scheduler(config, store, logs=LogBuffer())
+    admission = Admission(
+        model="A", model_requested="A", endpoint="/v1/chat/completions", priority=0, durable=True
+    )
+    # The lane is idle: before the fix this was dispatched at once, with no event on disk.
+    ticket = scheduler.admit(admission)
+    assert not scheduler.state.running and scheduler.state.loading is None
+    assert ticket.committed is not None
+    with pytest.raises(StoreError):
+        await ticket.committed
+    await asyncio.sleep(0)  # the scheduler's own commit callback runs next
+    assert not scheduler.state.requests and len(scheduler.state.queue) == 0
+    assert not scheduler.state.running and scheduler.state.loading is None
+    stored = [type(e).__name__ for _, e in store.events]
+    assert "RequestEnqueued" not in stored and "RequestDispatched" not in stored
+    # The lane is free for the next request.
+    normal = msgspec.structs.replace(admission, durable=False)
+    nxt = scheduler.admit(normal)
+    assert scheduler.state.running == {nxt.request_id: "A"}
+    await scheduler.shutdown()

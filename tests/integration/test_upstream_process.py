@@ -6,10 +6,11 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.process_table import read_proc
 from app.runtime.upstream import (
     UpstreamProcess,
     UpstreamStartError,
@@ -344,3 +346,206 @@ async def test_slow_log_subscriber_drops_oldest_lines():
     sub.close()
     assert [line.text async for line in sub] == ["line 4"]  # room was made for the close
     assert sub.dropped == 4
+
+
+# -- the upstream is who it should be (issue 10) --------------------------------
+
+# Starts the fake upstream only after a line on stdin: a server older than the
+# upstream that takes the port after gpulane checked it was free.
+BIND_ON_INPUT = "import sys; from tools.fake_upstream import main; sys.stdin.readline(); main()"
+NEVER_LISTENS = "import time; time.sleep(60)"
+# A child in a session of its own with an empty environment: only its parent links it to us.
+CLEAN_ENV_ESCAPEE = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         start_new_session=True, env={})
+print("child", child.pid, flush=True)
+time.sleep(60)
+"""
+
+# The same, ignoring SIGTERM itself, its child running the script in argv[1].
+STUBBORN_ESCAPEE = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True, env={})
+print("child", child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def foreign() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Starts processes gpulane did not start; kills them at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*argv: str, stdin: int | None = None) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("check_endpoint", ["/health", None])
+async def test_a_port_another_process_holds_is_refused(
+    check_endpoint, fake_spec, upstreams, foreign, fake_upstream_argv
+):
+    spec = replace(fake_spec("alpha"), check_endpoint=check_endpoint)
+    port = int(spec.proxy.rsplit(":", 1)[1])
+    holder = foreign(*fake_upstream_argv(port, "--name", "squatter"))
+    await wait_until(lambda: accepts(port), "the squatter to listen")
+    spawned: list[int | None] = []
+    upstream = upstreams(spec, on_spawn=lambda p: spawned.append(p.pid))
+    with pytest.raises(UpstreamStartError) as err:
+        await upstream.start()
+    message = str(err.value)
+    assert f"port {port} is already in use" in message
+    assert f"pid {holder.pid}" in message and "--name squatter" in message
+    assert spawned == [] and upstream.pid is None  # nothing was started
+    assert holder.poll() is None  # and the holder was left alone
+
+
+async def test_health_answered_by_a_foreign_process_is_refused(free_tcp_port, upstreams, foreign):
+    port = free_tcp_port()
+    squatter = foreign(
+        sys.executable,
+        "-c",
+        BIND_ON_INPUT,
+        "--port",
+        str(port),
+        "--name",
+        "squatter",
+        stdin=subprocess.PIPE,
+    )
+
+    def let_the_squatter_bind(_: UpstreamProcess) -> None:
+        assert squatter.stdin is not None
+        squatter.stdin.write(b"go\n")
+        squatter.stdin.flush()
+
+    spec = Spec(
+        id="mute", cmd=(sys.executable, "-c", NEVER_LISTENS), proxy=f"http://127.0.0.1:{port}"
+    )
+    upstream = upstreams(spec, on_spawn=let_the_squatter_bind)
+    with pytest.raises(UpstreamStartError) as err:
+        await upstream.start()
+    message = str(err.value)
+    assert f"pid {squatter.pid}" in message and "--name squatter" in message
+    assert "not started by gpulane" in message
+    assert upstream.pid is not None and not alive(upstream.pid)
+
+
+async def test_a_setsid_descendant_is_stopped_and_the_port_is_free_again(
+    free_tcp_port, fake_upstream_argv, upstreams, logs
+):
+    port = free_tcp_port()
+    argv = fake_upstream_argv(port, "--name", "daemon")
+    spec = Spec(id="daemon", cmd=(*argv, "--spawn-setsid-child"), proxy=f"http://127.0.0.1:{port}")
+    first = upstreams(spec)
+    pid = await first.start()
+    copy = int((await wait_for_line(logs, "daemon/setsid-child pid=")).split("pid=")[1].split()[0])
+    assert alive(copy) and os.getsid(copy) != os.getsid(pid)
+    assert await first.stop() == 0
+    assert not alive(copy) and not first.killed
+    assert not accepts(port)
+
+    second = upstreams(replace(spec, cmd=tuple(argv)))
+    await second.start()
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        for _ in range(5):
+            r = await client.get("/health")
+            assert r.headers["X-Served-By"] == "daemon"
+
+
+async def test_a_descendant_with_no_marker_is_stopped_through_its_parent(upstreams, logs):
+    spec = Spec(id="parent", cmd=(sys.executable, "-c", CLEAN_ENV_ESCAPEE), check_endpoint=None)
+    upstream = upstreams(spec)
+    pid = await upstream.start()
+    child = int((await wait_for_line(logs, "child ")).split()[1])
+    assert os.getsid(child) != os.getsid(pid)
+    assert await upstream.stop() == -15
+    assert not alive(child)
+
+
+async def test_stubborn_leader_and_escapee_are_killed(upstreams, logs):
+    # Both ignore SIGTERM; once SIGKILL takes the parent, only the look before
+    # signalling links the child (own session, empty environment) to us.
+    spec = Spec(
+        id="stubborn",
+        cmd=(sys.executable, "-c", STUBBORN_ESCAPEE, IGNORE_TERM),
+        check_endpoint=None,
+        unload_timeout=0.4,
+    )
+    upstream = upstreams(spec)
+    await upstream.start()
+    child = int((await wait_for_line(logs, "child ")).split()[1])
+    await wait_for_line(logs, "ready ignoring")
+    assert await upstream.stop() == -9
+    assert upstream.killed and not alive(child)
+
+
+async def test_a_crash_kills_setsid_descendants_too(fake_spec, upstreams, logs):
+    upstream = upstreams(fake_spec("daemon", "--spawn-setsid-child"))
+    pid = await upstream.start()
+    copy = int((await wait_for_line(logs, "daemon/setsid-child pid=")).split("pid=")[1].split()[0])
+    os.kill(pid, signal.SIGKILL)  # nobody calls stop()
+    assert await asyncio.wait_for(upstream.wait_exit(), 5) == -9
+    assert not alive(copy)
+
+
+async def test_a_port_proxy_started_after_the_upstream_is_accepted(
+    free_tcp_port, fake_upstream_argv, upstreams, foreign
+):
+    # As `docker run -p` has dockerd start a docker-proxy: the listener is no
+    # descendant of the upstream, but it came into being after it.
+    port = free_tcp_port()
+
+    def start_port_proxy(upstream: UpstreamProcess) -> None:
+        assert upstream.pid is not None
+        spawned = read_proc(upstream.pid)
+        assert spawned is not None
+        while True:  # /proc counts start time in 10 ms ticks: "after" must be a later tick
+            proxy = foreign(*fake_upstream_argv(port, "--name", "port-proxy"))
+            started = read_proc(proxy.pid)
+            if started is not None and started.start_ticks > spawned.start_ticks:
+                return
+            proxy.kill()
+            proxy.wait()
+
+    spec = Spec(
+        id="container",
+        cmd=(sys.executable, "-c", NEVER_LISTENS),
+        proxy=f"http://127.0.0.1:{port}",
+    )
+    await upstreams(spec, on_spawn=start_port_proxy).start()
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        assert (await client.get("/health")).headers["X-Served-By"] == "port-proxy"
+
+
+async def test_health_is_checked_through_localhost(fake_spec, upstreams):
+    # The default proxy is http://localhost:${PORT}; the fake listens on 127.0.0.1 only.
+    spec = fake_spec("local", "--start-delay", "0.2")
+    spec = replace(spec, proxy=spec.proxy.replace("127.0.0.1", "localhost"))
+    upstream = upstreams(spec)
+    await upstream.start()
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        assert (await client.get("/health")).status_code == 200
