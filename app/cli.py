@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return replay_command(raw[1:])
     args = build_parser().parse_args(raw)
     if args.command == "check-config":
-        from app.cli_config import check_config_command
+        from app.config.commands import check_config_command
 
         return check_config_command(args.file, output_format=args.format)
     if args.command == "db":

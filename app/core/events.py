@@ -28,13 +28,28 @@ class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
     """Unix time in nanoseconds when the event happened."""
 
 
+LOG_FORMAT = 2
+"""What `ServerStarted.log_format` says this version writes. 1 (the field absent):
+recovery put open durable jobs back without recording it, so folding a format-1
+`server_started` keeps them (see `app.core.state`); 2: every job put back is a
+`RequestRestored` after it, and the fold starts from an empty queue."""
+
+
 class ServerStarted(Event, tag="server_started", frozen=True):
+    """A gpulane process started; it carries every input a decision depends on."""
+
     version: str
     config_hash: str
     scheduler: str
     aging_divisor_ns: int
     swap_affinity_bonus: int
     pid: int = 0
+    model_priority: dict[str, int] = {}
+    """fifo: each model's queue priority (`routing.scheduler.settings.fifo.priority`)."""
+    concurrency: dict[str, int] = {}
+    """fifo: each model's concurrency limit; a model absent here has the default."""
+    log_format: int = 1
+    """See LOG_FORMAT."""
 
 
 class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
@@ -170,6 +185,24 @@ class RequestRequeued(Event, tag="request_requeued", frozen=True):
     attempt: int
 
 
+class RequestRestored(Event, tag="request_restored", frozen=True):
+    """Recovery put an open durable job back in the queue of a new process (after a
+    format-2 `server_started`). It carries all the queue needs, so a reader folding
+    from here on need not have seen the enqueue. A job that was running is
+    restored, then re-queued (`request_requeued`, attempt + 1) in the same batch."""
+
+    request_id: str
+    model: str
+    priority: int
+    """The header's priority, as enqueued."""
+    enqueued_at: int
+    """Original enqueue time (unix ns): aging continues from it."""
+    attempt: int = 1
+    """The attempt in the log when the previous process died."""
+    durable: bool = True
+    caller: str | None = None
+
+
 class RecoveryFinished(Event, tag="recovery_finished", frozen=True):
     requeued: int = 0
     resumed: int = 0
@@ -196,6 +229,7 @@ AnyEvent = (
     | RequestRejected
     | RequestAbandoned
     | RequestRequeued
+    | RequestRestored
     | RecoveryFinished
 )
 

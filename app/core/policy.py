@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from app.core import events as ev
 from app.core.queue import Pick, Queued
-from app.core.state import FIFO, SchedulerState
+from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SchedulerState
 
 
 def decide(state: SchedulerState, now_ns: int) -> list[ev.AnyEvent]:
@@ -40,7 +40,7 @@ def _fifo_choice(state: SchedulerState) -> Queued | None:
         return None
     target = state.loading or state.resident
     if head.model == target:
-        limit = state.concurrency.get(head.model, 10)
+        limit = state.concurrency.get(head.model, DEFAULT_CONCURRENCY_LIMIT)
         return head if state.running_on(head.model) < limit else None
     if not state.running and state.loading is None:
         return head
@@ -90,3 +90,17 @@ def reorder_reasons(scores: ev.ScoresComputed) -> list[str]:
     if scores.without_affinity_id is not None and scores.without_affinity_id != scores.request_id:
         reasons.append("swap_affinity")
     return reasons
+
+
+def next_resident(state: SchedulerState) -> str | None:
+    """The model loaded at the next decision: the one loading now, else the resident one."""
+    return state.loading or state.resident
+
+
+def ahead_of(state: SchedulerState, request_id: str) -> int | None:
+    """How many waiting requests would be dispatched before this one if nothing
+    else arrived (0: it goes next); None when it is not waiting. The one answer
+    to "where am I in the queue" for every reader (`/v1/jobs`, `/api/queue`,
+    `gpulane queue`, the loading-state chunks): ranked against the model that
+    will be resident at the next decision."""
+    return state.queue.position(request_id, next_resident(state))

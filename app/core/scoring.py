@@ -10,16 +10,21 @@ no re-sorting as time passes and no floating-point ties to break replay.
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 
-NS_PER_S = 1_000_000_000
+NS_PER_S: Final = 1_000_000_000
+# The defaults of agingDivisor and swapAffinityBonus; the config reads them here.
+DEFAULT_AGING_DIVISOR_NS: Final = 60 * NS_PER_S
+DEFAULT_SWAP_AFFINITY_BONUS: Final = 10
 
 
 class ScoringParams(msgspec.Struct, frozen=True):
     """The tunable terms. `aging_divisor_ns` 0 disables aging."""
 
-    aging_divisor_ns: int = 60 * NS_PER_S
-    swap_affinity_bonus: int = 10
+    aging_divisor_ns: int = DEFAULT_AGING_DIVISOR_NS
+    swap_affinity_bonus: int = DEFAULT_SWAP_AFFINITY_BONUS
 
     @property
     def scale(self) -> int:

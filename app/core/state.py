@@ -1,13 +1,26 @@
 """Scheduler state and the one `apply` that folds events into it.
 
-The live run loop, crash recovery and the replay tool all build their state
-with `apply`, so a log always means the same thing to each of them.
+The live run loop, crash recovery, `explain` and the replay tool all build their
+state with `apply`, so a log always means the same thing to each of them. Folding
+the whole log from scratch into `SchedulerState()` gives the state the server had.
+
+A `server_started` is a new process: its parameters (scheduler, agingDivisor,
+swapAffinityBonus, fifo priorities and limits) replace the old ones, and nothing
+is loaded, loading or running. What is queued then is what recovery puts back:
+- `log_format` 2 (this version): the queue starts empty and each `request_restored`
+  after it puts one job back; their order is the tie-break order, and a job that
+  was running is re-queued (`request_requeued`) after all of them.
+- `log_format` 1 (logs written before): recovery recorded nothing, so the fold
+  does what it did: the open durable requests stay, queued, in order of first
+  arrival, with their attempt and enqueue time; the synchronous ones are dropped
+  (their `request_abandoned` follows). Format-1 logs do not carry fifo priorities
+  or limits: a fifo log of that format folds with priority 0 and the default limit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -15,8 +28,12 @@ from app.core import events as ev
 from app.core.queue import Queued, ScoreQueue
 from app.core.scoring import ScoringParams
 
-SERIAL = "serial"
-FIFO = "fifo"
+# Scheduler names and fifo's per-model limit, owned here so the config (which
+# imports the core, never the reverse) validates against the same values.
+SERIAL: Final = "serial"
+FIFO: Final = "fifo"
+SCHEDULERS: Final = (SERIAL, FIFO)
+DEFAULT_CONCURRENCY_LIMIT: Final = 10
 
 
 class OpenRequest(msgspec.Struct):
@@ -37,14 +54,25 @@ class SchedulerState:
 
     def __init__(
         self,
-        params: ScoringParams,
+        params: ScoringParams | None = None,
         *,
         scheduler: str = SERIAL,
         model_priority: Mapping[str, int] | None = None,
         concurrency: Mapping[str, int] | None = None,
         config_hash: str = "",
     ) -> None:
-        if scheduler not in (SERIAL, FIFO):
+        self._reset(params or ScoringParams(), scheduler, model_priority, concurrency, config_hash)
+
+    def _reset(
+        self,
+        params: ScoringParams,
+        scheduler: str,
+        model_priority: Mapping[str, int] | None,
+        concurrency: Mapping[str, int] | None,
+        config_hash: str,
+    ) -> None:
+        """A new process's state: these parameters, nothing queued, loaded or running."""
+        if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be 'serial' or 'fifo', not {scheduler!r}")
         self.scheduler = scheduler
         self.params = params
@@ -55,6 +83,7 @@ class SchedulerState:
         queue_params = params if scheduler == SERIAL else ScoringParams(0, 0)
         self.queue = ScoreQueue(queue_params)
         self.requests: dict[str, OpenRequest] = {}
+        """Insertion order is first arrival: a re-queue keeps a request's place here."""
         self.running: dict[str, str] = {}
         """request id -> model, for dispatched requests not yet finished."""
         self.resident: str | None = None
@@ -167,16 +196,40 @@ def _ended(state: SchedulerState, event: Any) -> None:
     state._finish(event.request_id)
 
 
+def _restored(state: SchedulerState, event: Any) -> None:
+    state._finish(event.request_id)
+    state._enqueue(
+        OpenRequest(
+            request_id=event.request_id,
+            model=event.model,
+            priority=event.priority,
+            enqueued_ns=event.enqueued_at,
+            durable=event.durable,
+            attempt=event.attempt,
+        )
+    )
+
+
 def _server_started(state: SchedulerState, event: Any) -> None:
-    # A new process starts with nothing loaded; leftovers are stopped by recovery.
-    state.resident = None
-    state.loading = None
+    # The fold rule is in the module docstring. Leftover upstreams are stopped by
+    # recovery, so nothing is loaded.
+    kept = [] if event.log_format >= 2 else [r for r in state.requests.values() if r.durable]
+    state._reset(
+        ScoringParams(event.aging_divisor_ns, event.swap_affinity_bonus),
+        event.scheduler,
+        event.model_priority,
+        event.concurrency,
+        event.config_hash,
+    )
+    for request in kept:
+        state._enqueue(request)
 
 
 _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.RequestEnqueued: _enqueued,
     ev.RequestDispatched: _dispatched,
     ev.RequestRequeued: _requeued,
+    ev.RequestRestored: _restored,
     ev.SwapStarted: _swap_started,
     ev.SwapFinished: _swap_finished,
     ev.SwapFailed: _swap_failed,

@@ -10,9 +10,10 @@ The replay (documented in docs/queries.md, "How explain works"):
    run loop and recovery do; requests that ended before E are absent and
    apply ignores events about them. The resident/loading model at S0 comes
    from the last `swap_started` or `server_started` before S0 and the swap
-   and process events after it; the scoring parameters from the last
-   `server_started`. At a `server_started` the replay starts a fresh state and
-   restores the open durable jobs, as a new process and its recovery do.
+   and process events after it; the scheduler and its parameters from the
+   last `server_started`, which carries them all. A restart is folded like any
+   event: `apply` gives the new process's state, with the jobs its recovery
+   put back (`request_restored`; see app/core/state.py for older logs).
    Cost: the events since S0, not the history.
 2. At each recorded `scores_computed` while the request waits, `core.policy.decide`
    runs on the replayed state at the recorded time; its ScoresComputed must
@@ -27,7 +28,6 @@ The replay (documented in docs/queries.md, "How explain works"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,14 +90,11 @@ def explain(
     *,
     now_ns: int | None = None,
     run_times: RunTimes | None = None,
-    model_priority: Mapping[str, int] | None = None,
-    concurrency: Mapping[str, int] | None = None,
 ) -> Explanation | None:
     """The story of `request_id`, or None when the database has never seen it.
 
     `now_ns` is the moment a still-open request is explained as of (default:
-    the last event in the log). `model_priority`/`concurrency` are the fifo
-    scheduler's per-model settings, which the log does not record.
+    the last event in the log). Everything else comes from the log.
     """
     with engine.connect() as conn:
         row = conn.execute(select(requests).where(requests.c.id == request_id)).mappings().first()
@@ -111,7 +108,7 @@ def explain(
         if arrival is None:
             return _rejected(row)
         start = replay_start(conn, arrival.seq, arrival.at, row["enqueue_seq"])
-        replay = _Replay(model_priority or {}, concurrency or {})
+        replay = _Replay()
         replay.prime(conn, start)
         story = _Story(replay, request_id, arrival.seq)
         for seq, data in event_rows(conn, after_seq=start - 1):
@@ -214,14 +211,10 @@ class _Replay:
     """SchedulerState folded with `apply`, plus what reports need and the state lacks:
     dispatch times and the swap in progress."""
 
-    def __init__(self, model_priority: Mapping[str, int], concurrency: Mapping[str, int]) -> None:
-        self.model_priority = model_priority
-        self.concurrency = concurrency
-        self.state = SchedulerState(ScoringParams())
+    def __init__(self) -> None:
+        self.state = SchedulerState()
         self.running_since: dict[str, int] = {}
         self.swap: _Swap | None = None
-        self.first_seq: dict[str, int] = {}
-        """Seq of each request's first enqueue: recovery restores jobs in that order."""
 
     def prime(self, conn: sqlalchemy.Connection, start: int) -> None:
         """Parameters and resident model as of just before seq `start`."""
@@ -233,53 +226,21 @@ class _Replay:
         last_swap = conn.exec_driver_sql("SELECT max(seq) FROM swaps WHERE seq < ?", (start,))
         from_seq = max(last_swap.scalar() or 0, server.seq if server is not None else 0)
         if server is not None and server.seq < from_seq:
-            self.feed(ev.decode(server.data), server.seq)
+            self.feed(ev.decode(server.data))
         from_at = conn.exec_driver_sql("SELECT at FROM events WHERE seq = ?", (from_seq,))
         since = (from_at.scalar() or 0.0) - CLOCK_SLACK_S
         rows = conn.exec_driver_sql(
             _RESIDENCY, {"from_seq": from_seq, "to_seq": start, "since": since}
         )
-        for seq, data in rows:
-            self.feed(ev.decode(data), seq)
+        for _seq, data in rows:
+            self.feed(ev.decode(data))
 
-    def _restart(self, event: ev.ServerStarted) -> None:
-        """A new process: a fresh state with the new parameters, then what recovery
-        restores (`Scheduler.restore`): the open durable jobs, in arrival order, from
-        their original enqueue time. Synchronous ones are abandoned by events that follow."""
-        old = self.state
-        self.state = SchedulerState(
-            ScoringParams(event.aging_divisor_ns, event.swap_affinity_bonus),
-            scheduler=event.scheduler,
-            model_priority=self.model_priority,
-            concurrency=self.concurrency,
-            config_hash=event.config_hash,
-        )
-        apply(self.state, event)
-        self.running_since.clear()
-        self.swap = None
-        durable = [r for r in old.requests.values() if r.durable]
-        for request in sorted(durable, key=lambda r: self.first_seq.get(r.request_id, 0)):
-            apply(
-                self.state,
-                ev.RequestEnqueued(
-                    at=event.at,
-                    request_id=request.request_id,
-                    model=request.model,
-                    model_requested=request.model,
-                    endpoint="",
-                    priority=request.priority,
-                    band=band_of(request.priority),
-                    durable=True,
-                    attempt=request.attempt,
-                    enqueued_at=request.enqueued_ns,
-                ),
-            )
-
-    def feed(self, event: ev.AnyEvent, seq: int) -> None:
+    def feed(self, event: ev.AnyEvent) -> None:
         match event:
             case ev.ServerStarted():
-                self._restart(event)
-                return
+                # A new process: nothing runs and no swap is in progress in it.
+                self.running_since.clear()
+                self.swap = None
             case ev.SwapStarted():
                 self.swap = _Swap(event.from_model, event.to_model, event.request_id, event.at)
             case ev.SwapFinished() | ev.SwapFailed():
@@ -291,10 +252,7 @@ class _Replay:
             case ev.RequestDispatched():
                 if event.request_id in self.state.requests:
                     self.running_since[event.request_id] = event.at
-            case ev.RequestEnqueued():
-                self.first_seq.setdefault(event.request_id, seq)
-                self.running_since.pop(event.request_id, None)
-            case ev.RequestRequeued():
+            case ev.RequestEnqueued() | ev.RequestRequeued() | ev.RequestRestored():
                 self.running_since.pop(event.request_id, None)
             case _ if isinstance(event, ev.TERMINAL):
                 self.running_since.pop(event.request_id, None)
@@ -339,7 +297,7 @@ class _Story:
         mine = ev.request_id_of(event) == self.request_id
         if self.phase == "before":
             depth = len(self.replay.state.queue)
-            self.replay.feed(event, seq)
+            self.replay.feed(event)
             if seq == self.arrival_seq:
                 self._arrive(event, depth)
             return False
@@ -347,7 +305,7 @@ class _Story:
             self._charge(event.at, restart=isinstance(event, ev.ServerStarted))
             if isinstance(event, ev.ScoresComputed):
                 self._decision(seq, event)
-            self.replay.feed(event, seq)
+            self.replay.feed(event)
             if isinstance(event, ev.SwapStarted) and self.replay.swap is not None:
                 self.swaps.append(self.replay.swap)
             if mine and isinstance(event, ev.RequestDispatched):
@@ -358,7 +316,7 @@ class _Story:
                 self._end(event)
             return self.phase == "done"
         # running: its own swap, start and end
-        self.replay.feed(event, seq)
+        self.replay.feed(event)
         if isinstance(event, ev.SwapStarted) and event.request_id == self.request_id:
             self.own_swap = self.replay.swap
         elif mine and isinstance(event, ev.RequestStarted):

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from app.core.policy import ahead_of, next_resident
 from app.core.priority import band_of
 from app.core.queue import ScoreQueue
 from app.core.scoring import NS_PER_S, Breakdown
@@ -65,11 +66,6 @@ class QueueView(msgspec.Struct, frozen=True):
     waiting: list[WaitingEntry]
 
 
-def next_resident(state: SchedulerState) -> str | None:
-    """The model loaded at the next decision: the one loading now, else the resident one."""
-    return state.loading or state.resident
-
-
 def estimate_starts(
     state: SchedulerState, running_since: Mapping[str, int], now_ns: int, times: RunTimes
 ) -> dict[str, int]:
@@ -103,11 +99,11 @@ def position_of(
     request_id: str,
 ) -> tuple[int, int, int] | None:
     """(position from 1, queue depth, estimated start ns) of a waiting request, else None."""
-    if request_id not in state.queue:
+    ahead = ahead_of(state, request_id)
+    if ahead is None:
         return None
-    ranked = [q.request_id for q in state.queue.ranked(next_resident(state))]
     start = estimate_starts(state, running_since, now_ns, times)[request_id]
-    return ranked.index(request_id) + 1, len(ranked), start
+    return ahead + 1, len(state.queue), start
 
 
 def queue_view(

@@ -1,9 +1,8 @@
 """Measured run and swap times per model, for estimating when a waiting request starts.
 
-Medians of the most recent samples only: the queries walk an index backwards
-and stop after a fixed number of rows, so their cost does not grow with the
-history. The server keeps one `CachedRunTimes` and refreshes it at most every
-few seconds, off the event loop.
+Medians of the most recent samples only (app/store/samples.py), so their
+cost does not grow with the history. The server keeps one `CachedRunTimes`
+and refreshes it at most every few seconds, off the event loop.
 """
 
 from __future__ import annotations
@@ -17,20 +16,12 @@ from collections.abc import Iterable
 import msgspec
 from sqlalchemy import Engine
 
+from app.store.samples import recent_samples
+
 RECENT_REQUESTS = 2000
 """Finished requests sampled (newest first) for run times."""
 RECENT_SWAPS = 500
 """Swaps sampled (newest first) for load times."""
-
-_RUNS = (
-    "SELECT model, run_ms FROM requests WHERE finished_at IS NOT NULL "
-    "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
-    "ORDER BY finished_at DESC LIMIT ?"
-)
-_SWAPS = (
-    "SELECT to_model, duration_ms FROM swaps WHERE error IS NULL AND duration_ms IS NOT NULL "
-    "ORDER BY seq DESC LIMIT ?"
-)
 
 
 class RunTimes(msgspec.Struct, frozen=True):
@@ -61,9 +52,7 @@ def medians(samples: Iterable[tuple[str, float]]) -> tuple[dict[str, float], flo
 
 def load_run_times(engine: Engine) -> RunTimes:
     """Medians of recent completed runs and successful swaps, in seconds."""
-    with engine.connect() as conn:
-        runs = conn.exec_driver_sql(_RUNS, (RECENT_REQUESTS,)).all()
-        swaps = conn.exec_driver_sql(_SWAPS, (RECENT_SWAPS,)).all()
+    runs, swaps = recent_samples(engine, RECENT_REQUESTS, RECENT_SWAPS)
     run_s, default_run = medians((m, ms / 1000.0) for m, ms in runs)
     swap_s, default_swap = medians((m, ms / 1000.0) for m, ms in swaps)
     return RunTimes(run_s, swap_s, default_run, default_swap)

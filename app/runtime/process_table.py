@@ -113,6 +113,24 @@ def has_marker(pid: int, marker: bytes) -> bool:
     return b"\0" + marker + b"\0" in b"\0" + environ + b"\0"
 
 
+def marked(prefix: bytes) -> list[Proc]:
+    """Live processes (this one excluded) whose environment holds an entry that
+    starts with PREFIX, e.g. b"GPULANE_UPSTREAM=OWNER:"."""
+    me = os.getpid()
+    found = []
+    for proc in all_procs().values():
+        if proc.pid == me or not proc.alive:
+            continue
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if (b"\0" + environ).find(b"\0" + prefix) >= 0:
+            found.append(proc)
+    return found
+
+
 def family(root: Proc, marker: bytes | None, procs: Mapping[int, Proc]) -> list[Proc]:
     """Live processes ROOT started, ROOT excluded: members of the group it leads,
     processes whose environment holds MARKER (a daemon that forked twice and

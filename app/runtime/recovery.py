@@ -3,6 +3,13 @@
 Only open requests and unstopped processes are read (from the read models and
 their enqueue events), so recovery costs time in proportion to what was open,
 not to the length of the log.
+
+Everything recovery does to the queue is an event, in one batch: a
+`request_restored` per durable job put back (in arrival order, then a
+`request_requeued` for each that was running), `request_abandoned` or
+`request_failed` for the rest, then `recovery_finished`. The state it leaves is
+therefore the fold of the whole log (`app.core.state`), which is what `explain`
+and `replay --verify` rebuild.
 """
 
 from __future__ import annotations
@@ -10,13 +17,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 from typing import Any
 
 import msgspec
 
+from app import __version__
+from app.config import Config
 from app.core import events as ev
+from app.runtime.process_table import marked, signal_procs, wait_gone
 from app.runtime.scheduler import Scheduler, Ticket
-from app.runtime.upstream import find_group_leaders, kill_process_group, process_matches
+from app.runtime.upstream import (
+    find_group_leaders,
+    kill_process_group,
+    owner_marker,
+    process_matches,
+)
 from app.store.event_store import open_processes
 from app.store.queries import open_enqueues
 
@@ -30,6 +46,23 @@ class Recovered(msgspec.Struct):
     summary: ev.RecoveryFinished
     jobs: list[tuple[Ticket, dict[str, Any]]]
     """Durable jobs back in the queue, to be run when their turn comes."""
+
+
+def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
+    """What a process records when it starts: every input a decision depends on."""
+    models = config.models.values()
+    return ev.ServerStarted(
+        at=at,
+        version=__version__,
+        config_hash=config.config_hash,
+        scheduler=config.scheduler,
+        aging_divisor_ns=config.aging_divisor_ns,
+        swap_affinity_bonus=config.swap_affinity_bonus,
+        pid=pid,
+        model_priority={m.id: m.fifo_priority for m in models},
+        concurrency={m.id: m.concurrency_limit for m in models},
+        log_format=ev.LOG_FORMAT,
+    )
 
 
 async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recovered:
@@ -63,6 +96,10 @@ async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recov
                 at=scheduler.clock(), model=by_cmd[cmdline], pid=pid, reason="recovered"
             )
         )
+    # What an upstream spawned into a new session escapes both searches above;
+    # it still carries this server's marker in its environment.
+    if scheduler.owner:  # no owner (tests): its marker would match others' upstreams
+        counts["processes_stopped"] += await _stop_marked(owner_marker(scheduler.owner))
     jobs: list[tuple[Ticket, dict[str, Any]]] = []
     # Restoring allocates a few objects per job and frees none: with the cyclic
     # GC on, its full collections rescan everything restored so far, which was
@@ -72,6 +109,9 @@ async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recov
     gc.disable()
     try:
         _restore(scheduler, engine, max_attempts, counts, events, jobs)
+        summary = ev.RecoveryFinished(at=scheduler.clock(), **counts)
+        # Applying the restores is what builds the queue: also with the GC paused.
+        scheduler.emit([*events, summary])
     finally:
         if gc_enabled:
             if len(jobs) >= _FREEZE_FROM:
@@ -79,8 +119,6 @@ async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recov
                 # full collections too (it is still freed by reference counting).
                 gc.freeze()
             gc.enable()
-    summary = ev.RecoveryFinished(at=scheduler.clock(), **counts)
-    scheduler.emit([*events, summary])
     if any(counts.values()):
         log.info(
             "recovery: %d jobs resumed, %d re-queued, %d failed after max attempts, "
@@ -95,6 +133,17 @@ async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recov
     return Recovered(summary=summary, jobs=jobs)
 
 
+async def _stop_marked(prefix: bytes) -> int:
+    """SIGTERM, then SIGKILL, every process carrying PREFIX; returns how many."""
+    found = left = await asyncio.to_thread(marked, prefix)
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if not left:
+            break
+        signal_procs(left, sig)
+        left = await wait_gone(left, wait)
+    return len(found)
+
+
 def _restore(
     scheduler: Scheduler,
     engine: Any,
@@ -103,7 +152,11 @@ def _restore(
     events: list[ev.AnyEvent],
     jobs: list[tuple[Ticket, dict[str, Any]]],
 ) -> None:
-    """Durable open requests back into the scheduler; synchronous ones abandoned."""
+    """Appends to `events`, in arrival order: each synchronous open request
+    abandoned, each durable one failed past its attempts or restored; then a
+    `request_requeued` for each restored one that was running (so they queue
+    after the rest on ties, as they always have)."""
+    running: list[tuple[str, int]] = []
     for row, data in open_enqueues(engine):
         now = scheduler.clock()
         if not row.durable:
@@ -124,14 +177,21 @@ def _restore(
             )
             counts["failed"] += 1
             continue
-        # Aging continues from the original enqueue time.
-        original = enqueued.enqueued_at if enqueued.enqueued_at is not None else enqueued.at
-        ticket = scheduler.restore(
-            msgspec.structs.replace(enqueued, attempt=row.attempt, enqueued_at=original)
+        restored = ev.RequestRestored(
+            at=now,
+            request_id=row.id,
+            model=enqueued.model,
+            priority=enqueued.priority,
+            # Aging continues from the original enqueue time.
+            enqueued_at=enqueued.enqueued_at if enqueued.enqueued_at is not None else enqueued.at,
+            attempt=row.attempt,
+            caller=enqueued.caller,
         )
+        events.append(restored)
         if row.status == "running":
-            events.append(ev.RequestRequeued(at=now, request_id=row.id, attempt=row.attempt + 1))
-            counts["requeued"] += 1
-        else:
-            counts["resumed"] += 1
-        jobs.append((ticket, enqueued.job or {}))
+            running.append((row.id, row.attempt + 1))
+        jobs.append((scheduler.restore(restored), enqueued.job or {}))
+    now = scheduler.clock()
+    events.extend(ev.RequestRequeued(at=now, request_id=rid, attempt=a) for rid, a in running)
+    counts["requeued"] += len(running)
+    counts["resumed"] += len(jobs) - len(running)

@@ -25,16 +25,16 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Literal, Protocol
 
 import msgspec
 
 from app.config import Config, ModelConfig
 from app.core import events as ev
-from app.core.policy import decide
+from app.core.policy import ahead_of, decide, next_resident
 from app.core.priority import band_of
-from app.core.scoring import ScoringParams
+from app.core.scoring import Breakdown, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
@@ -100,6 +100,23 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     job: dict[str, Any] | None = None
 
 
+class OpenStatus(msgspec.Struct, frozen=True):
+    """What the live state says of a request that is queued or running."""
+
+    status: Literal["queued", "running"]
+    attempt: int
+    ahead: int | None = None
+    """Waiting requests that would go first (`app.core.policy.ahead_of`)."""
+    score: Breakdown | None = None
+    """Its score's terms as of now, while it waits."""
+
+
+class ModelStatus(msgspec.Struct, frozen=True):
+    state: Literal["starting", "ready", "stopped"]
+    pid: int | None
+    in_flight: int
+
+
 class Refused(Exception):
     """Admission refused (the event log cannot be written, shutting down): answer 503."""
 
@@ -162,6 +179,7 @@ class Scheduler:
         clock: Callable[[], int] = time.time_ns,
         timers: Timers | None = None,
         upstreams: UpstreamFactory | None = None,
+        owner: str = "",
     ) -> None:
         """`clock` (unix ns) stamps every event and measures swaps and idle time;
         `timers` runs TTLs and time limits; `upstreams` builds model servers."""
@@ -171,6 +189,8 @@ class Scheduler:
         self.clock = clock
         self._timers: Timers = timers or asyncio.get_running_loop()
         self._new_upstream = upstreams or self._upstream_process
+        self.owner = owner
+        """Names this server's database in its upstreams' environment (recovery)."""
         self.state = SchedulerState(
             ScoringParams(config.aging_divisor_ns, config.swap_affinity_bonus),
             scheduler=config.scheduler,
@@ -191,7 +211,47 @@ class Scheduler:
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
+        self.before_stop: Callable[[str], Awaitable[None]] | None = None
+        """Set by serve: closes idle connections to a model before it is stopped."""
         self._idle: asyncio.Future[None] | None = None
+
+    # -- read-only views for the web layer --------------------------------------
+
+    @property
+    def resident(self) -> str | None:
+        return self.state.resident
+
+    def open_status(self, request_id: str) -> OpenStatus | None:
+        request = self.state.requests.get(request_id)
+        if request is None:
+            return None
+        status: Literal["queued", "running"] = "running" if request.running else "queued"
+        queued = self.state.queue.get(request_id)
+        if queued is None:
+            return OpenStatus(status=status, attempt=request.attempt)
+        score = self.state.queue.params.breakdown(
+            queued.priority,
+            queued.enqueued_ns,
+            self.clock(),
+            queued.model == next_resident(self.state),
+        )
+        ahead = ahead_of(self.state, request_id)
+        return OpenStatus(status=status, attempt=request.attempt, ahead=ahead, score=score)
+
+    def model_status(self, model: str) -> ModelStatus:
+        proc = self.upstreams.get(model)
+        if self.state.loading == model:
+            state: Literal["starting", "ready", "stopped"] = "starting"
+        elif proc is not None and proc.running:
+            state = "ready"
+        else:
+            state = "stopped"
+        pid = None if proc is None else proc.pid
+        return ModelStatus(state=state, pid=pid, in_flight=self.state.running_on(model))
+
+    def loaded_models(self) -> list[str]:
+        """Models with a server process (running, starting or stopping)."""
+        return list(self.upstreams)
 
     # -- messages ------------------------------------------------------------
 
@@ -206,11 +266,13 @@ class Scheduler:
         fut.add_done_callback(_consume_error)
         return fut
 
-    def restore(self, enqueued: ev.RequestEnqueued) -> Ticket:
-        """Put back a request that is already in the log (recovery): applied, not recorded."""
-        apply(self.state, enqueued)
-        at = enqueued.enqueued_at if enqueued.enqueued_at is not None else enqueued.at
-        ticket = Ticket(enqueued.request_id, enqueued.model, enqueued.priority, at)
+    def restore(self, restored: ev.RequestRestored) -> Ticket:
+        """The ticket of a job recovery puts back. The state changes only when the
+        caller emits `restored`, with the rest of recovery in one batch, so the log
+        records every job put back (app/runtime/recovery.py)."""
+        ticket = Ticket(
+            restored.request_id, restored.model, restored.priority, restored.enqueued_at
+        )
         self.tickets[ticket.request_id] = ticket
         return ticket
 
@@ -397,8 +459,9 @@ class Scheduler:
             return False
         proc = self.upstreams.get(model)
         if proc is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait_exit()), 1.0)
+            exited = asyncio.ensure_future(proc.wait_exit())
+            await self._first(exited, 1.0)
+            exited.cancel()  # no-op once done
             if proc.running:
                 return False
         ticket = self.tickets.get(request_id)
@@ -464,8 +527,7 @@ class Scheduler:
                 )
         if self.state.running:
             self._idle = asyncio.get_running_loop().create_future()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle, grace)
+            await self._first(self._idle, grace)
         for request_id in list(self.state.running):
             request = self.state.requests[request_id]
             if request.durable:
@@ -643,6 +705,7 @@ class Scheduler:
             health_check_timeout=self.config.health_check_timeout,
             logs=self.logs,
             on_spawn=on_spawn,
+            owner=self.owner,
         )
 
     def _process_started(self, model: str, proc: Upstream) -> None:
@@ -684,6 +747,9 @@ class Scheduler:
 
         async def stop() -> None:
             try:
+                if self.before_stop is not None:
+                    with contextlib.suppress(Exception):
+                        await self.before_stop(model)
                 code = await proc.stop()
             finally:
                 self._stopping.pop(model, None)
@@ -761,8 +827,28 @@ class Scheduler:
         for task in list(self._stopping.values()):
             with contextlib.suppress(Exception):
                 await task
-        if self._swap_task is not None and not self._swap_task.done():
-            self._swap_task.cancel()
+        if self._swap_task is not None:
+            # Its process is stopped, so it ends now and records how (a swap
+            # cancelled instead would leave its swap_started unfinished).
+            with contextlib.suppress(Exception):
+                await self._swap_task
+
+    async def _first(self, fut: asyncio.Future[Any], seconds: float) -> None:
+        """Wait until `fut` is done or `seconds` pass on the scheduler's timers
+        (a fake clock in unit tests); `fut` is left as it is."""
+        if seconds <= 0 or fut.done():
+            return
+        timer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def ring() -> None:
+            if not timer.done():
+                timer.set_result(None)
+
+        handle = self._timers.call_later(seconds, ring)
+        try:
+            await asyncio.wait({fut, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            handle.cancel()
 
 
 def _consume_error(fut: asyncio.Future[Any]) -> None:

@@ -50,7 +50,15 @@ from app.runtime.process_table import (
 )
 
 ENV_MARKER = "GPULANE_UPSTREAM"
-"""Set to "MODEL:START-ID" in each upstream's environment; its descendants inherit it."""
+"""Set to "OWNER:MODEL:START-ID" in each upstream's environment; its descendants
+inherit it. OWNER names the gpulane database, so recovery finds what an upstream
+of a crashed server left, and never another server's (`owner_marker`)."""
+
+
+def owner_marker(owner: str) -> bytes:
+    """The start of the marker of every upstream a server with this owner starts."""
+    return os.fsencode(f"{ENV_MARKER}={owner}:")
+
 
 # Health polls back off with the time waited so far: a server ready in 300 ms
 # is seen within ~15 ms of it, one loading for minutes costs 10 probes a second.
@@ -159,8 +167,10 @@ class UpstreamProcess:
         logs: LogBuffer,
         client: httpx.AsyncClient | None = None,
         on_spawn: Callable[[UpstreamProcess], None] | None = None,
+        owner: str = "",
     ) -> None:
         self.spec = spec
+        self._owner = owner
         self.health_check_timeout = health_check_timeout
         self._logs = logs
         self._client = client
@@ -214,7 +224,7 @@ class UpstreamProcess:
         self._check_port_free()
         self._tail.clear()
         self._stopped = self.stopping = self.killed = False
-        marker = f"{ENV_MARKER}={self.spec.id}:{uuid.uuid4().hex}"
+        marker = f"{ENV_MARKER}={self._owner}:{self.spec.id}:{uuid.uuid4().hex}"
         try:
             transport, protocol = await self._spawn(cmd, marker=marker)
         except OSError as exc:

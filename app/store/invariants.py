@@ -23,6 +23,8 @@ class _Request(msgspec.Struct):
     attempt: int
     terminal_seq: int | None = None
     """Seq of the terminal event of the current attempt, if any."""
+    process: int = 0
+    """The process (format-2 restarts so far) that enqueued or restored it."""
 
 
 class _Swap(msgspec.Struct, frozen=True):
@@ -38,6 +40,8 @@ class LogAudit:
         self.violations: list[Violation] = []
         self._requests: dict[str, _Request] = {}
         self._swap: _Swap | None = None
+        self._process = 0
+        self._restart_seq = 0
 
     @property
     def requests(self) -> int:
@@ -52,6 +56,9 @@ class LogAudit:
         match event:
             case ev.RequestEnqueued(request_id=rid, attempt=attempt):
                 self._new_attempt(rid, attempt)
+                self._requests[rid].process = self._process
+            case ev.RequestRestored(request_id=rid):
+                self._restored(seq, rid)
             case ev.RequestRequeued(request_id=rid, attempt=attempt):
                 if rid in self._requests:
                     self._new_attempt(rid, attempt)
@@ -77,9 +84,13 @@ class LogAudit:
                 self._swap = _Swap(seq, model)
             case ev.SwapFinished(model=model) | ev.SwapFailed(model=model):
                 self._swap_ended(seq, ev.type_name(event), model)
-            case ev.ServerStarted():
+            case ev.ServerStarted(log_format=log_format):
                 # The previous process died: whatever swap it was doing is over.
                 self._swap = None
+                if log_format >= 2:
+                    # Its queue is what the restores after this put back.
+                    self._process += 1
+                    self._restart_seq = seq
             case _:
                 pass
 
@@ -101,6 +112,24 @@ class LogAudit:
                 f"request_dispatched for {rid} after its terminal event "
                 f"(seq {state.terminal_seq}) without a new attempt",
             )
+        elif state.process != self._process:
+            self.flag(
+                seq,
+                f"request_dispatched for {rid}, which was open before the restart at seq "
+                f"{self._restart_seq} and not restored after it (no request_restored)",
+            )
+
+    def _restored(self, seq: int, rid: str) -> None:
+        state = self._requests.get(rid)
+        if state is None:
+            self.flag(seq, f"request_restored for {rid} with no earlier request_enqueued")
+        elif state.terminal_seq is not None:
+            self.flag(
+                seq,
+                f"request_restored for {rid} after its terminal event (seq {state.terminal_seq})",
+            )
+        else:
+            state.process = self._process
 
     def _terminal(self, seq: int, event: ev.AnyEvent) -> None:
         rid = ev.request_id_of(event)

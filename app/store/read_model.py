@@ -291,4 +291,5 @@ _HANDLERS: dict[type, Callable[[sqlite3.Cursor, int, Any], None]] = {
     ev.RequestRejected: _rejected,
     ev.RequestRequeued: _requeued,
 }
-"""Events not listed here (RecoveryFinished) change no read model."""
+"""Events not listed here change no read model: RecoveryFinished, and RequestRestored
+(its row is already queued, or running and reset by the RequestRequeued that follows)."""

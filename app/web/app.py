@@ -77,7 +77,7 @@ def create_app(
                 "object": "model",
                 "created": created,
                 "owned_by": "gpulane",
-                "state": _model_state(scheduler, spec.id),
+                "state": scheduler.model_status(spec.id).state,
             }
             if spec.name:
                 entry["name"] = spec.name
@@ -91,17 +91,18 @@ def create_app(
     @get("/running", sync_to_thread=False)
     def running() -> dict[str, Any]:
         out = []
-        for model, proc in scheduler.upstreams.items():
+        for model in scheduler.loaded_models():
             spec = config.models[model]
+            status = scheduler.model_status(model)
             out.append(
                 {
                     "model": model,
-                    "state": _model_state(scheduler, model),
-                    "pid": proc.pid,
+                    "state": status.state,
+                    "pid": status.pid,
                     "proxy": spec.proxy,
                     "ttl": spec.ttl,
                     "cmd": " ".join(spec.cmd),
-                    "in_flight": scheduler.state.running_on(model),
+                    "in_flight": status.in_flight,
                 }
             )
         return {"running": out}
@@ -227,15 +228,6 @@ def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
         await proxy.upstream(scope, receive, send)
 
     return upstream
-
-
-def _model_state(scheduler: Scheduler, model: str) -> str:
-    if scheduler.state.loading == model:
-        return "starting"
-    proc = scheduler.upstreams.get(model)
-    if proc is not None and proc.running:
-        return "ready"
-    return "stopped"
 
 
 __all__ = ["create_app", "Request"]

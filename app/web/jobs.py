@@ -22,15 +22,21 @@ from litestar import Response, delete, get
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath, FromQuery
 from litestar.types import Message, Send
-from sqlalchemy import Engine, select
-from sqlalchemy import delete as sql_delete
+from sqlalchemy import Engine
 
 from app.config import Config
 from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket
+from app.store.job_results import (
+    find_idempotency_key,
+    job_result,
+    job_rows,
+    list_jobs,
+    prune_results,
+    store_result,
+)
 from app.store.port import StoreError
-from app.store.tables import job_results, requests
 from app.web.errors import send_error, send_json
-from app.web.proxy import HOP_BY_HOP, Proxy, Reply, upstream_url
+from app.web.forward import HOP_BY_HOP, Forwarder, Reply, upstream_url
 
 log = logging.getLogger("gpulane.jobs")
 
@@ -57,10 +63,12 @@ class _Captured:
 
 
 class JobRunner:
-    def __init__(self, config: Config, scheduler: Scheduler, proxy: Proxy, engine: Engine) -> None:
+    def __init__(
+        self, config: Config, scheduler: Scheduler, forwarder: Forwarder, engine: Engine
+    ) -> None:
         self.config = config
         self.scheduler = scheduler
-        self.proxy = proxy
+        self.forwarder = forwarder
         self.engine = engine
         self._keys: dict[str, tuple[str, str]] = {}
         """Idempotency keys admitted by this process (id, body digest). Kept for
@@ -85,7 +93,7 @@ class JobRunner:
         if key is not None:
             existing = self._keys.get(key)
             if existing is None:
-                found = await asyncio.to_thread(self._find_key, key)
+                found = await asyncio.to_thread(find_idempotency_key, self.engine, key)
                 # Looked up again after the await: a concurrent POST with the same
                 # key may have been admitted meanwhile, and it is in `_keys` now.
                 existing = self._keys.get(key) or found
@@ -140,15 +148,6 @@ class JobRunner:
         view = await self.view(request_id) or {"id": request_id}
         await _send_json(send, 200, view, request_id)
 
-    def _find_key(self, key: str) -> tuple[str, str] | None:
-        query = select(requests.c.id, requests.c.job).where(requests.c.idempotency_key == key)
-        with self.engine.connect() as conn:
-            row = conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(1)).first()
-        if row is None:
-            return None
-        job = row.job if isinstance(row.job, dict) else json.loads(row.job or "{}")
-        return row.id, job.get("body_sha256", "")
-
     # -- running --------------------------------------------------------------
 
     def run(self, ticket: Ticket, job: dict[str, Any]) -> None:
@@ -169,39 +168,29 @@ class JobRunner:
         url = upstream_url(base_url, job["path"], job["query"])
         captured = _Captured()
 
-        async def store_result() -> None:
-            await asyncio.to_thread(self._store, ticket.request_id, captured)
+        async def keep_result() -> None:
+            await asyncio.to_thread(
+                store_result,
+                self.engine,
+                ticket.request_id,
+                captured.status,
+                captured.headers,
+                bytes(captured.body),
+            )
 
-        await self.proxy.forward(
+        await self.forwarder.forward(
             job["method"],
             url,
             base64.b64decode(job["body"]),
             dict(job["headers"]),
             ticket,
             Reply(captured.send, ticket),
-            before_completed=store_result,
+            before_completed=keep_result,
         )
-
-    def _store(self, request_id: str, captured: _Captured) -> None:
-        row = {
-            "request_id": request_id,
-            "http_status": captured.status,
-            "headers": json.dumps(captured.headers),
-            "body": bytes(captured.body),
-            "stored_at": time.time(),
-        }
-        with self.engine.begin() as conn:
-            # A job re-run after a crash overwrites the result of the run that never completed.
-            conn.execute(sql_delete(job_results).where(job_results.c.request_id == request_id))
-            conn.execute(job_results.insert().values(row))
 
     def prune(self) -> int:
         """Delete results older than jobs.resultRetention; the events stay."""
-        cutoff = time.time() - self.config.result_retention_s
-        with self.engine.begin() as conn:
-            return conn.execute(
-                sql_delete(job_results).where(job_results.c.stored_at < cutoff)
-            ).rowcount
+        return prune_results(self.engine, time.time() - self.config.result_retention_s)
 
     async def prune_forever(self, every_s: float = 3600.0) -> None:
         while True:
@@ -218,13 +207,12 @@ class JobRunner:
     async def view(self, request_id: str) -> dict[str, Any] | None:
         """A job's status: the read model, overlaid with live state for open jobs
         (the log commits in groups; the live state is never behind)."""
-        row, result = await asyncio.to_thread(self._rows, request_id)
+        row, result = await asyncio.to_thread(job_rows, self.engine, request_id)
         return self._view(request_id, row, result)
 
     def _view(self, request_id: str, row: Any, result: Any) -> dict[str, Any] | None:
-        state = self.scheduler.state
-        request = state.requests.get(request_id)
-        if request is None and row is None:
+        live = self.scheduler.open_status(request_id)
+        if live is None and row is None:
             return None
         out: dict[str, Any] = {"id": request_id, "object": "job"}
         if row is not None:
@@ -242,17 +230,11 @@ class JobRunner:
                 http_status=row["http_status"],
                 error=row["error"],
             )
-        if request is not None:
-            out.update(status="running" if request.running else "queued", attempt=request.attempt)
-            queued = state.queue.get(request_id)
-            if queued is not None:
-                resident = queued.model == state.resident
-                out["position"] = state.queue.position(request_id, state.resident)
-                out["score"] = msgspec.to_builtins(
-                    state.queue.params.breakdown(
-                        queued.priority, queued.enqueued_ns, self.scheduler.clock(), resident
-                    )
-                )
+        if live is not None:
+            out.update(status=live.status, attempt=live.attempt)
+            if live.ahead is not None:
+                out["position"] = live.ahead
+                out["score"] = msgspec.to_builtins(live.score)
         if result is not None:
             out["result"] = {
                 "http_status": result["http_status"],
@@ -261,64 +243,14 @@ class JobRunner:
             }
         return out
 
-    def _rows(self, request_id: str) -> tuple[Any, Any]:
-        with self.engine.connect() as conn:
-            row = (
-                conn.execute(select(requests).where(requests.c.id == request_id)).mappings().first()
-            )
-            result = (
-                conn.execute(select(job_results).where(job_results.c.request_id == request_id))
-                .mappings()
-                .first()
-            )
-        return row, result
-
-    def result(self, request_id: str) -> tuple[int, list[tuple[str, str]], bytes] | None:
-        with self.engine.connect() as conn:
-            row = (
-                conn.execute(select(job_results).where(job_results.c.request_id == request_id))
-                .mappings()
-                .first()
-            )
-        if row is None:
-            return None
-        return row["http_status"], json.loads(row["headers"]), row["body"]
-
     async def listing(self, status: str | None, limit: int) -> list[dict[str, Any]]:
-        """Newest first, with their results: one query, however many jobs."""
-        query = (
-            select(
-                requests,
-                job_results.c.request_id.label("result_id"),
-                job_results.c.http_status.label("result_status"),
-                job_results.c.headers.label("result_headers"),
-                job_results.c.body.label("result_body"),
-            )
-            .outerjoin(job_results, job_results.c.request_id == requests.c.id)
-            .where(requests.c.durable.is_(True))
-        )
-        if status:
-            query = query.where(requests.c.status == status)
-
-        def rows() -> list[Any]:
-            with self.engine.connect() as conn:
-                found = conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(limit))
-                return list(found.mappings().all())
-
-        views = []
-        for row in await asyncio.to_thread(rows):
-            result = None
-            if row["result_id"] is not None:
-                result = {
-                    "http_status": row["result_status"],
-                    "headers": row["result_headers"],
-                    "body": row["result_body"],
-                }
-            views.append(self._view(row["id"], row, result))
+        """Newest first, with their results."""
+        found = await asyncio.to_thread(list_jobs, self.engine, status, limit)
+        views = [self._view(row["id"], row, result) for row, result in found]
         return [v for v in views if v is not None]
 
     async def cancel(self, request_id: str) -> tuple[int, dict[str, Any]]:
-        request = self.scheduler.state.requests.get(request_id)
+        live = self.scheduler.open_status(request_id)
         view = await self.view(request_id)
         if view is None:
             return 404, {
@@ -328,7 +260,7 @@ class JobRunner:
                     "code": "job_not_found",
                 }
             }
-        if request is None:
+        if live is None:
             return 409, {
                 "error": {
                     "message": f"job {request_id} is {view['status']}; "
@@ -366,7 +298,7 @@ def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
 
     @get("/v1/jobs/{job_id:str}/result")
     async def get_result(job_id: FromPath[str]) -> Response[Any]:
-        found = await asyncio.to_thread(jobs.result, job_id)
+        found = await asyncio.to_thread(job_result, jobs.engine, job_id)
         if found is None:
             view = await jobs.view(job_id)
             if view is None:

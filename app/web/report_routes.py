@@ -32,15 +32,9 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
         if engine is None:
             return _error(503, "this server has no event log to explain from", "no_database")
         times = await asyncio.to_thread(run_times.get)
-        state = scheduler.state
+        # Everything else the story needs (fifo settings included) is in the log.
         story = await asyncio.to_thread(
-            explain,
-            engine,
-            request_id,
-            now_ns=scheduler.clock(),
-            run_times=times,
-            model_priority=dict(state.model_priority),
-            concurrency=dict(state.concurrency),
+            explain, engine, request_id, now_ns=scheduler.clock(), run_times=times
         )
         if story is None:
             return _error(404, f"no request {request_id!r}", "request_not_found")

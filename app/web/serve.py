@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import logging
 import math
 import os
@@ -14,22 +15,21 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from types import FrameType
 
-import httpx
 import uvicorn
 import uvloop
 from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config, ConfigError, load_config
-from app.core import events as ev
 from app.runtime.log_buffer import LogBuffer
-from app.runtime.recovery import recover
+from app.runtime.recovery import recover, server_started
 from app.runtime.scheduler import Scheduler
 from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
 from app.store.queries import activity
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
+from app.web.forward import Forwarder
 from app.web.jobs import JobRunner, job_routes
 from app.web.limits import server_options
 from app.web.proxy import Proxy
@@ -77,28 +77,17 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
     _capture_logs(logs)
     store = SqliteEventStore(engine)
     store.start()
-    scheduler = Scheduler(config, store, logs=logs)
+    # Names this database in the upstreams' environment, so the next start's
+    # recovery finds what they left, and never another server's.
+    owner = hashlib.sha256(os.fsencode(os.path.abspath(engine.url.database or ""))).hexdigest()
+    scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
     now = scheduler.clock()
-    scheduler.emit(
-        [
-            ev.ServerStarted(
-                at=now,
-                version=__version__,
-                config_hash=config.config_hash,
-                scheduler=config.scheduler,
-                aging_divisor_ns=config.aging_divisor_ns,
-                swap_affinity_bonus=config.swap_affinity_bonus,
-                pid=os.getpid(),
-            )
-        ]
-    )
+    scheduler.emit([server_started(config, now, os.getpid())])
     recovered = await recover(scheduler, engine, config.max_attempts)
-    client = httpx.AsyncClient(
-        timeout=httpx.Timeout(None, connect=10.0),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-    )
-    proxy = Proxy(config, scheduler, client)
-    jobs = JobRunner(config, scheduler, proxy, engine)
+    forwarder = Forwarder(config, scheduler)
+    scheduler.before_stop = forwarder.release
+    proxy = Proxy(config, scheduler, forwarder)
+    jobs = JobRunner(config, scheduler, forwarder, engine)
     proxy.jobs = jobs
     background: list[asyncio.Task[None]] = []
 
@@ -125,7 +114,7 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
         for task in background:
             task.cancel()
         await scheduler.shutdown()
-        await client.aclose()
+        await forwarder.close()
         await store.close()
 
     app = create_app(

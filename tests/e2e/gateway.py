@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -89,17 +90,20 @@ class Gateway:
             stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"gpulane exited with {self.proc.returncode}:\n{self.log.read_text()}"
-                )
-            try:
-                if httpx.get(self.url + "/health", timeout=1).text == "OK":
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+        # One client for all polls: making one costs ~30 ms of CPU, which a poll
+        # every 50 ms would take from the gpulane it waits for.
+        with httpx.Client(timeout=1) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"gpulane exited with {self.proc.returncode}:\n{self.log.read_text()}"
+                    )
+                try:
+                    if client.get(self.url + "/health").text == "OK":
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
         raise RuntimeError(f"gpulane did not answer /health:\n{self.log.read_text()}")
 
     def stop(self) -> None:
@@ -148,3 +152,73 @@ class Gateway:
             if len(rows) >= count or time.monotonic() > deadline:
                 return rows
             time.sleep(0.05)
+
+
+def raw_request(
+    gw: Gateway, head: bytes, body: bytes = b"", timeout: float = 30
+) -> tuple[int, bytes]:
+    """Send exact bytes (httpx refuses non-ASCII header values): `head` is the
+    request line and header lines, each ending in CRLF; Content-Length and the
+    blank line are added. Returns the status and the body."""
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it read everything: the answer may be waiting
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"closed before a whole response head: {data!r}")
+            data += chunk
+        head_end = data.index(b"\r\n\r\n")
+        status = int(data.split(b" ", 2)[1])
+        length = 0
+        for line in data[:head_end].split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        rest = data[head_end + 4 :]
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return status, rest
+
+
+def upstreams_alive(first_port: int, count: int) -> dict[int, str]:
+    """Live tools.fake_upstream processes (zombies aside) serving a port in
+    [first_port, first_port + count), pid -> command line: a test's own
+    upstreams, found by the ports its config gives them."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if stat[stat.rfind(b")") + 2 :][:1] in (b"Z", b"X"):
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        if "tools.fake_upstream" not in args or "--port" not in args[:-1]:
+            continue
+        port = args[args.index("--port") + 1]
+        if port.isdigit() and first_port <= int(port) < first_port + count:
+            found[int(entry.name)] = " ".join(args)
+    return found
+
+
+def upstreams_left(first_port: int, count: int, timeout: float = 5) -> dict[int, str]:
+    """What `upstreams_alive` still finds once `timeout` has passed or nothing
+    is left; what it found is then SIGKILLed, so a failing test leaves nothing
+    behind either."""
+    deadline = time.monotonic() + timeout
+    while (left := upstreams_alive(first_port, count)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left

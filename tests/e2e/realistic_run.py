@@ -103,6 +103,15 @@ def _wait_queued(gw: Gateway, count: int) -> None:
     assert len(rows) >= count, "a request was not queued in time"
 
 
+def _wait_started(gw: Gateway) -> None:
+    """Until the long job runs on its loaded model: what is sent next waits for it,
+    with A resident."""
+    rows = gw.wait_for(
+        "SELECT id FROM requests WHERE status = 'running' AND started_at IS NOT NULL"
+    )
+    assert rows, "the long job did not start in time"
+
+
 def _phase1(gw: Gateway, run: Run) -> None:
     plan = [
         ("r1", "B", None, 1),
@@ -114,7 +123,7 @@ def _phase1(gw: Gateway, run: Run) -> None:
     ]
     with cf.ThreadPoolExecutor(len(plan) + 1) as pool, gw.client() as client:
         blocker = pool.submit(_post, client, "A", None, 1, delay=1.8)
-        time.sleep(0.4)
+        _wait_started(gw)
         futures = {}
         for count, (name, model, priority, key) in enumerate(plan, start=1):
             futures[name] = pool.submit(_post, client, model, priority, key)
@@ -134,10 +143,10 @@ def _phase2(gw: Gateway, run: Run) -> None:
     auth = {"Authorization": f"Bearer {KEYS[0]}"}
     with cf.ThreadPoolExecutor(3) as pool, gw.client() as client:
         blocker = pool.submit(_post, client, "A", None, 1, delay=2.0)
-        time.sleep(0.3)
+        _wait_started(gw)
         r7 = pool.submit(_post, client, "A", "batch", 2)
         _wait_queued(gw, 1)
-        time.sleep(0.9)
+        time.sleep(0.9)  # r7's age, the point of this phase (0.9 s = 225 points)
         r8 = pool.submit(_post, client, "A", "interactive", 1)
         _wait_queued(gw, 2)
         run.live_queue = client.get("/api/queue", headers=auth).json()

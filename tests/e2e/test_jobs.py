@@ -12,6 +12,7 @@ from collections.abc import Callable
 import httpx
 
 from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
 ASYNC = {"Prefer": "respond-async"}
@@ -162,3 +163,5 @@ def test_sigkill_then_restart_runs_every_durable_job_once_in_score_order(gateway
     gw.stop()
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
+    # The log alone says what recovery put back: replay and explain reproduce every decision.
+    assert assert_log_replays(gw.db) == 1 + len(queued) + 1

@@ -11,13 +11,19 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import signal
-import socket
 import time
 from collections.abc import Callable
 
 import httpx
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import (
+    Gateway,
+    fake_model,
+    free_port_block,
+    raw_request,
+    upstreams_alive,
+    upstreams_left,
+)
 
 Start = Callable[[str], Gateway]
 ASYNC = {"Prefer": "respond-async"}
@@ -38,34 +44,15 @@ def chat(model: str = "A", stream: bool = False, **fake: object) -> dict[str, ob
     return body
 
 
-def raw_request(gw: Gateway, head: bytes, body: bytes) -> tuple[int, bytes]:
-    """Send exact bytes (httpx refuses non-ASCII header values); return status, body."""
-    with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
-        sock.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += sock.recv(65536)
-        head_end = data.index(b"\r\n\r\n")
-        status = int(data.split(b" ", 2)[1])
-        length = 0
-        for line in data[:head_end].split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        rest = data[head_end + 4 :]
-        while len(rest) < length:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            rest += chunk
-        return status, rest
-
-
-def assert_log_sound(gw: Gateway) -> None:
+def assert_log_sound(gw: Gateway, timeout: float = 10) -> None:
+    # A response can arrive just before its last event is group-committed: poll.
+    deadline = time.monotonic() + timeout
+    query = "SELECT id, status FROM requests WHERE status IN ('queued', 'running')"
+    while (open_rows := gw.sql(query)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [tuple(r) for r in open_rows] == []
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
-    open_rows = gw.sql("SELECT id, status FROM requests WHERE status IN ('queued', 'running')")
-    assert [tuple(r) for r in open_rows] == []
     unfinished = gw.sql("SELECT from_model, to_model FROM swaps WHERE finished_at IS NULL")
     assert [tuple(r) for r in unfinished] == []
 
@@ -256,3 +243,27 @@ def test_concurrent_posts_with_one_idempotency_key_make_one_job(gateway: Start) 
     assert sorted(a.status_code for a in answers) == [200] * 9 + [202]
     assert len({a.json()["id"] for a in answers}) == 1
     assert len(gw.sql("SELECT id FROM requests")) == 1
+
+
+def test_after_a_sigkill_recovery_stops_what_an_upstream_left_in_a_new_session(
+    gateway: Start,
+) -> None:
+    # Found by tests/e2e/test_chaos.py: a daemonized copy (fork, setsid, fork)
+    # outlives the SIGKILL and the recovery that stops its parent, keeps the
+    # model's port, and every later start of that model fails.
+    start_port = free_port_block()
+    models = fake_model("A", "--spawn-setsid-child").replace("\n", "\n  ")
+    gw = gateway(f"startPort: {start_port}\nmodels:{models}\n")
+    try:
+        with gw.client() as client:
+            assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+        assert len(upstreams_alive(start_port, 10)) == 2  # the server and its copy
+        gw.kill()
+        gw.start()
+        with gw.client() as client:
+            r = client.post("/v1/chat/completions", json=chat())
+            assert r.status_code == 200, r.text
+        gw.stop()
+    finally:
+        left = upstreams_left(start_port, 10)
+    assert left == {}

@@ -1,4 +1,8 @@
-"""gpulane serve as a real process in front of real (fake) upstream processes."""
+"""gpulane serve as a real process in front of real (fake) upstream processes.
+
+One smoke test per feature through real processes; the scheduling scenarios
+(priority, affinity, aging, cancellation, faults) are unit tests of the run
+loop in tests/unit/test_scheduler.py."""
 
 from __future__ import annotations
 
@@ -41,21 +45,31 @@ def three_models(**serial: object) -> str:
     )
 
 
-def post_in_order(
-    gw: Gateway, requests: list[tuple[str, str | None]], gap: float = 0.15
-) -> list[int]:
+def wait_started(gw: Gateway) -> None:
+    """Until a request runs on its loaded model (nothing else is in flight)."""
+    rows = gw.wait_for("SELECT id FROM requests WHERE status='running' AND started_at IS NOT NULL")
+    assert rows, f"no request started: {[tuple(r) for r in gw.sql('SELECT * FROM requests')]}"
+
+
+def wait_queued(gw: Gateway, count: int) -> None:
+    rows = gw.wait_for("SELECT id FROM requests WHERE status='queued'", count=count)
+    assert len(rows) >= count, f"not {count} queued: {[tuple(r) for r in rows]}"
+
+
+def post_in_order(gw: Gateway, requests: list[tuple[str, str | None]]) -> list[int]:
     """Send requests one after another (each enqueued before the next) while a
     long job holds the GPU; return their indexes in the order they were dispatched."""
     with cf.ThreadPoolExecutor(len(requests) + 1) as pool, gw.client() as client:
         long_body, _ = chat("A", delay=1.5)
         blocker = pool.submit(client.post, "/v1/chat/completions", json=long_body)
-        time.sleep(0.4)
+        wait_started(gw)
         futures = []
-        for model, priority in requests:
+        for queued, (model, priority) in enumerate(requests, start=1):
             body, headers = chat(model, priority)
             fut = pool.submit(client.post, "/v1/chat/completions", json=body, headers=headers)
             futures.append(fut)
-            time.sleep(gap)
+            wait_queued(gw, queued)
+        assert not blocker.done(), "the long job ended before every request was queued"
         blocker.result()
         ids = [f.result().headers["x-request-id"] for f in futures]
     # Order of dispatch, from the log (response end times can race by microseconds).
@@ -136,32 +150,11 @@ def test_mixed_priorities_are_served_by_score_while_a_long_job_runs(gateway: Sta
     assert order == [3, 2, 1, 4, 0]
 
 
-def test_a_b_c_a_with_a_resident_is_served_a_a_b_c(gateway: Start) -> None:
-    gw = gateway(three_models(swapAffinityBonus=10))
-    assert post_in_order(gw, [("A", None), ("B", None), ("C", None), ("A", None)]) == [0, 3, 1, 2]
-
-
-def test_a_b_c_a_at_bonus_zero_is_plain_arrival_order(gateway: Start) -> None:
-    gw = gateway(three_models(swapAffinityBonus=0))
-    assert post_in_order(gw, [("A", None), ("B", None), ("C", None), ("A", None)]) == [0, 1, 2, 3]
-
-
-def test_aging_lets_a_batch_request_overtake_a_fresh_interactive_one(gateway: Start) -> None:
-    # 0.004 s per point: after ~0.9 s of waiting a batch request gains > 200 points.
-    gw = gateway(three_models(agingDivisor=0.004, swapAffinityBonus=0))
-    assert post_in_order(gw, [("A", "batch"), ("A", "interactive")], gap=0.9) == [0, 1]
-
-
-def test_without_aging_the_interactive_request_goes_first(gateway: Start) -> None:
-    gw = gateway(three_models(agingDivisor=0, swapAffinityBonus=0))
-    assert post_in_order(gw, [("A", "batch"), ("A", "interactive")], gap=0.9) == [1, 0]
-
-
 def test_queued_client_that_disconnects_is_cancelled_and_the_queue_moves_on(gateway: Start) -> None:
     gw = gateway(three_models())
     with cf.ThreadPoolExecutor(3) as pool, gw.client() as client:
         blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5)[0])
-        time.sleep(0.3)
+        wait_started(gw)
         with (
             pytest.raises(httpx.ReadTimeout),
             httpx.Client(base_url=gw.url, timeout=0.3) as impatient,
@@ -268,7 +261,8 @@ def test_one_model_resident_at_a_time(gateway: Start) -> None:
 
 def test_metrics_after_a_known_sequence(gateway: Start) -> None:
     gw = gateway(three_models(swapAffinityBonus=10))
-    post_in_order(gw, [("A", None), ("B", None), ("C", None), ("A", None)])
+    # A B C A with A resident is served A A B C.
+    assert post_in_order(gw, [("A", None), ("B", None), ("C", None), ("A", None)]) == [0, 3, 1, 2]
     with gw.client() as client:
         text = client.get("/metrics").text
     assert 'llamaswap_scheduler_dispatched_total{band="normal"} 5.0' in text
@@ -291,7 +285,7 @@ def test_send_loading_state_streams_queue_progress_then_the_answer(gateway: Star
     gw = gateway("sendLoadingState: true\n" + three_models())
     with cf.ThreadPoolExecutor(2) as pool, gw.client() as client:
         blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5)[0])
-        time.sleep(0.3)
+        wait_started(gw)
         body, _ = chat("A", reply="done waiting")
         body["stream"] = True
         with client.stream("POST", "/v1/chat/completions", json=body) as r:

@@ -2,7 +2,9 @@
 
 Each test starts `gpulane serve` as a subprocess in front of tools.fake_upstream
 processes (see gateway.py) and checks what a user would see: responses, the
-SQLite log, /logs. Complements test_serve.py (serial dispatch order and faults).
+SQLite log, /logs. Complements test_serve.py (serial dispatch order and faults);
+the scheduling scenarios themselves (order, TTL, fifo, faults) are unit tests of
+the run loop in tests/unit/test_scheduler.py.
 """
 
 from __future__ import annotations
@@ -202,23 +204,20 @@ def test_unload_routes_stop_idle_models(gateway: Start) -> None:
     assert gw.sql("SELECT count(*) AS n FROM processes WHERE stopped_at IS NULL")[0]["n"] == 0
 
 
-def test_ttl_stops_a_model_about_a_second_after_its_last_request(gateway: Start) -> None:
-    # globalTTL would keep it a minute; the model's own ttl wins.
+def test_ttl_stops_a_model_once_it_has_been_idle_that_long(gateway: Start) -> None:
+    # globalTTL would keep it a minute; the model's own ttl wins. (Busy models and
+    # the exact countdown: tests/unit/test_scheduler.py.)
     gw = gateway(config(model("A", ttl=1), model("B"), globalTTL=60))
     with gw.client() as client:
-        assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
-        # The first request's countdown ends while this one runs: it must not stop A.
-        last = client.post("/v1/chat/completions", json=chat("A", delay=1.6))
+        last = client.post("/v1/chat/completions", json=chat("A"))
         assert last.status_code == 200
-        assert [m["model"] for m in running(client)] == ["A"]
-        stopped = events(gw, "process_stopped", timeout=5)
-        assert wait_until(lambda: running(client) == [], timeout=2)
+        stopped = events(gw, "process_stopped", timeout=10)
+        assert wait_until(lambda: running(client) == [], timeout=5)
         # Stopped by TTL, loaded again on demand.
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
     assert [(e["model"], e["reason"]) for e in stopped] == [("A", "ttl")]
     done = gw.sql("SELECT finished_at FROM requests WHERE id=?", last.headers["x-request-id"])
-    idle = stopped[0]["at"] - done[0]["finished_at"]
-    assert 1.0 <= idle < 2.0, idle
+    assert stopped[0]["at"] - done[0]["finished_at"] >= 1.0
 
 
 def test_preload_starts_a_model_at_launch(gateway: Start) -> None:
@@ -405,8 +404,8 @@ def test_filters_strip_and_set_params_and_leave_other_bodies_byte_for_byte(
 # -- the fifo scheduler ------------------------------------------------------------------------
 
 
-def fifo(*models: str, priority: dict[str, int] | None = None) -> str:
-    scheduler = {"use": "fifo", "settings": {"fifo": {"priority": priority or {}}}}
+def fifo(*models: str) -> str:
+    scheduler = {"use": "fifo", "settings": {"fifo": {"priority": {}}}}
     return config(*models, routing={"scheduler": scheduler})
 
 
@@ -414,7 +413,6 @@ def test_fifo_serves_the_ready_model_concurrently_up_to_its_limit(gateway: Start
     gw = gateway(fifo(model("A", concurrencyLimit=3)))
     with gw.client() as client:
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200  # load
-        t0 = time.monotonic()
         with cf.ThreadPoolExecutor(6) as pool:
             replies = list(
                 pool.map(
@@ -422,7 +420,6 @@ def test_fifo_serves_the_ready_model_concurrently_up_to_its_limit(gateway: Start
                     range(6),
                 )
             )
-        elapsed = time.monotonic() - t0
     assert all(r.status_code == 200 for r in replies)
     ids = [r.headers["x-request-id"] for r in replies]
     marks = ",".join("?" * len(ids))
@@ -440,37 +437,7 @@ def test_fifo_serves_the_ready_model_concurrently_up_to_its_limit(gateway: Start
     for _, step in edges:
         in_flight += step
         peak = max(peak, in_flight)
-    assert peak == 3
-    assert 1.9 < elapsed < 3.5, elapsed  # two waves of three, not six in a row
-
-
-def test_fifo_orders_the_queue_by_model_priority_plus_header(gateway: Start) -> None:
-    gw = gateway(fifo(model("A", concurrencyLimit=1), model("B"), priority={"A": 0, "B": 10}))
-    # Queue priorities: A-normal 0, B-normal 10, A-interactive 100, B-batch -90.
-    wanted = [("A", None), ("B", None), ("A", "interactive"), ("B", "batch")]
-    with cf.ThreadPoolExecutor(len(wanted) + 1) as pool, gw.client() as client:
-        assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
-        blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5))
-        time.sleep(0.4)
-        futures = []
-        for name, priority in wanted:
-            headers = {"X-LlamaSwap-Priority": priority} if priority else {}
-            futures.append(
-                pool.submit(client.post, "/v1/chat/completions", json=chat(name), headers=headers)
-            )
-            time.sleep(0.15)
-        assert blocker.result().status_code == 200
-        ids = [f.result().headers["x-request-id"] for f in futures]
-    marks = ",".join("?" * len(ids))
-    rows = gw.wait_for(
-        f"SELECT id FROM requests WHERE id IN ({marks}) AND status='completed'"
-        " ORDER BY dispatched_at",
-        *ids,
-        count=len(ids),
-    )
-    assert [ids.index(r["id"]) for r in rows] == [2, 1, 0, 3]
-    swaps = events(gw, "swap_started", count=4)
-    assert [s["to_model"] for s in swaps] == ["A", "B", "A", "B"]
+    assert peak == 3  # three at once, never more
 
 
 # -- a client that leaves mid-body --------------------------------------------------------------

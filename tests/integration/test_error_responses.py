@@ -17,6 +17,7 @@ from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.store.memory_store import InMemoryEventStore
 from app.web.app import create_app
+from app.web.forward import Forwarder
 from app.web.proxy import Proxy
 
 CONFIG = """
@@ -48,7 +49,7 @@ async def test_an_exception_in_a_route_is_a_logged_500_in_the_openai_shape(
     store.start()
     scheduler = Scheduler(config, store, logs=LogBuffer())
     async with httpx.AsyncClient() as upstream_client:
-        proxy = Proxy(config, scheduler, upstream_client)
+        proxy = Proxy(config, scheduler, Forwarder(config, scheduler, lambda: upstream_client))
         app = create_app(config, scheduler, proxy, LogBuffer(), extra_handlers=[broken, broken_raw])
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gpulane") as client:

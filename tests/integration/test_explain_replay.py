@@ -1,8 +1,12 @@
-"""`explain` on long synthetic logs made by the core itself: a simulated run loop with
-random arrivals, cancels, swaps and a crash-restart that restores durable jobs.
+"""`explain` and `replay --verify` on long synthetic logs made by the core itself: a
+simulated run loop with random arrivals, cancels, swaps and crash-restarts whose
+recovery restores durable jobs, recorded as this version records it (format 2:
+`request_restored`) and as earlier versions did (format 1: nothing recorded, the
+fold restores them); and on a real log of the earlier format.
 
 Checks that starting the replay at the oldest request open on arrival gives the same
-story as replaying the whole log, and that every recorded decision is recomputed.
+story as replaying the whole log, that every recorded decision is recomputed, and
+that verify and explain agree.
 """
 
 from __future__ import annotations
@@ -19,13 +23,17 @@ from app.core import events as ev
 from app.core.policy import decide
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.core.state import SchedulerState, apply
+from app.core.state import FIFO, SchedulerState, apply
 from app.report import explain as explain_module
 from app.report.explain import explain
 from app.store.engine import open_database
-from app.store.event_store import driver_cursor, next_seq, write_events
+from tests.e2e.log_replay import assert_log_replays
+from tools.replay.generate import film, write_log
+from tools.replay.simulate import Policy, simulate
+from tools.replay.verify import verify
 
 T0 = 1_700_000_000 * NS_PER_S
+FORMAT1 = Path(__file__).parents[1] / "fixtures" / "restart_log_format1.jsonl"
 TICK = NS_PER_S // 10
 MODELS = ("A", "B", "C")
 
@@ -33,8 +41,9 @@ MODELS = ("A", "B", "C")
 class Sim:
     """The run loop in miniature: every change is an event, applied then logged."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, log_format: int) -> None:
         self.rng = rng
+        self.log_format = log_format
         self.log: list[ev.AnyEvent] = []
         self.now = T0
         self.first_enqueue: dict[str, ev.RequestEnqueued] = {}
@@ -46,6 +55,7 @@ class Sim:
             self.log.append(event)
 
     def start_server(self, params: ScoringParams) -> None:
+        """A new process (a fresh state, as the live server builds it) and its recovery."""
         old = getattr(self, "state", None)
         self.state = SchedulerState(params, config_hash="h")
         self.running: tuple[str, int] | None = None  # request, run end
@@ -58,31 +68,46 @@ class Sim:
                 scheduler="serial",
                 aging_divisor_ns=params.aging_divisor_ns,
                 swap_affinity_bonus=params.swap_affinity_bonus,
+                log_format=self.log_format,
             )
         )
         if old is None:
             return
-        # Recovery as app/runtime/recovery.py does it.
+        # Recovery as app/runtime/recovery.py does it (format 1: as it did before
+        # restores were recorded, putting the jobs back without an event).
         after: list[ev.AnyEvent] = []
+        requeues: list[ev.AnyEvent] = []
         for request_id in [r for r in self.first_enqueue if r in old.requests]:
             request = old.requests[request_id]
             if not request.durable:
                 after.append(ev.RequestAbandoned(at=self.now, request_id=request_id))
                 continue
-            first = self.first_enqueue[request_id]
-            apply(
-                self.state,
-                msgspec.structs.replace(
-                    first, attempt=request.attempt, enqueued_at=request.enqueued_ns
-                ),
-            )
-            if request.running:
+            if self.log_format >= 2:
                 after.append(
+                    ev.RequestRestored(
+                        at=self.now,
+                        request_id=request_id,
+                        model=request.model,
+                        priority=request.priority,
+                        enqueued_at=request.enqueued_ns,
+                        attempt=request.attempt,
+                    )
+                )
+            else:
+                first = self.first_enqueue[request_id]
+                apply(
+                    self.state,
+                    msgspec.structs.replace(
+                        first, attempt=request.attempt, enqueued_at=request.enqueued_ns
+                    ),
+                )
+            if request.running:
+                requeues.append(
                     ev.RequestRequeued(
                         at=self.now, request_id=request_id, attempt=request.attempt + 1
                     )
                 )
-        self.emit(*after, ev.RecoveryFinished(at=self.now))
+        self.emit(*after, *requeues, ev.RecoveryFinished(at=self.now))
 
     def arrive(self, n: int) -> None:
         priority = self.rng.choice((-100, -100, 0, 0, 0, 1, 2, 100))
@@ -137,32 +162,28 @@ class Sim:
                 self.emit(ev.RequestStarted(at=self.now, request_id=dispatched.request_id))
 
 
-def simulate(seed: int, requests: int = 150) -> list[ev.AnyEvent]:
+def simulated_log(seed: int, log_format: int, requests: int = 150) -> list[ev.AnyEvent]:
     rng = random.Random(seed)
-    sim = Sim(rng)
+    sim = Sim(rng, log_format)
     n = 0
-    crashed = False
+    crashes = [requests // 4, requests // 2, 3 * requests // 4]
     while n < requests or sim.state.requests:
         if n < requests and rng.random() < 0.12:
             sim.arrive(n)
             n += 1
         open_jobs = [r for r in sim.state.requests.values() if r.durable]
-        if n >= requests // 2 and not crashed and open_jobs:  # a crash, new parameters
-            sim.start_server(ScoringParams(NS_PER_S, 5))
-            crashed = True
+        if crashes and n >= crashes[0] and open_jobs:  # a crash, new parameters
+            crashes.pop(0)
+            sim.start_server(ScoringParams(NS_PER_S * (1 + len(crashes)), 5 * len(crashes)))
         sim.step()
     return sim.log
 
 
-@pytest.fixture(scope="module", params=[1, 2])
+@pytest.fixture(scope="module", params=[(1, 2), (2, 2), (1, 1)], ids=str)
 def database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("explain") / "gpulane.db"
-    engine = open_database(path)
-    log = simulate(request.param)
-    with engine.connect() as conn, conn.begin():
-        cur = driver_cursor(conn)
-        write_events(cur, next_seq(cur), log)
-    engine.dispose()
+    seed, log_format = request.param
+    write_log(path, simulated_log(seed, log_format))
     return path
 
 
@@ -227,3 +248,84 @@ def test_a_durable_job_across_a_restart(database: Path) -> None:
     for story in stories:
         assert story is not None and story.replay_matches
         assert story.status == "completed"
+
+
+def test_verify_and_explain_agree_on_a_log_with_several_restarts(database: Path) -> None:
+    engine = open_database(database, upgrade=False)
+    with engine.connect() as conn:
+        starts = conn.exec_driver_sql(
+            "SELECT count(*) FROM events WHERE type = 'server_started'"
+        ).scalar()
+        formats = {
+            f
+            for (f,) in conn.exec_driver_sql(
+                "SELECT coalesce(json_extract(data, '$.log_format'), 1) FROM events "
+                "WHERE type = 'server_started'"
+            )
+        }
+        restores = conn.exec_driver_sql(
+            "SELECT count(*) FROM events WHERE type = 'request_restored'"
+        ).scalar_one()
+    engine.dispose()
+    assert starts == 4 and len(formats) == 1
+    assert (restores > 0) == (formats == {2})
+    assert assert_log_replays(database) > 100
+
+
+def test_a_real_log_of_the_earlier_format_with_a_restart_still_verifies(tmp_path: Path) -> None:
+    """tests/fixtures/restart_log_format1.jsonl (never regenerated) is the log of
+    tests/e2e/test_jobs.py's SIGKILL scenario as gpulane wrote it before recovery
+    recorded `request_restored`: a durable job running and five queued, a synchronous
+    request waiting; SIGKILL; restart; all six run."""
+    events = [ev.decode(line) for line in FORMAT1.read_text().splitlines()]
+    starts = [i for i, e in enumerate(events) if isinstance(e, ev.ServerStarted)]
+    assert len(starts) == 2 and all(events[i].log_format == 1 for i in starts)  # type: ignore[union-attr]
+    assert not any(isinstance(e, ev.RequestRestored) for e in events)
+    db = tmp_path / "format1.db"
+    write_log(db, events)
+    assert assert_log_replays(db) == 7
+    # The documented rule makes it verify: read as format 2 (no restores recorded,
+    # so none happened), the restarted process would have nothing to dispatch.
+    as_format2 = [
+        msgspec.structs.replace(e, log_format=2) if isinstance(e, ev.ServerStarted) else e
+        for e in events
+    ]
+    divergence = verify(enumerate(as_format2, 1)).divergence
+    assert divergence is not None and "dispatches nothing" in divergence.detail
+    # Folded to the end of that recovery: the five that waited, then the one that ran.
+    recovered = next(
+        i for i, e in enumerate(events) if isinstance(e, ev.RecoveryFinished) and i > starts[1]
+    )
+    state = SchedulerState()
+    for event in events[: recovered + 1]:
+        apply(state, event)
+    running = next(e for e in events if isinstance(e, ev.RequestDispatched)).request_id
+    waited = [e.request_id for e in events[: starts[1]] if isinstance(e, ev.RequestEnqueued)]
+    assert list(state.requests) == [r for r in waited if state.requests.get(r)]
+    assert [q.request_id for q in sorted(state.queue, key=lambda q: q.order)][-1] == running
+    assert len(state.queue) == 6 and state.requests[running].attempt == 2
+    assert state.running == {} and state.resident is None
+
+
+def test_a_fifo_log_replays_with_the_priorities_and_limits_it_records(tmp_path: Path) -> None:
+    scenario = film(3, limit=300)
+    policy = Policy(
+        "fifo",
+        ScoringParams(0, 0),
+        scheduler=FIFO,
+        concurrency=2,
+        model_priority=(("qwen-chat", -5), ("wan-video", 60)),
+    )
+    events: list[ev.AnyEvent] = []
+    simulate(scenario.workload, policy, record=events, swap_cost=scenario.swap_cost)
+    started = events[0]
+    assert isinstance(started, ev.ServerStarted)
+    assert started.model_priority == {"qwen-chat": -5, "wan-video": 60}
+    assert set(started.concurrency.values()) == {2}
+    db = tmp_path / "fifo.db"
+    write_log(db, events)
+    # Nothing is inferred or taken from a config: the CLI's explain and verify read
+    # the settings from the log, and they decide.
+    assert assert_log_replays(db) > 200
+    without = [msgspec.structs.replace(started, model_priority={}), *events[1:]]
+    assert verify(enumerate(without, 1)).divergence is not None

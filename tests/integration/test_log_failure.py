@@ -17,6 +17,7 @@ from app.runtime.scheduler import Admission, Scheduler
 from app.store.memory_store import InMemoryEventStore
 from app.store.port import StoreError
 from app.web.app import create_app
+from app.web.forward import Forwarder
 from app.web.proxy import Proxy
 
 CONFIG = """
@@ -46,7 +47,12 @@ async def test_unwritable_log_refuses_new_requests_with_503_and_keeps_serving() 
     store.start()
     scheduler = Scheduler(config, store, logs=LogBuffer())
     async with httpx.AsyncClient() as upstream_client:
-        app = create_app(config, scheduler, Proxy(config, scheduler, upstream_client), LogBuffer())
+        app = create_app(
+            config,
+            scheduler,
+            Proxy(config, scheduler, Forwarder(config, scheduler, lambda: upstream_client)),
+            LogBuffer(),
+        )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gpulane") as client:
             store.break_now()

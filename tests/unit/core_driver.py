@@ -1,13 +1,16 @@
 """CoreDriver: a SchedulerState, a clock and the decisions made so far, for unit tests.
 
 It feeds the pure core exactly as the run loop does: every change is an event folded in
-with `apply`, and `decide` is called until it returns nothing. Swaps and completions are
-instant unless a test drives them step by step.
+with `apply` (the scheduler and its parameters too: a `server_started`), and `decide` is
+called until it returns nothing. Swaps and completions are instant unless a test drives
+them step by step. `restart` is a new process and what its recovery records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+import msgspec
 
 from app.core import events as ev
 from app.core.policy import decide
@@ -32,15 +35,18 @@ class CoreDriver:
         concurrency: Mapping[str, int] | None = None,
         now_ns: int = T0,
     ) -> None:
-        self.state = SchedulerState(
+        self.state = SchedulerState()
+        self.now = now_ns
+        self.log: list[ev.AnyEvent] = []
+        """Every event folded, in order: the log a server would have written."""
+        self.scores: list[ev.ScoresComputed] = []
+        self.dispatches: list[ev.RequestDispatched] = []
+        self.start_server(
             params or ScoringParams(),
             scheduler=scheduler,
             model_priority=model_priority,
             concurrency=concurrency,
         )
-        self.now = now_ns
-        self.scores: list[ev.ScoresComputed] = []
-        self.dispatches: list[ev.RequestDispatched] = []
         if resident is not None:
             self.load(resident)
 
@@ -48,6 +54,74 @@ class CoreDriver:
 
     def apply(self, event: ev.AnyEvent) -> None:
         apply(self.state, event)
+        self.log.append(event)
+
+    def start_server(
+        self,
+        params: ScoringParams,
+        *,
+        scheduler: str = SERIAL,
+        model_priority: Mapping[str, int] | None = None,
+        concurrency: Mapping[str, int] | None = None,
+        log_format: int = ev.LOG_FORMAT,
+    ) -> None:
+        self.apply(
+            ev.ServerStarted(
+                at=self.now,
+                version="test",
+                config_hash="",
+                scheduler=scheduler,
+                aging_divisor_ns=params.aging_divisor_ns,
+                swap_affinity_bonus=params.swap_affinity_bonus,
+                model_priority=dict(model_priority or {}),
+                concurrency=dict(concurrency or {}),
+                log_format=log_format,
+            )
+        )
+
+    def restart(
+        self,
+        params: ScoringParams | None = None,
+        *,
+        model_priority: Mapping[str, int] | None = None,
+        log_format: int = ev.LOG_FORMAT,
+    ) -> None:
+        """A new process (same parameters unless given) and what app/runtime/recovery.py
+        records: each open durable request restored (arrival order), then the running
+        ones re-queued (attempt + 1); synchronous ones abandoned. With `log_format` 1,
+        what an older version recorded: the same without the restores."""
+        before = [msgspec.structs.replace(r) for r in self.state.requests.values()]
+        state = self.state
+        self.start_server(
+            params or state.params,
+            scheduler=state.scheduler,
+            model_priority=state.model_priority if model_priority is None else model_priority,
+            concurrency=state.concurrency,
+            log_format=log_format,
+        )
+        requeues: list[ev.AnyEvent] = []
+        for r in before:
+            if not r.durable:
+                self.apply(ev.RequestAbandoned(at=self.now, request_id=r.request_id))
+                continue
+            if log_format >= 2:
+                self.apply(
+                    ev.RequestRestored(
+                        at=self.now,
+                        request_id=r.request_id,
+                        model=r.model,
+                        priority=r.priority,
+                        enqueued_at=r.enqueued_ns,
+                        attempt=r.attempt,
+                    )
+                )
+            if r.running:
+                requeues.append(
+                    ev.RequestRequeued(at=self.now, request_id=r.request_id, attempt=r.attempt + 1)
+                )
+        for event in requeues:
+            self.apply(event)
+        self.apply(ev.RecoveryFinished(at=self.now))
 
     def advance(self, ns: int) -> None:
         assert ns >= 0
@@ -58,7 +132,9 @@ class CoreDriver:
         assert T0 + ns >= self.now
         self.now = T0 + ns
 
-    def enqueue(self, request_id: str, model: str, priority: int = 0) -> None:
+    def enqueue(
+        self, request_id: str, model: str, priority: int = 0, *, durable: bool = False
+    ) -> None:
         self.apply(
             ev.RequestEnqueued(
                 at=self.now,
@@ -68,6 +144,7 @@ class CoreDriver:
                 endpoint="/v1/chat/completions",
                 priority=priority,
                 band=band_of(priority),
+                durable=durable,
             )
         )
 
@@ -125,3 +202,21 @@ class CoreDriver:
             self.complete(d.request_id)
             out.append(d.request_id)
         return out
+
+
+def snapshot(state: SchedulerState) -> dict[str, object]:
+    """Everything a decision depends on, comparable with ==: the open requests (in
+    first-arrival order), the queue in dispatch order (arrival tie-break included),
+    what runs, what is loaded, and the parameters."""
+    return {
+        "requests": [msgspec.to_builtins(r) for r in state.requests.values()],
+        "queue": [msgspec.to_builtins(q) for q in state.queue.ranked(state.resident)],
+        "running": dict(state.running),
+        "resident": state.resident,
+        "loading": state.loading,
+        "scheduler": state.scheduler,
+        "params": msgspec.to_builtins(state.params),
+        "model_priority": dict(state.model_priority),
+        "concurrency": dict(state.concurrency),
+        "config_hash": state.config_hash,
+    }

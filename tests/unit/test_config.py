@@ -13,15 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.config import (
-    DEFAULT_IGNORE_PATHS,
-    NEVER_MATCHES,
-    Config,
-    ConfigError,
-    load_config,
-    parse_config,
-)
-from app.macros import split_args, strip_comments
+from app.config import Config, ConfigError, load_config, parse_config
+from app.config.macros import split_args, strip_comments
+from app.config.raw import DEFAULT_IGNORE_PATHS
+from app.config.resolution import NEVER_MATCHES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.yaml"

@@ -32,7 +32,7 @@ from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL
 from app.store.engine import open_database
 from app.store.event_store import driver_cursor, next_seq, write_events
-from tools.replay.simulate import Policy, SwapCost, simulate
+from tools.replay.simulate import Policy, SwapCost, simulate, started_event
 from tools.replay.workload import Request, SwapTimes, Workload
 
 T0 = 1_736_150_400 * NS_PER_S
@@ -202,23 +202,19 @@ def generate_events(
     """The events a server with `params` would have logged for this scenario."""
     workload = scenario.workload
     start = min((r.arrival_ns for r in workload.requests), default=T0) - NS_PER_S
-    events: list[ev.AnyEvent] = []
-    simulate(
-        workload,
-        Policy("generate", params, scheduler=scheduler),
-        record=events,
-        swap_cost=scenario.swap_cost,
-    )
-    started = ev.ServerStarted(
-        at=start,
+    policy = Policy("generate", params, scheduler=scheduler)
+    # The log starts with the server_started whose fold is the simulation's state.
+    started = started_event(
+        policy,
+        workload.models,
+        start,
         version="replay-generate",
         config_hash=label,
-        scheduler=scheduler,
-        aging_divisor_ns=params.aging_divisor_ns,
-        swap_affinity_bonus=params.swap_affinity_bonus,
         pid=1,
     )
-    return [started, *events]
+    events: list[ev.AnyEvent] = []
+    simulate(workload, policy, record=events, swap_cost=scenario.swap_cost, started=started)
+    return events
 
 
 def write_log(path: str | Path, events: list[ev.AnyEvent], batch: int = 10_000) -> None:

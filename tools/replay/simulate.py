@@ -11,8 +11,10 @@ swap from A to B costs unload[A] + load[B] (measured medians). Under the `fifo`
 scheduler several requests of one model may be in flight; they share the GPU
 (processor sharing), so the total work is the same in every order.
 
-With `record`, every event is also appended to a list (in time order once sorted by
-`at`): that is how `generate` writes a plausible log.
+The state is built as every reader of a log builds it: by folding a `server_started`
+that carries the policy's scheduler and parameters (`started_event`). With `record`,
+that event and every later one are also appended to a list (in time order once
+sorted by `at`): that is how `generate` writes a plausible log.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -63,9 +65,40 @@ def simulate(
     timeline: bool = False,
     record: list[ev.AnyEvent] | None = None,
     swap_cost: SwapCost | None = None,
+    started: ev.ServerStarted | None = None,
 ) -> RunResult:
-    """Run `workload` under `policy`; `record` collects the events a server would log."""
-    return _Sim(workload, policy, timeline, record, swap_cost or workload.swap_times.cost).run()
+    """Run `workload` under `policy`; `record` collects the events a server would log.
+    `started`: the `server_started` the run begins with (default `started_event`)."""
+    if started is None:
+        first = min((r.arrival_ns for r in workload.requests), default=0)
+        started = started_event(policy, {r.model for r in workload.requests}, first)
+    sim = _Sim(workload, policy, timeline, record, swap_cost or workload.swap_times.cost, started)
+    return sim.run()
+
+
+def started_event(
+    policy: Policy,
+    models: Iterable[str],
+    at: int,
+    *,
+    version: str = "replay",
+    config_hash: str = "",
+    pid: int = 0,
+) -> ev.ServerStarted:
+    """The `server_started` of a server running `policy` on `models`."""
+    limit = max(1, policy.concurrency)
+    return ev.ServerStarted(
+        at=at,
+        version=version,
+        config_hash=config_hash,
+        scheduler=policy.scheduler,
+        aging_divisor_ns=policy.params.aging_divisor_ns,
+        swap_affinity_bonus=policy.params.swap_affinity_bonus,
+        pid=pid,
+        model_priority=dict(policy.model_priority),
+        concurrency=dict.fromkeys(sorted(models), limit),
+        log_format=ev.LOG_FORMAT,
+    )
 
 
 class _Sim:
@@ -76,16 +109,14 @@ class _Sim:
         timeline: bool,
         record: list[ev.AnyEvent] | None,
         swap_cost: SwapCost,
+        started: ev.ServerStarted,
     ) -> None:
         self.reqs = workload.requests
         self.policy = policy
-        models = {r.model for r in self.reqs}
-        self.state = SchedulerState(
-            policy.params,
-            scheduler=policy.scheduler,
-            model_priority=dict(policy.model_priority),
-            concurrency={m: max(1, policy.concurrency) for m in models},
-        )
+        self.state = SchedulerState()
+        apply(self.state, started)
+        if record is not None:
+            record.append(started)
         self.record = record
         self.swap_cost = swap_cost
         self.ignore_priority = policy.ignore_priority

@@ -1,26 +1,28 @@
 """`--verify`: does the core, given the log, make every recorded decision?
 
-The recorded events are folded in seq order with `app.core.state.apply`, into a fresh
-`SchedulerState` at each `server_started` (with the parameters it carries), exactly as
-the live run loop built its state. At each recorded decision (`scores_computed`, then
-its `request_dispatched`) `decide(state, that event's at)` must pick the same request
-(and the same swap flag). The first disagreement is reported with both candidates and
-both score breakdowns. A log that passes is complete and the core deterministic.
+The whole log is folded in seq order with `app.core.state.apply` into one
+`SchedulerState`, exactly as the live run loop built its state: each
+`server_started` carries the scheduler and all its parameters (fifo priorities and
+limits included), and what recovery put back is in the log (`request_restored`;
+app/core/state.py says how older logs fold). At each recorded decision
+(`scores_computed`, then its `request_dispatched`) `decide(state, that event's at)`
+must pick the same request (and the same swap flag). The first disagreement is
+reported with both candidates and both score breakdowns. A log that passes is
+complete and the core deterministic.
 
-fifo logs do not record per-model priorities or concurrency limits; they are inferred
-from the decisions (winner's queue priority minus its header priority; the most
-requests seen in flight on a model).
+A log without `server_started` (synthetic, truncated) is folded as if one stood
+at its start with the parameters its first decision records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from app.core import events as ev
 from app.core.policy import decide
-from app.core.scoring import Breakdown, ScoringParams
-from app.core.state import SERIAL, SchedulerState, apply
+from app.core.scoring import Breakdown
+from app.core.state import SchedulerState, apply
 
 
 @dataclass(frozen=True)
@@ -72,21 +74,12 @@ def _fmt(b: Breakdown | None) -> str:
 
 def verify(events: Iterable[tuple[int, ev.AnyEvent]]) -> VerifyResult:
     """Check every recorded decision of a log given as (seq, event) in seq order."""
-    items = list(events)
-    model_priority, concurrency = _fifo_settings(items)
-    state: SchedulerState | None = None
+    state = SchedulerState()
     decisions = 0
+    count = 0
     pending: tuple[int, ev.ScoresComputed, list[ev.AnyEvent]] | None = None
-    for seq, e in items:
-        if isinstance(e, ev.ServerStarted):
-            state = _fresh(e.scheduler, ScoringParams(e.aging_divisor_ns, e.swap_affinity_bonus))
-            state.model_priority.update(model_priority)
-            state.concurrency.update(concurrency)
-        elif state is None and isinstance(e, ev.ScoresComputed):
-            # A log without server_started: the decision carries the parameters.
-            state = _fresh(e.scheduler, ScoringParams(e.aging_divisor_ns, e.swap_affinity_bonus))
-        if state is None:
-            state = _fresh(SERIAL, ScoringParams())
+    for seq, e in _with_start(events):
+        count += seq > 0
         if isinstance(e, ev.ScoresComputed):
             decisions += 1
             simulated = decide(state, e.at)
@@ -109,11 +102,38 @@ def verify(events: Iterable[tuple[int, ev.AnyEvent]]) -> VerifyResult:
                     decisions, seq, _divergence(seq, e.at, scores, state, simulated, detail)
                 )
         apply(state, e)
-    return VerifyResult(decisions, len(items), None)
+    return VerifyResult(decisions, count, None)
 
 
-def _fresh(scheduler: str, params: ScoringParams) -> SchedulerState:
-    return SchedulerState(params, scheduler=scheduler)
+def _with_start(
+    events: Iterable[tuple[int, ev.AnyEvent]],
+) -> Iterator[tuple[int, ev.AnyEvent]]:
+    """The log, led by a `server_started` built from its first decision when no
+    `server_started` comes before that decision (seq 0: it is not in the log)."""
+    held: list[tuple[int, ev.AnyEvent]] = []
+    it = iter(events)
+    for seq, e in it:
+        if isinstance(e, ev.ScoresComputed):
+            yield 0, _started_as_recorded(e, held[0][1].at if held else e.at)
+        if isinstance(e, ev.ServerStarted | ev.ScoresComputed):
+            yield from held
+            yield seq, e
+            yield from it
+            return
+        held.append((seq, e))
+    yield from held
+
+
+def _started_as_recorded(scores: ev.ScoresComputed, at: int) -> ev.ServerStarted:
+    return ev.ServerStarted(
+        at=at,
+        version="",
+        config_hash=scores.config_hash,
+        scheduler=scores.scheduler,
+        aging_divisor_ns=scores.aging_divisor_ns,
+        swap_affinity_bonus=scores.swap_affinity_bonus,
+        log_format=ev.LOG_FORMAT,
+    )
 
 
 def _compare(
@@ -160,37 +180,3 @@ def _divergence(
         queue_depth=len(state.queue),
         resident=state.resident,
     )
-
-
-def _fifo_settings(items: list[tuple[int, ev.AnyEvent]]) -> tuple[dict[str, int], dict[str, int]]:
-    """Per-model queue priority and concurrency limit, inferred from a fifo log."""
-    if not any(isinstance(e, ev.ServerStarted) and e.scheduler != SERIAL for _, e in items):
-        return {}, {}
-    header: dict[str, tuple[str, int]] = {}
-    model_priority: dict[str, int] = {}
-    in_flight: dict[str, set[str]] = {}
-    concurrency: dict[str, int] = {}
-    for _, e in items:
-        match e:
-            case ev.RequestEnqueued():
-                header[e.request_id] = (e.model, e.priority)
-            case ev.ScoresComputed() if e.request_id in header:
-                model, priority = header[e.request_id]
-                model_priority.setdefault(model, e.winner.priority - priority)
-            case ev.RequestDispatched():
-                running = in_flight.setdefault(e.model, set())
-                running.add(e.request_id)
-                concurrency[e.model] = max(concurrency.get(e.model, 1), len(running))
-            case (
-                ev.RequestCompleted()
-                | ev.RequestFailed()
-                | ev.RequestCancelled()
-                | ev.RequestAbandoned()
-            ):
-                for running in in_flight.values():
-                    running.discard(e.request_id)
-            case ev.ServerStarted():
-                in_flight.clear()
-            case _:
-                pass
-    return model_priority, concurrency

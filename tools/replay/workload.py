@@ -107,7 +107,7 @@ class Workload:
     scheduler: str = SERIAL
     recorded: RunResult | None = None
     model_priority: dict[str, int] = field(default_factory=dict)
-    """fifo only: per-model queue priority, inferred from recorded decisions."""
+    """fifo: per-model queue priority, as the last `server_started` records it."""
 
     @property
     def models(self) -> list[str]:
@@ -187,6 +187,7 @@ def extract_events(
             case ev.ServerStarted():
                 params = ScoringParams(e.aging_divisor_ns, e.swap_affinity_bonus)
                 scheduler = e.scheduler
+                model_priority = dict(e.model_priority)
                 have_params = True
             case ev.RequestEnqueued():
                 if e.request_id in seen:
@@ -212,11 +213,6 @@ def extract_events(
                     have_params = True
                 for reason in reorder_reasons(e):
                     reorders[reason] += 1
-                if e.scheduler != SERIAL:
-                    s = seen.get(e.request_id)
-                    if s is not None:
-                        r = requests[s.index]
-                        model_priority.setdefault(r.model, e.winner.priority - r.priority)
             case ev.RequestDispatched():
                 s = seen.get(e.request_id)
                 if s is not None and s.dispatched_ns < 0:

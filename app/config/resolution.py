@@ -16,8 +16,17 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from app.config_check import Issues, join_path
-from app.config_raw import (
+from app.config.checks import Issues, join_path
+from app.config.macros import (
+    NAME,
+    RESERVED,
+    Expander,
+    MacroError,
+    MacroValue,
+    split_args,
+    strip_comments,
+)
+from app.config.raw import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_RUN_TIME,
@@ -30,23 +39,14 @@ from app.config_raw import (
     RawConfig,
     RawModel,
 )
-from app.config_resolved import Config, ModelConfig
-from app.macros import (
-    NAME,
-    RESERVED,
-    Expander,
-    MacroError,
-    MacroValue,
-    split_args,
-    strip_comments,
-)
+from app.config.resolved import Config, ModelConfig
+from app.core.scoring import DEFAULT_AGING_DIVISOR_NS
+from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SCHEDULERS
 
-DEFAULT_CONCURRENCY_LIMIT: Final = 10
 NEVER_MATCHES: Final = r"(?!)"
 DEFAULT_PROXY: Final = "http://localhost:${PORT}"
 
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
-SCHEDULERS: Final = ("serial", "fifo")
 SYNCHRONOUS: Final = ("full", "normal")
 MAX_AGING_DECIMALS: Final = 9
 _PORT_REF: Final = "${PORT}"
@@ -456,7 +456,7 @@ class Resolver:
 
     def _fifo_priorities(self) -> dict[str, int]:
         priorities = dict(self.raw.routing.scheduler.settings.fifo.priority)
-        if priorities and self.raw.routing.scheduler.use != "fifo":
+        if priorities and self.raw.routing.scheduler.use != FIFO:
             self.issues.warn(
                 "routing.scheduler.settings.fifo.priority",
                 "only the fifo scheduler uses per-model priority; ignored by serial",
@@ -486,7 +486,7 @@ class Resolver:
         )
         if not math.isfinite(value) or value < 0:
             self.issues.error(where, f"{value!r} is out of range; expected {allowed}")
-            return DEFAULT_AGING_DIVISOR, int(DEFAULT_AGING_DIVISOR) * 10**9
+            return DEFAULT_AGING_DIVISOR, DEFAULT_AGING_DIVISOR_NS
         # repr is the shortest text that round-trips, i.e. what the user wrote.
         exact = Decimal(repr(value))
         exponent = exact.as_tuple().exponent
@@ -496,7 +496,7 @@ class Resolver:
                 f"{value!r} has too many decimal places; expected {allowed} "
                 "so it converts exactly to integer nanoseconds",
             )
-            return DEFAULT_AGING_DIVISOR, int(DEFAULT_AGING_DIVISOR) * 10**9
+            return DEFAULT_AGING_DIVISOR, DEFAULT_AGING_DIVISOR_NS
         return value, int(exact * 10**9)
 
     def _retention(self, value: float | str) -> float:

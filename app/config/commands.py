@@ -8,7 +8,8 @@ from typing import TextIO
 import msgspec
 import yaml
 
-from app.config import ConfigError, load_config, masked
+from app.config.loading import ConfigError, load_config
+from app.config.resolved import masked
 
 EXIT_OK = 0
 EXIT_INVALID = 2

@@ -1,12 +1,14 @@
-"""The resolved shape of a config: what the rest of gpulane reads."""
+"""The resolved shape of a config: what the rest of gpulane reads, its hash
+and its display form."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
 
-from app.config_raw import (
+from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_RUN_TIME,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
@@ -77,3 +79,25 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     def resolve_model(self, name: str) -> str | None:
         """The model id a request's `model` names (its id or an alias), or None."""
         return self.name_index.get(name)
+
+
+def config_hash(config: Config) -> str:
+    """First 16 hex chars of sha256 over the resolved config's canonical JSON.
+
+    Warnings, the source path and the derived name index are left out; API keys
+    enter only as their own sha256, so the hash can be logged and stored.
+    """
+    data = msgspec.to_builtins(config)
+    for key in ("warnings", "config_hash", "source", "name_index"):
+        data.pop(key, None)
+    data["api_keys"] = [hashlib.sha256(key.encode()).hexdigest() for key in config.api_keys]
+    encoded = msgspec.json.encode(data, order="sorted")
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def masked(config: Config) -> dict[str, Any]:
+    """The resolved config as plain data for display, API keys masked."""
+    data: dict[str, Any] = msgspec.to_builtins(config)
+    data.pop("name_index", None)
+    data["api_keys"] = ["***" for _ in config.api_keys]
+    return data

@@ -1,8 +1,8 @@
 """The raw shape of a config: msgspec Structs laid out like the YAML file.
 
 Keys are camelCase, as in llama-swap. Nothing here is resolved: macros are
-unexpanded and optional values are still unset; `app.config_resolver` turns a
-`RawConfig` into the `Config` the rest of gpulane reads.
+unexpanded and optional values are still unset; `app.config.resolution` turns
+a `RawConfig` into the `Config` the rest of gpulane reads.
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ from typing import Any, Final
 
 import msgspec
 
-from app.macros import MacroValue
+from app.config.macros import MacroValue
+from app.core.scoring import DEFAULT_AGING_DIVISOR_NS, DEFAULT_SWAP_AFFINITY_BONUS, NS_PER_S
+from app.core.state import SERIAL
 
 DEFAULT_HEALTH_CHECK_TIMEOUT: Final = 120.0
 DEFAULT_START_PORT: Final = 5800
 DEFAULT_UNLOAD_TIMEOUT: Final = 10.0
-DEFAULT_AGING_DIVISOR: Final = 60.0
-DEFAULT_SWAP_AFFINITY_BONUS: Final = 10
+# The scoring defaults belong to the core; the file states them in seconds.
+DEFAULT_AGING_DIVISOR: Final = DEFAULT_AGING_DIVISOR_NS / NS_PER_S
 DEFAULT_DATABASE_PATH: Final = "gpulane.db"
 DEFAULT_RESULT_RETENTION_S: Final = 7 * 24 * 3600.0
 DEFAULT_MAX_ATTEMPTS: Final = 3
@@ -113,7 +115,7 @@ class RawSchedulerSettings(_Raw, frozen=True):
 
 
 class RawScheduler(_Raw, frozen=True):
-    use: str = "serial"
+    use: str = SERIAL
     settings: RawSchedulerSettings = msgspec.field(default_factory=RawSchedulerSettings)
 
 

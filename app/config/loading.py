@@ -1,16 +1,12 @@
-"""Strict, llama-swap compatible configuration.
+"""Reading a YAML config file into a `Config`, every problem reported at once.
 
-A YAML file is decoded into raw msgspec Structs shaped like the file (camelCase
-keys), then resolved into `Config`/`ModelConfig`: macros expanded, ports
-assigned, defaults merged. Every problem is collected before failing, so a user
-fixes a config in one pass; llama-swap keys that mean nothing to a
-one-model-at-a-time scheduler load with a warning instead of an error, so an
-existing llama-swap config keeps working.
+The text is parsed strictly (duplicate keys are errors), checked against the
+raw Structs by `Walker`, decoded, then resolved; the errors of all three
+stages are collected before `ConfigError` is raised.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,105 +15,10 @@ from typing import Any
 import msgspec
 import yaml
 
-from app.config_check import INVALID, Issues, Walker, kind_of
-from app.config_raw import (
-    DEFAULT_AGING_DIVISOR,
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_DATABASE_PATH,
-    DEFAULT_HEALTH_CHECK_TIMEOUT,
-    DEFAULT_IGNORE_PATHS,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_RUN_TIME,
-    DEFAULT_RESPONSE_HEADER_TIMEOUT,
-    DEFAULT_RESULT_RETENTION_S,
-    DEFAULT_SHUTDOWN_GRACE,
-    DEFAULT_START_PORT,
-    DEFAULT_STREAM_IDLE_TIMEOUT,
-    DEFAULT_SWAP_AFFINITY_BONUS,
-    DEFAULT_UNLOAD_TIMEOUT,
-    IGNORED_KEYS,
-    OPEN_STRUCTS,
-    RawAlias,
-    RawCompat,
-    RawConfig,
-    RawDatabase,
-    RawFifo,
-    RawFilters,
-    RawHooks,
-    RawJobs,
-    RawModel,
-    RawOnStartup,
-    RawRouting,
-    RawScheduler,
-    RawSchedulerSettings,
-    RawSerial,
-    RawServer,
-    RawTimeouts,
-    RawUpstream,
-)
-from app.config_resolved import Config, ModelConfig
-from app.config_resolver import (
-    DEFAULT_CONCURRENCY_LIMIT,
-    DEFAULT_PROXY,
-    LOG_LEVELS,
-    MAX_AGING_DECIMALS,
-    NEVER_MATCHES,
-    SCHEDULERS,
-    SYNCHRONOUS,
-    Resolver,
-)
-
-# What other modules import from here; the pieces live in app.config_*.
-__all__ = [
-    "DEFAULT_AGING_DIVISOR",
-    "DEFAULT_CONCURRENCY_LIMIT",
-    "DEFAULT_CONNECT_TIMEOUT",
-    "DEFAULT_DATABASE_PATH",
-    "DEFAULT_HEALTH_CHECK_TIMEOUT",
-    "DEFAULT_IGNORE_PATHS",
-    "DEFAULT_MAX_ATTEMPTS",
-    "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_MAX_RUN_TIME",
-    "DEFAULT_PROXY",
-    "DEFAULT_RESPONSE_HEADER_TIMEOUT",
-    "DEFAULT_RESULT_RETENTION_S",
-    "DEFAULT_SHUTDOWN_GRACE",
-    "DEFAULT_START_PORT",
-    "DEFAULT_STREAM_IDLE_TIMEOUT",
-    "DEFAULT_SWAP_AFFINITY_BONUS",
-    "DEFAULT_UNLOAD_TIMEOUT",
-    "IGNORED_KEYS",
-    "LOG_LEVELS",
-    "MAX_AGING_DECIMALS",
-    "NEVER_MATCHES",
-    "SCHEDULERS",
-    "SYNCHRONOUS",
-    "Config",
-    "ConfigError",
-    "ModelConfig",
-    "RawAlias",
-    "RawCompat",
-    "RawConfig",
-    "RawDatabase",
-    "RawFifo",
-    "RawFilters",
-    "RawHooks",
-    "RawJobs",
-    "RawModel",
-    "RawOnStartup",
-    "RawRouting",
-    "RawScheduler",
-    "RawSchedulerSettings",
-    "RawSerial",
-    "RawServer",
-    "RawTimeouts",
-    "RawUpstream",
-    "config_hash",
-    "load_config",
-    "masked",
-    "parse_config",
-]
+from app.config.checks import INVALID, Issues, Walker, kind_of
+from app.config.raw import IGNORED_KEYS, OPEN_STRUCTS, RawConfig
+from app.config.resolution import Resolver
+from app.config.resolved import Config, config_hash
 
 
 class ConfigError(Exception):
@@ -151,28 +52,6 @@ def parse_config(
         raise ConfigError(issues.final_errors(), source)
     config = msgspec.structs.replace(config, warnings=tuple(issues.warnings), source=source)
     return msgspec.structs.replace(config, config_hash=config_hash(config))
-
-
-def config_hash(config: Config) -> str:
-    """First 16 hex chars of sha256 over the resolved config's canonical JSON.
-
-    Warnings, the source path and the derived name index are left out; API keys
-    enter only as their own sha256, so the hash can be logged and stored.
-    """
-    data = msgspec.to_builtins(config)
-    for key in ("warnings", "config_hash", "source", "name_index"):
-        data.pop(key, None)
-    data["api_keys"] = [hashlib.sha256(key.encode()).hexdigest() for key in config.api_keys]
-    encoded = msgspec.json.encode(data, order="sorted")
-    return hashlib.sha256(encoded).hexdigest()[:16]
-
-
-def masked(config: Config) -> dict[str, Any]:
-    """The resolved config as plain data for display, API keys masked."""
-    data: dict[str, Any] = msgspec.to_builtins(config)
-    data.pop("name_index", None)
-    data["api_keys"] = ["***" for _ in config.api_keys]
-    return data
 
 
 # --- Reading and decoding -----------------------------------------------------

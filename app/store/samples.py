@@ -1,0 +1,30 @@
+"""Recent measured run and load times, newest first, for estimates.
+
+Each query walks an index backwards and stops after `limit` rows, so its cost
+does not grow with the history.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine
+
+_RUNS = (
+    "SELECT model, run_ms FROM requests WHERE finished_at IS NOT NULL "
+    "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
+    "ORDER BY finished_at DESC LIMIT ?"
+)
+_SWAPS = (
+    "SELECT to_model, duration_ms FROM swaps WHERE error IS NULL AND duration_ms IS NOT NULL "
+    "ORDER BY seq DESC LIMIT ?"
+)
+
+
+def recent_samples(
+    engine: Engine, runs: int, swaps: int
+) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(model, run ms) of the last `runs` completed requests and (model, load ms)
+    of the last `swaps` successful swaps."""
+    with engine.connect() as conn:
+        run_rows = conn.exec_driver_sql(_RUNS, (runs,)).all()
+        swap_rows = conn.exec_driver_sql(_SWAPS, (swaps,)).all()
+    return [(m, ms) for m, ms in run_rows], [(m, ms) for m, ms in swap_rows]

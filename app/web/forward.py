@@ -1,0 +1,329 @@
+"""Forwarding one dispatched request to its model's server, for the proxy
+path and for durable jobs alike.
+
+The request's headers go as the bytes the client sent; the answer streams to a
+`Reply` chunk by chunk as the upstream sends it. The model's time limits
+(`timeouts.connect`, `timeouts.responseHeader`, `streamIdleTimeout`) are
+enforced here; the scheduler enforces `maxRunTime` and may take the request
+away at any moment (`Ticket.detached`), which closes the upstream connection
+at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from litestar.types import Send
+
+from app.config import Config
+from app.runtime.scheduler import Detached, Scheduler, Ticket
+from app.runtime.usage import UsageSniffer
+from app.web.errors import send_error
+
+log = logging.getLogger("gpulane.proxy")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# The body passes through byte for byte, so its length stays; uvicorn writes the Date.
+_NOT_PASSED_BACK = (HOP_BY_HOP - {"content-length"}) | {"date"}
+_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+
+
+def upstream_client() -> httpx.AsyncClient:
+    # Time limits are per request (the model's timeouts), not per client.
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
+
+
+class Forwarder:
+    def __init__(
+        self,
+        config: Config,
+        scheduler: Scheduler,
+        new_client: Callable[[], httpx.AsyncClient] = upstream_client,
+    ) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self._new_client = new_client
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        """One connection pool per model, so a model's idle keep-alive
+        connections can be closed before it is stopped: llama-server takes
+        about 110 ms longer to exit while one is open (bench/swap_bench.py)."""
+
+    async def forward(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        ticket: Ticket,
+        out: Reply,
+        *,
+        disconnected: asyncio.Future[None] | None = None,
+        before_completed: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Send one dispatched request upstream and stream the answer to `out`,
+        until the answer ends, the client leaves, or the scheduler takes the
+        request away (time limit, operator, shutdown): then the upstream
+        connection is closed at once, whether or not the upstream answers.
+        `before_completed` runs once the whole answer is through and before the
+        completion is recorded (durable jobs store their result there)."""
+        exchange = asyncio.ensure_future(
+            self._exchange(method, url, body, headers, ticket, out, before_completed)
+        )
+        watched: set[asyncio.Future[Any]] = {exchange, ticket.detached}
+        if disconnected is not None:
+            watched.add(disconnected)
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not exchange.done():
+                exchange.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await exchange
+        rid = ticket.request_id
+        if not exchange.cancelled() and exchange.exception() is not None:
+            exc = exchange.exception()
+            log.error("forwarding request %s failed", rid, exc_info=exc)
+            message = f"internal error while forwarding: {type(exc).__name__}: {exc}"
+            self.scheduler.failed(rid, message, 500)
+            await out.error(Detached(500, "internal_error", message))
+        elif ticket.detached.done():
+            await out.error(ticket.detached.result())
+        elif exchange.cancelled():  # cut short because the client left
+            self.scheduler.client_gone(rid)
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        ticket: Ticket,
+        out: Reply,
+        before_completed: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        rid = ticket.request_id
+        spec = self.config.models[ticket.model]
+        forward, dropped = outgoing_headers(headers, strip_credentials=bool(self.config.api_keys))
+        if dropped:
+            log.warning("request %s: headers not forwarded (not valid HTTP): %s", rid, dropped)
+        self.scheduler.started(rid, dropped)
+        t0 = time.monotonic()
+        client = self._clients.get(ticket.model)
+        if client is None:
+            client = self._clients[ticket.model] = self._new_client()
+        request = client.build_request(
+            method,
+            url,
+            content=body,
+            headers=forward,
+            timeout=httpx.Timeout(None, connect=spec.connect_timeout),
+        )
+        header_limit = spec.response_header_timeout
+        try:
+            try:
+                async with asyncio.timeout(header_limit):
+                    try:
+                        response = await client.send(request, stream=True)
+                    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+                        # No answer at all: if the process just died, load it again, retry once.
+                        if not await self.scheduler.reload_crashed(rid):
+                            raise
+                        response = await client.send(request, stream=True)
+            except TimeoutError:
+                message = (
+                    f"upstream {ticket.model!r} sent no response headers within "
+                    f"timeouts.responseHeader ({header_limit:g} s)"
+                )
+                self.scheduler.failed(rid, message, 504, hung=True)
+                await out.error(Detached(504, "upstream_timeout", message))
+                return
+        except httpx.HTTPError as exc:
+            message = f"upstream request failed: {type(exc).__name__}: {exc}"
+            self.scheduler.failed(rid, message, 502)
+            await out.error(Detached(502, "upstream_error", message))
+            return
+        sniffer = UsageSniffer()
+        ttfb_ms: float | None = None
+        idle_limit = spec.stream_idle_timeout
+        try:
+            await out.start(response.status_code, response.headers.raw)
+            chunks = response.aiter_raw()
+            while True:
+                try:
+                    async with asyncio.timeout(idle_limit):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                if ttfb_ms is None:
+                    ttfb_ms = (time.monotonic() - t0) * 1000
+                sniffer.feed(chunk)
+                await out.body(chunk)
+        except TimeoutError:
+            message = (
+                f"upstream {ticket.model!r} sent nothing for streamIdleTimeout "
+                f"({idle_limit:g} s) in the middle of its response"
+            )
+            self.scheduler.failed(rid, message, response.status_code, hung=True)
+            await out.error(Detached(504, "upstream_timeout", message))
+            return
+        except httpx.HTTPError as exc:
+            # The upstream died mid-response: end the stream, record the failure.
+            self.scheduler.failed(
+                rid,
+                f"upstream ended the response early: {type(exc).__name__}: {exc}",
+                response.status_code,
+            )
+            with contextlib.suppress(Exception):
+                await out.end()
+            return
+        finally:
+            await response.aclose()
+        await out.end()
+        if before_completed is not None:
+            await before_completed()
+        tokens_in, tokens_out, tps = sniffer.result()
+        self.scheduler.completed(
+            rid,
+            response.status_code,
+            bytes=sniffer.bytes,
+            ttfb_ms=ttfb_ms,
+            run_ms=(time.monotonic() - t0) * 1000,
+            input_tokens=tokens_in,
+            output_tokens=tokens_out,
+            tokens_per_second=tps,
+        )
+
+    async def release(self, model: str) -> None:
+        """Close the connections to a model's server (it is about to be stopped)."""
+        client = self._clients.pop(model, None)
+        if client is not None:
+            await client.aclose()
+
+    async def close(self) -> None:
+        for model in list(self._clients):
+            await self.release(model)
+
+
+class Reply:
+    """The client's side of one request: remembers what was sent, so an error
+    can still be reported in the right form at any point."""
+
+    def __init__(self, send: Send, ticket: Ticket, *, started_as_sse: bool = False) -> None:
+        self._send = send
+        self._ticket = ticket
+        self.started = started_as_sse
+        self.sse = started_as_sse
+        self.ended = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        passed = [(k, v) for k, v in headers if k.lower().decode("latin-1") not in _NOT_PASSED_BACK]
+        if not self.started:
+            self.sse = any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                for k, v in passed
+            )
+        self.started = True
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": passed + ticket_headers(self._ticket),
+            }
+        )
+
+    async def body(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def error(self, why: Detached) -> None:
+        """An error as a JSON response, or, once the answer has started, as a
+        last SSE event (if it is a stream) and the end of the body."""
+        if self.ended:
+            return
+        with contextlib.suppress(Exception):  # the client may be gone already
+            if not self.started:
+                self.ended = True
+                await send_error(
+                    self._send,
+                    why.status,
+                    why.message,
+                    code=why.code,
+                    headers=ticket_headers(self._ticket),
+                )
+                return
+            if self.sse:
+                await self.body(sse_error(why.message))
+            await self.end()
+
+
+# RFC 9110 field-value: visible ASCII, obs-text (0x80-0xff), and inner SP/HTAB.
+_FIELD_VALUE = re.compile(r"[\x21-\x7e\x80-\xff]([\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+
+
+def outgoing_headers(
+    headers: dict[str, str], *, strip_credentials: bool
+) -> tuple[list[tuple[bytes, bytes]], list[str]]:
+    """The headers to send upstream, as the bytes the client sent, and the
+    names of those HTTP/1.1 cannot carry (dropped). Surrounding whitespace is
+    not part of a value (RFC 9110 5.5), so it is trimmed, not a reason to drop."""
+    out: list[tuple[bytes, bytes]] = []
+    dropped: list[str] = []
+    for name, value in headers.items():
+        if name in HOP_BY_HOP or (strip_credentials and name in _CREDENTIALS):
+            continue
+        value = value.strip(" \t")
+        if not _TOKEN.fullmatch(name) or not (value == "" or _FIELD_VALUE.fullmatch(value)):
+            dropped.append(name)
+            continue
+        out.append((name.encode("latin-1"), value.encode("latin-1")))
+    return out, dropped
+
+
+def ticket_headers(ticket: Ticket) -> list[tuple[bytes, bytes]]:
+    out = [(b"x-request-id", ticket.request_id.encode()), (b"x-gpulane-band", ticket.band.encode())]
+    if ticket.score is not None:
+        out.append((b"x-gpulane-score", f"{ticket.score:.3f}".encode()))
+    if ticket.queue_wait_ms is not None:
+        out.append((b"x-gpulane-queue-wait-ms", f"{ticket.queue_wait_ms:.1f}".encode()))
+    return out
+
+
+def upstream_url(base_url: str, path: str, query: str) -> str:
+    return base_url.rstrip("/") + path + (f"?{query}" if query else "")
+
+
+def sse_error(message: str) -> bytes:
+    return (
+        b"data: "
+        + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode()
+        + b"\n\n"
+    )
