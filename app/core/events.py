@@ -121,6 +121,15 @@ class SwapFailed(Event, tag="swap_failed", frozen=True):
     duration_ms: float = 0.0
 
 
+class ProcessStopping(Event, tag="process_stopping", frozen=True):
+    """gpulane began to stop a model's server: from here on it is not resident,
+    so no decision counts on it (its process_stopped follows)."""
+
+    model: str
+    pid: int | None
+    reason: StopReason
+
+
 class ProcessStopped(Event, tag="process_stopped", frozen=True):
     model: str
     pid: int
@@ -221,6 +230,7 @@ AnyEvent = (
     | ProcessStarted
     | SwapFinished
     | SwapFailed
+    | ProcessStopping
     | ProcessStopped
     | RequestStarted
     | RequestCompleted

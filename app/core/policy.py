@@ -1,33 +1,62 @@
 """Scheduling decisions: pure functions from state and `now` to events.
 
-`decide` returns the events of at most one dispatch; the caller applies them
-(`state.apply`) and calls again until it returns nothing, so several fifo
-dispatches in one moment see each other's effect exactly as replay does.
+`decide` returns at most one dispatch: its events and what it means; the caller
+applies the events (`state.apply`), acts, and calls again until it returns
+None, so several fifo dispatches in one moment see each other's effect exactly
+as replay does. The live run loop, the simulator and the tests act on the same
+`Decision.action`.
 """
 
 from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
 
 from app.core import events as ev
 from app.core.queue import Pick, Queued
 from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SchedulerState
 
+Action = Literal["swap", "join", "run"]
+"""swap: load the winner's model first (every other model is stopped);
+join: its model is being loaded, it runs when that load ends;
+run: its model is resident, it runs now."""
 
-def decide(state: SchedulerState, now_ns: int) -> list[ev.AnyEvent]:
-    """The next dispatch, as [ScoresComputed, RequestDispatched], or []."""
+
+class Decision(msgspec.Struct, frozen=True):
+    scores: ev.ScoresComputed
+    dispatched: ev.RequestDispatched
+    action: Action
+
+    @property
+    def events(self) -> list[ev.AnyEvent]:
+        """What to record and apply, in this order."""
+        return [self.scores, self.dispatched]
+
+
+def decide(state: SchedulerState, now_ns: int) -> Decision | None:
+    """The next dispatch, or None when nothing can be dispatched now."""
     if state.scheduler == FIFO:
         winner = _fifo_choice(state)
         if winner is None:
-            return []
+            return None
         pick = Pick(winner=winner, runner_up=None, without_aging=winner, without_affinity=winner)
     else:
         # Serial: one request in flight across all models, non-preemptive.
         if state.running or state.loading is not None:
-            return []
+            return None
         found = state.queue.pick(state.resident)
         if found is None:
-            return []
+            return None
         pick = found
-    return _dispatch_events(state, pick, now_ns)
+    scores, dispatched = _dispatch_events(state, pick, now_ns)
+    if dispatched.swap:
+        action: Action = "swap"
+    elif state.loading == dispatched.model:
+        action = "join"
+    else:
+        action = "run"
+    return Decision(scores=scores, dispatched=dispatched, action=action)
 
 
 def _fifo_choice(state: SchedulerState) -> Queued | None:
@@ -47,7 +76,9 @@ def _fifo_choice(state: SchedulerState) -> Queued | None:
     return None
 
 
-def _dispatch_events(state: SchedulerState, pick: Pick, now_ns: int) -> list[ev.AnyEvent]:
+def _dispatch_events(
+    state: SchedulerState, pick: Pick, now_ns: int
+) -> tuple[ev.ScoresComputed, ev.RequestDispatched]:
     params = state.queue.params
     winner = pick.winner
     request = state.requests[winner.request_id]
@@ -56,7 +87,7 @@ def _dispatch_events(state: SchedulerState, pick: Pick, now_ns: int) -> list[ev.
         return params.breakdown(q.priority, q.enqueued_ns, now_ns, q.model == state.resident)
 
     runner = pick.runner_up
-    return [
+    return (
         ev.ScoresComputed(
             at=now_ns,
             request_id=winner.request_id,
@@ -79,7 +110,7 @@ def _dispatch_events(state: SchedulerState, pick: Pick, now_ns: int) -> list[ev.
             attempt=request.attempt,
             swap=winner.model != (state.loading or state.resident),
         ),
-    ]
+    )
 
 
 def reorder_reasons(scores: ev.ScoresComputed) -> list[str]:

@@ -233,6 +233,7 @@ _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.SwapStarted: _swap_started,
     ev.SwapFinished: _swap_finished,
     ev.SwapFailed: _swap_failed,
+    ev.ProcessStopping: _process_stopped,  # not resident from the moment the stop begins
     ev.ProcessStopped: _process_stopped,
     ev.RequestCompleted: _ended,
     ev.RequestFailed: _ended,

@@ -375,7 +375,7 @@ class _Story:
     def _decision(self, seq: int, recorded: ev.ScoresComputed) -> None:
         state = self.replay.state
         recomputed = decide(state, recorded.at)
-        matches = bool(recomputed) and recomputed[0] == recorded
+        matches = recomputed is not None and recomputed.scores == recorded
         self.replay_matches &= matches
         mine = state.queue.get(self.request_id)
         winner = state.queue.get(recorded.request_id)

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -109,6 +109,16 @@ class OpenStatus(msgspec.Struct, frozen=True):
     """Waiting requests that would go first (`app.core.policy.ahead_of`)."""
     score: Breakdown | None = None
     """Its score's terms as of now, while it waits."""
+
+
+class LiveState(msgspec.Struct, frozen=True):
+    """What reports read of the run loop, as of `now_ns`. Read-only: only the
+    scheduler changes its state, and only through events."""
+
+    state: SchedulerState
+    running_since: Mapping[str, int]
+    """request id -> unix ns of its dispatch, for what is running."""
+    now_ns: int
 
 
 class ModelStatus(msgspec.Struct, frozen=True):
@@ -220,6 +230,9 @@ class Scheduler:
     @property
     def resident(self) -> str | None:
         return self.state.resident
+
+    def live(self) -> LiveState:
+        return LiveState(state=self.state, running_since=self.running_since, now_ns=self.clock())
 
     def open_status(self, request_id: str) -> OpenStatus | None:
         request = self.state.requests.get(request_id)
@@ -490,26 +503,23 @@ class Scheduler:
         while not self.draining:
             now = self.clock()
             decision = decide(self.state, now)
-            if not decision:
+            if decision is None:
                 return
-            scores, dispatched = decision
-            assert isinstance(scores, ev.ScoresComputed)
-            assert isinstance(dispatched, ev.RequestDispatched)
+            dispatched = decision.dispatched
             if dispatched.request_id in self._uncommitted:
                 return  # the winner is not on disk yet: decide again once it is
             enqueued = self.state.requests[dispatched.request_id].enqueued_ns
-            self.emit(decision)
+            self.emit(decision.events)
             self.running_since[dispatched.request_id] = now
             ticket = self.tickets.get(dispatched.request_id)
             if ticket is not None:
-                ticket.score = scores.winner.total
+                ticket.score = decision.scores.winner.total
                 ticket.queue_wait_ms = (now - enqueued) / 1e6
-            if dispatched.swap:
+            if decision.action == "swap":
                 self._begin_swap(dispatched.model, dispatched.request_id)
-            elif self.state.loading == dispatched.model:
-                pass  # joins the load in progress; released by _swap_done
-            else:
+            elif decision.action == "run":
                 self._release(dispatched.request_id, dispatched.model)
+            # "join": released by _swap_done when the load in progress ends
 
     async def drain(self, grace: float) -> None:
         """Graceful stop: admit nothing more and dispatch nothing more; waiting
@@ -744,6 +754,7 @@ class Scheduler:
         proc = self.upstreams.pop(model, None)
         if proc is None:
             return
+        self.emit([ev.ProcessStopping(at=self.clock(), model=model, pid=proc.pid, reason=reason)])
 
         async def stop() -> None:
             try:

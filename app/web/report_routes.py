@@ -25,7 +25,8 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
     @get("/api/queue")
     async def live_queue() -> QueueView:
         times = await asyncio.to_thread(run_times.get)
-        return queue_view(scheduler.state, scheduler.running_since, scheduler.clock(), times)
+        live = scheduler.live()
+        return queue_view(live.state, live.running_since, live.now_ns, times)
 
     @get("/api/requests/{request_id:str}/explain")
     async def explain_request(request_id: FromPath[str]) -> Response[Any]:
@@ -39,10 +40,10 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
         if story is None:
             return _error(404, f"no request {request_id!r}", "request_not_found")
         # The log may trail the run loop by a group commit: position from the live state.
-        now = scheduler.clock()
-        found = position_of(scheduler.state, scheduler.running_since, now, times, request_id)
+        live = scheduler.live()
+        found = position_of(live.state, live.running_since, live.now_ns, times, request_id)
         if found is not None:
-            story = msgspec.structs.replace(story, waiting=live_position(found, now))
+            story = msgspec.structs.replace(story, waiting=live_position(found, live.now_ns))
         return Response(story)
 
     return [live_queue, explain_request]

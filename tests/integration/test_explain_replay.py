@@ -142,9 +142,8 @@ class Sim:
                 )
             )
         while decision := decide(self.state, self.now):
-            self.emit(*decision)
-            dispatched = decision[1]
-            assert isinstance(dispatched, ev.RequestDispatched)
+            self.emit(*decision.events)
+            dispatched = decision.dispatched
             run_end = self.now + self.rng.randint(1, 8) * TICK
             self.running = (dispatched.request_id, run_end)
             if dispatched.swap:

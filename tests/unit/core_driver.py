@@ -172,14 +172,12 @@ class CoreDriver:
 
     def step(self) -> ev.RequestDispatched | None:
         """One `decide` at `now`; its events are applied and recorded."""
-        events = decide(self.state, self.now)
-        if not events:
+        decision = decide(self.state, self.now)
+        if decision is None:
             return None
-        scores, dispatched = events
-        assert isinstance(scores, ev.ScoresComputed)
-        assert isinstance(dispatched, ev.RequestDispatched)
+        scores, dispatched = decision.scores, decision.dispatched
         assert scores.request_id == dispatched.request_id
-        for event in events:
+        for event in decision.events:
             self.apply(event)
         self.scores.append(scores)
         self.dispatches.append(dispatched)

@@ -117,9 +117,8 @@ def test_max_tier_batch_overtakes_fresh_free_interactive_after_198_divisors(
     d.enqueue("interactive", "A", 100)
     d.complete("long")
     # decided the moment the interactive request arrives (fresh) ...
-    events = decide(d.state, d.now)
-    assert isinstance(events[-1], ev.RequestDispatched)
-    assert events[-1].request_id == first
+    decision = decide(d.state, d.now)
+    assert decision is not None and decision.dispatched.request_id == first
     # ... and the order does not depend on when the decision is made
     d.advance(1000 * divisor)
     assert d.serve_all() == [first, "interactive" if first == "batch" else "batch"]
@@ -173,7 +172,7 @@ def test_serial_never_dispatches_while_a_request_runs() -> None:
     d.enqueue("r3", "B", 10**6)
     for _ in range(3):
         d.advance(10 * MIN)
-        assert decide(d.state, d.now) == []
+        assert decide(d.state, d.now) is None
     d.complete("r1")
     assert d.dispatch_all() == ["r3"]
 
@@ -183,7 +182,7 @@ def test_serial_never_dispatches_while_a_swap_loads() -> None:
     d.enqueue("r1", "A")
     d.start_swap("B")  # a preload: nothing runs, but B is loading
     assert d.state.running == {} and d.state.loading == "B"
-    assert decide(d.state, d.now) == []
+    assert decide(d.state, d.now) is None
     d.finish_swap("B")
     assert d.dispatch_all() == ["r1"]
     assert d.dispatches[0].swap is True  # A is no longer resident
@@ -196,7 +195,7 @@ def test_serial_waits_for_the_swap_its_own_dispatch_started() -> None:
     assert d.dispatch_all() == ["b1"]
     d.start_swap("B", "b1")
     d.complete("b1")  # even if the request is over, the swap is still loading
-    assert decide(d.state, d.now) == []
+    assert decide(d.state, d.now) is None
     d.finish_swap("B")
     assert d.dispatch_all() == ["b2"]
     assert d.dispatches[1].swap is False
@@ -226,8 +225,8 @@ def test_decide_is_pure_and_reports_the_scores_it_used() -> None:
     d.advance(1 * MIN)
     first = decide(d.state, d.now)
     assert decide(d.state, d.now) == first  # nothing applied, nothing changed
-    scores, dispatched = first
-    assert isinstance(scores, ev.ScoresComputed) and isinstance(dispatched, ev.RequestDispatched)
+    assert first is not None and first.action == "run"  # A is resident
+    scores, dispatched = first.scores, first.dispatched
     assert scores.request_id == dispatched.request_id == "a"  # 10 + 1 beats 0 + 3
     assert scores.queue_depth == 2
     assert scores.winner == ev.Breakdown(priority=0, affinity=10, aging=1.0, total=11.0)
@@ -375,3 +374,20 @@ def test_reorder_reasons_name_each_term_that_changed_the_winner(
     without_aging: str | None, without_affinity: str | None, reasons: list[str]
 ) -> None:
     assert reorder_reasons(_scores("w", without_aging, without_affinity)) == reasons
+
+
+def test_a_decision_says_what_it_means_swap_join_or_run() -> None:
+    d = CoreDriver(params(), scheduler="fifo", resident="A")
+    d.enqueue("a1", "A")
+    first = decide(d.state, d.now)
+    assert first is not None and first.action == "run"
+    d.serve_all()
+    d.enqueue("b1", "B")
+    d.enqueue("b2", "B")
+    swap = decide(d.state, d.now)
+    assert swap is not None and (swap.action, swap.dispatched.request_id) == ("swap", "b1")
+    for event in swap.events:
+        d.apply(event)
+    join = decide(d.state, d.now)  # B is loading: b2 joins that load
+    assert join is not None and (join.action, join.dispatched.request_id) == ("join", "b2")
+    assert join.dispatched.swap is False

@@ -274,6 +274,7 @@ async def test_a_swap_starts_the_next_model_only_once_the_last_one_has_stopped()
         "scores_computed",
         "request_dispatched",
         "swap_started",
+        "process_stopping",
         "process_stopped",  # A's stop is on record before B's process is
         "process_started",
         "swap_finished",
@@ -350,6 +351,12 @@ async def test_a_run_past_max_run_time_fails_504_restarts_the_upstream_and_frees
     # The next request loads A afresh, and a late answer from the hung one is ignored.
     assert waiting.ready.done()
     assert lane.upstreams.calls == [("start", "A"), ("stop", "A"), ("start", "A")]
+    # The log says so: A stopped being resident when its stop began, so the
+    # next dispatch is recorded as the swap it is, with no affinity bonus.
+    nxt = [e for e in lane.events(ev.RequestDispatched) if e.request_id == waiting.request_id]
+    assert [e.swap for e in nxt] == [True]
+    scores = [e for e in lane.events(ev.ScoresComputed) if e.request_id == waiting.request_id]
+    assert scores[0].winner.affinity == 0
     lane.scheduler.completed(hung.request_id, 200)
     await lane.finish(waiting)
     assert lane.ended(hung) == failed

@@ -24,7 +24,6 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import cast
 
 from app.core import events as ev
 from app.core.policy import decide, reorder_reasons
@@ -259,10 +258,9 @@ class _Sim:
             if run_end != _INF or load_end != _INF or not queue:
                 continue
             decision = decide(state, now)
-            if not decision:
+            if decision is None:
                 continue
-            scores = cast(ev.ScoresComputed, decision[0])
-            dispatched = cast(ev.RequestDispatched, decision[1])
+            scores, dispatched = decision.scores, decision.dispatched
             winner = scores.request_id
             if scores.without_aging_id != winner or scores.without_affinity_id != winner:
                 for reason in reorder_reasons(scores):
@@ -273,7 +271,7 @@ class _Sim:
             apply(state, dispatched)
             i = index[dispatched.request_id]
             order.append(i)
-            if dispatched.swap:
+            if decision.action == "swap":
                 took = self._begin_swap(i, dispatched.model, now)
                 busy += took
                 load_end = now + took
@@ -329,11 +327,9 @@ class _Sim:
                     break
             while state.queue:
                 decision = decide(state, now)
-                if not decision:
+                if decision is None:
                     break
-                scores, dispatched = decision
-                assert isinstance(scores, ev.ScoresComputed)
-                assert isinstance(dispatched, ev.RequestDispatched)
+                scores, dispatched = decision.scores, decision.dispatched
                 for reason in reorder_reasons(scores):
                     self.result.reorders[reason] += 1
                 if self.record is not None:
@@ -342,10 +338,10 @@ class _Sim:
                 apply(state, dispatched)
                 i = self.index[dispatched.request_id]
                 self.result.order.append(i)
-                if dispatched.swap:
+                if decision.action == "swap":
                     self._begin_swap(i, dispatched.model, now)
                     self._gpu_changed(now)
-                elif self.loading == dispatched.model:
+                elif decision.action == "join":
                     self.load_waiters.append(i)  # joins the load in progress
                 else:
                     self._start_shared(i, now)

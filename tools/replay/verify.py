@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from app.core import events as ev
-from app.core.policy import decide
+from app.core.policy import Decision, decide
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
 
@@ -77,7 +77,7 @@ def verify(events: Iterable[tuple[int, ev.AnyEvent]]) -> VerifyResult:
     state = SchedulerState()
     decisions = 0
     count = 0
-    pending: tuple[int, ev.ScoresComputed, list[ev.AnyEvent]] | None = None
+    pending: tuple[int, ev.ScoresComputed, Decision | None] | None = None
     for seq, e in _with_start(events):
         count += seq > 0
         if isinstance(e, ev.ScoresComputed):
@@ -90,8 +90,8 @@ def verify(events: Iterable[tuple[int, ev.AnyEvent]]) -> VerifyResult:
         elif isinstance(e, ev.RequestDispatched) and pending is not None:
             pseq, scores, simulated = pending
             pending = None
-            sim = simulated[1]
-            assert isinstance(sim, ev.RequestDispatched)
+            assert simulated is not None  # else _compare returned a divergence
+            sim = simulated.dispatched
             if e.request_id != scores.request_id or e.swap != sim.swap:
                 detail = (
                     f"dispatched {e.request_id} (swap={e.swap}) after scoring "
@@ -137,15 +137,13 @@ def _started_as_recorded(scores: ev.ScoresComputed, at: int) -> ev.ServerStarted
 
 
 def _compare(
-    seq: int, scores: ev.ScoresComputed, state: SchedulerState, simulated: list[ev.AnyEvent]
+    seq: int, scores: ev.ScoresComputed, state: SchedulerState, simulated: Decision | None
 ) -> Divergence | None:
-    if not simulated:
+    if simulated is None:
         return _divergence(
             seq, scores.at, scores, state, simulated, "the simulation dispatches nothing"
         )
-    sim_scores = simulated[0]
-    assert isinstance(sim_scores, ev.ScoresComputed)
-    if sim_scores.request_id != scores.request_id:
+    if simulated.scores.request_id != scores.request_id:
         return _divergence(seq, scores.at, scores, state, simulated, "a different request wins")
     return None
 
@@ -155,11 +153,10 @@ def _divergence(
     at: int,
     scores: ev.ScoresComputed,
     state: SchedulerState,
-    simulated: list[ev.AnyEvent],
+    simulated: Decision | None,
     detail: str,
 ) -> Divergence:
-    sim_scores = simulated[0] if simulated else None
-    assert sim_scores is None or isinstance(sim_scores, ev.ScoresComputed)
+    sim_scores = None if simulated is None else simulated.scores
     queued = state.queue.get(scores.request_id)
     as_sim = None
     if queued is not None:
