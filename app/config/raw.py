@@ -90,6 +90,21 @@ class RawModel(_Raw, frozen=True):
     # gpulane only: unset = the top-level value.
     max_run_time: float | str | None = None
     stream_idle_timeout: float | str | None = None
+    # gpulane only: credential headers forwarded to this model; unset = forward
+    # them when no apiKeys are configured, strip them when some are.
+    pass_credentials: bool | list[str] | None = None
+
+
+class RawApiKey(_Raw, frozen=True):
+    """An `apiKeys` entry as a mapping; a plain string is `{key: ...}` with role admin."""
+
+    key: str
+    label: str | None = None
+    role: str | None = None
+    # Integers, or a band name with an optional offset ("interactive+2").
+    max_priority: int | str | None = None
+    default_priority: int | str | None = None
+    weight: int = 1
 
 
 class RawOnStartup(_Raw, frozen=True):
@@ -154,7 +169,7 @@ class RawConfig(_Raw, frozen=True):
     stream_idle_timeout: float | str = DEFAULT_STREAM_IDLE_TIMEOUT
     shutdown_grace: float | str = DEFAULT_SHUTDOWN_GRACE
     macros: dict[str, MacroValue] = {}
-    api_keys: list[str] = []
+    api_keys: list[str | RawApiKey] = []
     hooks: RawHooks = msgspec.field(default_factory=RawHooks)
     routing: RawRouting = msgspec.field(default_factory=RawRouting)
     database: RawDatabase = msgspec.field(default_factory=RawDatabase)

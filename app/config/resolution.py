@@ -16,6 +16,12 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from app.config.callers import (
+    CALLER_LABEL_RULE,
+    PASSABLE_CREDENTIALS,
+    ROLES,
+    is_caller_label,
+)
 from app.config.checks import Issues, join_path
 from app.config.macros import (
     NAME,
@@ -36,10 +42,12 @@ from app.config.raw import (
     DEFAULT_STREAM_IDLE_TIMEOUT,
     DEFAULT_UNLOAD_TIMEOUT,
     RawAlias,
+    RawApiKey,
     RawConfig,
     RawModel,
 )
-from app.config.resolved import Config, ModelConfig
+from app.config.resolved import ApiKey, Config, ModelConfig
+from app.core.priority import ALIASES, MAX_PRIORITY, MIN_PRIORITY
 from app.core.scoring import DEFAULT_AGING_DIVISOR_NS
 from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SCHEDULERS
 
@@ -55,6 +63,12 @@ _DURATION: Final = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
 _DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _DURATION_UNITS: Final = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION_FORMS: Final = 'a duration like "7d", "12h", "30m", "45s" or "1d12h"'
+# "interactive+2", "batch - 1", "normal", or a quoted integer ("-98").
+_BAND_OFFSET: Final = re.compile(
+    r"(?:(interactive|normal|batch)(?:\s*([+-])\s*(\d{1,20}))?|([+-]?\d{1,20}))"
+)
+MAX_WEIGHT: Final = 1000
+"""Weights are ratios between callers; a larger one is a typo."""
 
 
 class _RunLimits(NamedTuple):
@@ -239,7 +253,29 @@ class Resolver:
             stream_idle_timeout=self._limit(
                 m.stream_idle_timeout, f"{path}.streamIdleTimeout", run_limits.stream_idle_timeout
             ),
+            pass_credentials=self._pass_credentials(m.pass_credentials, f"{path}.passCredentials"),
         )
+
+    def _pass_credentials(self, value: bool | list[str] | None, where: str) -> tuple[str, ...]:
+        if value is None:
+            # Without apiKeys gpulane checks no credential, so one a client sends is
+            # meant for the upstream (llama-swap forwards it); with apiKeys it is ours.
+            value = not self.raw.api_keys
+        if isinstance(value, bool):
+            return tuple(sorted(PASSABLE_CREDENTIALS)) if value else ()
+        names: set[str] = set()
+        for i, name in enumerate(value):
+            lower = name.strip().lower()
+            if lower not in PASSABLE_CREDENTIALS:
+                self.issues.error(
+                    f"{where}[{i}]",
+                    f"{name!r} is not a credential header gpulane can pass; expected one of "
+                    f"{', '.join(sorted(PASSABLE_CREDENTIALS))} (other headers are always "
+                    "forwarded, proxy-authorization never)",
+                )
+                continue
+            names.add(lower)
+        return tuple(sorted(names))
 
     def _expand(self, expander: Expander, text: str, where: str) -> str | None:
         try:
@@ -422,19 +458,108 @@ class Resolver:
         for name in self.raw.macros:
             self._expand(expander, f"${{{name}}}", self.global_origins[name])
 
-    def _api_keys(self) -> tuple[str, ...]:
+    def _api_keys(self) -> tuple[ApiKey, ...]:
         expander = Expander(self.raw.macros, environ=self.environ, origins=self.global_origins)
-        keys: list[str] = []
-        for i, key in enumerate(self.raw.api_keys):
+        keys: list[ApiKey] = []
+        key_at: dict[str, int] = {}
+        label_at: dict[str, int] = {}
+        for i, entry in enumerate(self.raw.api_keys):
             where = f"apiKeys[{i}]"
-            expanded = self._expand(expander, key, where)
-            if expanded is None:
-                continue
-            if not expanded.strip():
-                self.issues.error(where, "an API key must not be empty")
-            else:
-                keys.append(expanded)  # no dedupe: callers are labelled key#N by position
+            raw = entry if isinstance(entry, RawApiKey) else None
+            key_where = where if raw is None else f"{where}.key"
+            text = entry.key if isinstance(entry, RawApiKey) else entry
+            key = self._expand(expander, text, key_where)
+            if key is not None and not key.strip():
+                self.issues.error(key_where, "an API key must not be empty")
+                key = None
+            elif key is not None and key != key.strip():
+                # Bearer, Basic and x-api-key values are trimmed before they are compared.
+                self.issues.error(
+                    key_where,
+                    "an API key must not start or end with whitespace "
+                    "(it could never be presented)",
+                )
+                key = None
+            if key is not None:
+                # Compared as given, never printed: errors end up in logs.
+                if key in key_at:
+                    self.issues.error(
+                        key_where,
+                        f"the same key as apiKeys[{key_at[key]}]; every key must be unique",
+                    )
+                key_at.setdefault(key, i)
+            api_key = self._api_key(raw, key or "", i, where)
+            first = label_at.get(api_key.label)
+            if first is not None:
+                self.issues.error(
+                    f"{where}.label",
+                    f"{api_key.label!r} is already the label of apiKeys[{first}]; "
+                    "labels must be unique",
+                )
+            label_at.setdefault(api_key.label, i)
+            if key is not None:
+                keys.append(api_key)
         return tuple(keys)
+
+    def _api_key(self, raw: RawApiKey | None, key: str, i: int, where: str) -> ApiKey:
+        # A plain string (llama-swap) is an admin key labelled by its position.
+        if raw is None:
+            return ApiKey(key=key, label=f"key#{i + 1}", role="admin")
+        label = f"key#{i + 1}" if raw.label is None else raw.label
+        if not is_caller_label(label):
+            self.issues.error(
+                f"{where}.label", f"{label!r} is not a caller label; expected {CALLER_LABEL_RULE}"
+            )
+        role = self._choice(raw.role or "user", f"{where}.role", ROLES)
+        cap = self._priority_setting(raw.max_priority, f"{where}.maxPriority")
+        default = self._priority_setting(raw.default_priority, f"{where}.defaultPriority")
+        if cap is not None and default is not None and default > cap:
+            self.issues.error(
+                f"{where}.defaultPriority",
+                f"{default} is above maxPriority {cap}; every request without a header "
+                "would be lowered",
+            )
+        if not 1 <= raw.weight <= MAX_WEIGHT:
+            self.issues.error(
+                f"{where}.weight",
+                f"{raw.weight} is out of range; expected an integer 1..{MAX_WEIGHT}",
+            )
+        if default is None:
+            # What a request asking for nothing gets: 0, or the cap when below it.
+            default = 0 if cap is None else min(0, cap)
+        return ApiKey(
+            key=key,
+            label=label,
+            role="admin" if role == "admin" else "user",
+            max_priority=cap,
+            default_priority=default,
+            weight=raw.weight,
+        )
+
+    def _priority_setting(self, value: int | str | None, where: str) -> int | None:
+        """maxPriority/defaultPriority: an integer, a band, or a band plus an offset."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            match = _BAND_OFFSET.fullmatch(value.strip().lower())
+            if match is None:
+                self.issues.error(
+                    where,
+                    f"{value!r} is not a priority; expected an integer, interactive, normal or "
+                    "batch, optionally + or - an integer (interactive+2)",
+                )
+                return None
+            band, sign, offset, integer = match.groups()
+            if integer is not None:
+                number = int(integer)
+            else:
+                number = ALIASES[band] + (-1 if sign == "-" else 1) * int(offset or 0)
+        else:
+            number = value
+        if not MIN_PRIORITY <= number <= MAX_PRIORITY:
+            self.issues.error(where, f"{number} is out of range; expected -2^63..2^63-1")
+            return None
+        return number
 
     def _preload(self, index: Mapping[str, str]) -> tuple[str, ...]:
         # As llama-swap: names are trimmed, blank ones dropped, and an unknown

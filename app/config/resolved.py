@@ -4,7 +4,7 @@ and its display form."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -49,6 +49,29 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The whole run, from dispatch to the last byte: `maxRunTime`."""
     stream_idle_timeout: float | None = DEFAULT_STREAM_IDLE_TIMEOUT
     """The longest silence between body chunks once the response started: `streamIdleTimeout`."""
+    pass_credentials: tuple[str, ...] = ()
+    """Credential headers (lower case, sorted) forwarded to this model: `passCredentials`
+    resolved against `apiKeys`. Every other credential header is stripped."""
+
+
+class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
+    """One `apiKeys` entry: a key and the caller it identifies."""
+
+    key: str
+    label: str
+    """The caller's name in the log, reports and metrics: `label`, else `key#N`."""
+    role: Literal["admin", "user"]
+    """A plain-string key is admin (llama-swap configs keep working)."""
+    max_priority: int | None = None
+    """Requests asking for more are lowered to this; None = no cap."""
+    default_priority: int = 0
+    """The priority of a request that asks for none (no header, no service_tier)."""
+    weight: int = 1
+    """Share of GPU time relative to other callers (fair share)."""
+
+    def __repr__(self) -> str:
+        # Never the key: a repr ends up in logs and tracebacks.
+        return f"ApiKey(label={self.label!r}, role={self.role!r})"
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,7 +79,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     health_check_timeout: float
     start_port: int
     log_level: str
-    api_keys: tuple[str, ...]
+    api_keys: tuple[ApiKey, ...]
     preload: tuple[str, ...]  # resolved model ids
     send_loading_state: bool
     scheduler: str  # "serial" | "fifo"
@@ -80,6 +103,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         """The model id a request's `model` names (its id or an alias), or None."""
         return self.name_index.get(name)
 
+    def caller_labels(self) -> tuple[str, ...]:
+        """The callers `apiKeys` can name: a bounded set, unlike `X-Gpulane-Caller`."""
+        return tuple(k.label for k in self.api_keys)
+
 
 def config_hash(config: Config) -> str:
     """First 16 hex chars of sha256 over the resolved config's canonical JSON.
@@ -90,7 +117,8 @@ def config_hash(config: Config) -> str:
     data = msgspec.to_builtins(config)
     for key in ("warnings", "config_hash", "source", "name_index"):
         data.pop(key, None)
-    data["api_keys"] = [hashlib.sha256(key.encode()).hexdigest() for key in config.api_keys]
+    for entry in data["api_keys"]:
+        entry["key"] = hashlib.sha256(entry["key"].encode()).hexdigest()
     encoded = msgspec.json.encode(data, order="sorted")
     return hashlib.sha256(encoded).hexdigest()[:16]
 
@@ -99,5 +127,6 @@ def masked(config: Config) -> dict[str, Any]:
     """The resolved config as plain data for display, API keys masked."""
     data: dict[str, Any] = msgspec.to_builtins(config)
     data.pop("name_index", None)
-    data["api_keys"] = ["***" for _ in config.api_keys]
+    for entry in data["api_keys"]:
+        entry["key"] = "***"
     return data

@@ -60,6 +60,7 @@ class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
     """The name the caller used (may be an alias)."""
     endpoint: str
     priority: int
+    """Granted: what the request queues at, after its caller's policy."""
     band: str
     durable: bool = False
     caller: str | None = None
@@ -70,6 +71,9 @@ class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
     """Original enqueue time when a durable job is re-queued; aging counts from it."""
     job: dict[str, Any] | None = None
     """Durable job payload (method, path, headers, body) needed to run it after a restart."""
+    requested_priority: int | None = None
+    """What the caller asked for (priority header, else service_tier); None when it
+    asked for nothing (its key's defaultPriority applied) or the log predates it."""
 
 
 class ScoresComputed(Event, tag="scores_computed", frozen=True):

@@ -1,10 +1,15 @@
-"""Priority header parsing and band labels.
+"""Priority header parsing, band labels, and the priority a caller is granted.
 
 The number is the interface: callers compose band + per-user offset themselves,
 so any signed 64-bit integer is a valid priority and nothing is clamped. Wider
 values parse as 0, as in the llama-swap fork (a 64-bit parse; unparseable is 0):
 that bound is also what keeps the score's floats finite and every priority
 storable in SQLite's INTEGER.
+
+What a request asks for is its header, else its body's OpenAI `service_tier`
+(`requested_priority`); what it queues at is that, or its key's
+`defaultPriority` when it asked for nothing, lowered to its key's
+`maxPriority` (`grant`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,16 @@ MAX_PRIORITY: Final = 2**63 - 1
 _MAX_DIGITS: Final = len(str(MAX_PRIORITY))
 
 
+SERVICE_TIERS: Final[dict[str, int | None]] = {
+    "priority": ALIASES["interactive"],
+    "flex": ALIASES["batch"],
+    "default": ALIASES["normal"],
+    # OpenAI: "the tier the project is configured for", here the key's default.
+    "auto": None,
+}
+"""OpenAI's `service_tier` values and the priority each asks for (None: nothing)."""
+
+
 def parse_priority(value: str | None) -> int:
     """Parse an `X-LlamaSwap-Priority` value; anything unparseable is 0.
 
@@ -35,8 +50,15 @@ def parse_priority(value: str | None) -> int:
     outside [-2^63, 2^63 - 1] are 0: a malformed header must never fail a
     request or change its band by accident.
     """
+    number = read_priority(value)
+    return 0 if number is None else number
+
+
+def read_priority(value: str | None) -> int | None:
+    """An `X-LlamaSwap-Priority` value as `parse_priority` reads it, or None
+    when it asks for nothing (absent, empty or unparseable)."""
     if value is None:
-        return 0
+        return None
     text = value.strip()
     alias = ALIASES.get(text.lower())
     if alias is not None:
@@ -45,12 +67,36 @@ def parse_priority(value: str | None) -> int:
     digits = text[1:] if text[:1] in ("+", "-") else text
     # str.isdigit() accepts non-ASCII digits such as "٣"; the header is ASCII only.
     if not digits or not set(digits) <= _ASCII_DIGITS:
-        return 0
+        return None
     significant = digits.lstrip("0") or "0"
     if len(significant) > _MAX_DIGITS:
-        return 0
+        return None
     number = -int(significant) if negative else int(significant)
-    return number if MIN_PRIORITY <= number <= MAX_PRIORITY else 0
+    return number if MIN_PRIORITY <= number <= MAX_PRIORITY else None
+
+
+def tier_priority(tier: object) -> int | None:
+    """The priority an OpenAI `service_tier` asks for; None when absent (null)
+    or `auto`. ValueError for anything else, naming what is allowed."""
+    if tier is None:
+        return None
+    if isinstance(tier, str) and tier in SERVICE_TIERS:
+        return SERVICE_TIERS[tier]
+    allowed = ", ".join(sorted(SERVICE_TIERS))
+    raise ValueError(f"service_tier {tier!r} is not one of {allowed}")
+
+
+def requested_priority(header: str | None, service_tier: object = None) -> int | None:
+    """What a request asks for: its header, else its `service_tier`, else nothing."""
+    asked = read_priority(header)
+    return asked if asked is not None else tier_priority(service_tier)
+
+
+def grant(requested: int | None, cap: int | None = None, default: int = 0) -> int:
+    """The priority a request queues at: what it asked for (`default` when
+    nothing), lowered to `cap` (the key's maxPriority; None = no cap)."""
+    wanted = default if requested is None else requested
+    return wanted if cap is None else min(wanted, cap)
 
 
 def band_of(priority: int) -> Band:

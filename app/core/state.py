@@ -47,6 +47,8 @@ class OpenRequest(msgspec.Struct):
     durable: bool
     attempt: int
     running: bool = False
+    caller: str | None = None
+    """Its caller's label, for the live queue and per-caller metrics."""
 
 
 class SchedulerState:
@@ -140,6 +142,7 @@ def _enqueued(state: SchedulerState, event: Any) -> None:
             enqueued_ns=event.enqueued_at if event.enqueued_at is not None else event.at,
             durable=event.durable,
             attempt=event.attempt,
+            caller=event.caller,
         )
     )
 
@@ -206,6 +209,7 @@ def _restored(state: SchedulerState, event: Any) -> None:
             enqueued_ns=event.enqueued_at,
             durable=event.durable,
             attempt=event.attempt,
+            caller=event.caller,
         )
     )
 

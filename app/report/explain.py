@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from app.core import events as ev
 from app.core.policy import decide
@@ -56,32 +56,20 @@ from app.report.story import (
     SwapWaited,
 )
 from app.store.event_store import event_rows
-from app.store.tables import requests
+from app.store.explain_queries import (
+    event_at,
+    first_enqueue_open_at,
+    last_arrival,
+    last_server_started_before,
+    last_swap_seq_before,
+    request_row,
+    residency_events,
+)
 
 CLOCK_SLACK_S = 3600.0
 """How far the wall clock may step back without the start point missing a request."""
 
 _BAND_RANK = {"batch": 0, "normal": 1, "interactive": 2}
-
-# Requests open at seq E = :seq (a superset is safe: it only starts the replay earlier).
-# Open now, or finished after E: an event after E, looked up by ix_events_request_id
-# among the requests finished since shortly before E (ix_requests_finished_at).
-_OPEN_AT = """
-SELECT min(enqueue_seq) FROM (
-    SELECT enqueue_seq FROM requests
-    WHERE status IN ('queued', 'running') AND enqueue_seq < :seq
-    UNION ALL
-    SELECT r.enqueue_seq FROM requests AS r
-    WHERE r.finished_at >= :since AND r.enqueue_seq < :seq
-      AND EXISTS (SELECT 1 FROM events AS e WHERE e.request_id = r.id AND e.seq > :seq)
-)
-"""
-# The `at` bound lets ix_events_type_at skip the older history.
-_RESIDENCY = (
-    "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq AND at >= :since "
-    "AND type IN ('server_started', 'swap_started', 'swap_finished', 'swap_failed', "
-    "'process_stopped') ORDER BY seq"
-)
 
 
 def explain(
@@ -97,14 +85,10 @@ def explain(
     the last event in the log). Everything else comes from the log.
     """
     with engine.connect() as conn:
-        row = conn.execute(select(requests).where(requests.c.id == request_id)).mappings().first()
+        row = request_row(conn, request_id)
         if row is None:
             return None
-        arrival = conn.exec_driver_sql(
-            "SELECT seq, at FROM events WHERE request_id = ? "
-            "AND type IN ('request_enqueued', 'request_requeued') ORDER BY seq DESC LIMIT 1",
-            (request_id,),
-        ).first()
+        arrival = last_arrival(conn, request_id)
         if arrival is None:
             return _rejected(row)
         start = replay_start(conn, arrival.seq, arrival.at, row["enqueue_seq"])
@@ -124,9 +108,7 @@ def replay_start(
     conn: sqlalchemy.Connection, arrival_seq: int, arrival_at_s: float, first_enqueue_seq: int
 ) -> int:
     """S0: the first event the replay must fold for the request arriving at `arrival_seq`."""
-    found = conn.exec_driver_sql(
-        _OPEN_AT, {"since": arrival_at_s - CLOCK_SLACK_S, "seq": arrival_seq}
-    ).scalar()
+    found = first_enqueue_open_at(conn, arrival_seq, arrival_at_s - CLOCK_SLACK_S)
     return min(arrival_seq, first_enqueue_seq, found if found is not None else arrival_seq)
 
 
@@ -218,21 +200,13 @@ class _Replay:
 
     def prime(self, conn: sqlalchemy.Connection, start: int) -> None:
         """Parameters and resident model as of just before seq `start`."""
-        server = conn.exec_driver_sql(
-            "SELECT seq, data FROM events WHERE type = 'server_started' AND seq < ? "
-            "ORDER BY seq DESC LIMIT 1",
-            (start,),
-        ).first()
-        last_swap = conn.exec_driver_sql("SELECT max(seq) FROM swaps WHERE seq < ?", (start,))
-        from_seq = max(last_swap.scalar() or 0, server.seq if server is not None else 0)
+        server = last_server_started_before(conn, start)
+        last_swap = last_swap_seq_before(conn, start)
+        from_seq = max(last_swap or 0, server.seq if server is not None else 0)
         if server is not None and server.seq < from_seq:
             self.feed(ev.decode(server.data))
-        from_at = conn.exec_driver_sql("SELECT at FROM events WHERE seq = ?", (from_seq,))
-        since = (from_at.scalar() or 0.0) - CLOCK_SLACK_S
-        rows = conn.exec_driver_sql(
-            _RESIDENCY, {"from_seq": from_seq, "to_seq": start, "since": since}
-        )
-        for _seq, data in rows:
+        since = (event_at(conn, from_seq) or 0.0) - CLOCK_SLACK_S
+        for _seq, data in residency_events(conn, from_seq, start, since):
             self.feed(ev.decode(data))
 
     def feed(self, event: ev.AnyEvent) -> None:
@@ -288,6 +262,7 @@ class _Story:
         self.started_ns: int | None = None
         self.outcome: Outcome | None = None
         self.run_s: float | None = None
+        self.requested_priority: int | None = None
 
     # -- events ---------------------------------------------------------------
 
@@ -295,6 +270,8 @@ class _Story:
         """Take the next event; True once the request's story has ended."""
         self.last_event_ns = event.at
         mine = ev.request_id_of(event) == self.request_id
+        if mine and isinstance(event, ev.RequestEnqueued):
+            self.requested_priority = event.requested_priority
         if self.phase == "before":
             depth = len(self.replay.state.queue)
             self.replay.feed(event)
@@ -523,6 +500,7 @@ class _Story:
             waiting=position,
             total_s=(end_ns - self.enqueued_ns) / NS_PER_S,
             replay_matches=self.replay_matches,
+            requested_priority=self.requested_priority,
         )
 
     def _position(self, now_ns: int, times: RunTimes) -> Position | None:

@@ -41,6 +41,8 @@ class WaitingEntry(msgspec.Struct, frozen=True):
     estimated_start_at: float
     """Unix seconds when it is expected to start running (after its own swap, if any)."""
     estimated_start_in_s: float
+    caller: str | None = None
+    """The caller's label (API key label or X-Gpulane-Caller); None: anonymous."""
 
 
 class RunningEntry(msgspec.Struct, frozen=True):
@@ -53,6 +55,7 @@ class RunningEntry(msgspec.Struct, frozen=True):
     for_s: float | None
     loading: bool
     """Its model is still being loaded."""
+    caller: str | None = None
 
 
 class QueueView(msgspec.Struct, frozen=True):
@@ -114,7 +117,8 @@ def queue_view(
     starts = estimate_starts(state, running_since, now_ns, times)
     waiting = []
     for position, item in enumerate(state.queue.ranked(resident), start=1):
-        header_priority = state.requests[item.request_id].priority
+        request = state.requests[item.request_id]
+        header_priority = request.priority
         start = starts[item.request_id]
         waiting.append(
             WaitingEntry(
@@ -130,6 +134,7 @@ def queue_view(
                 waited_s=(now_ns - item.enqueued_ns) / NS_PER_S,
                 estimated_start_at=start / NS_PER_S,
                 estimated_start_in_s=(start - now_ns) / NS_PER_S,
+                caller=request.caller,
             )
         )
     running = []
@@ -147,6 +152,7 @@ def queue_view(
                 since=None if since is None else since / NS_PER_S,
                 for_s=None if since is None else (now_ns - since) / NS_PER_S,
                 loading=state.loading == model,
+                caller=request.caller,
             )
         )
     return QueueView(

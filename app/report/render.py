@@ -62,6 +62,18 @@ def _elide(lines: list[str], what: str) -> list[str]:
     ]
 
 
+def granted_text(granted: int, requested: int | None) -> str:
+    """How the priority it queued at came about."""
+    if requested is None:
+        return f"priority granted {granted}: none requested, the caller's default"
+    if requested > granted:
+        return (
+            f"priority granted {granted}: requested {requested}, "
+            "lowered to the caller's maxPriority"
+        )
+    return f"priority granted {granted}: as requested"
+
+
 def explanation_text(x: Explanation) -> str:
     out = [f"request {x.request_id}: {x.status}"]
     if x.model is None:
@@ -78,6 +90,7 @@ def explanation_text(x: Explanation) -> str:
         assert x.outcome is not None
         out.append(f"  rejected at admission: HTTP {x.outcome.http_status}: {x.outcome.error}")
         return "\n".join(out) + "\n"
+    out.append(f"  {granted_text(x.priority, x.requested_priority)}")
     aging = f"1 point per {x.aging_divisor_s:g} s" if x.aging_divisor_s else "off"
     out.append(
         f"  scheduler {x.scheduler} · aging {aging} · swap affinity bonus {x.swap_affinity_bonus}"
@@ -170,17 +183,21 @@ def queue_text(q: QueueView) -> str:
     for r in q.running:
         since = f"since {clock(r.since)} ({r.for_s:.1f} s)" if r.for_s is not None else ""
         loading = " (loading its model)" if r.loading else ""
-        out.append(f"running: {r.request_id} {r.model} {r.band} ({r.priority:+d}) {since}{loading}")
+        who = f" caller {r.caller}" if r.caller else ""
+        out.append(
+            f"running: {r.request_id} {r.model} {r.band} ({r.priority:+d}){who} {since}{loading}"
+        )
     if not q.waiting:
         out.append("waiting: nobody")
         return "\n".join(out) + "\n"
     out.append(
         f"{'#':>3}  {'request':<32}  {'model':<12} {'band':<11} {'prio':>5} "
-        f"{'score':>9} {'waited':>9} {'starts in':>10}"
+        f"{'score':>9} {'waited':>9} {'starts in':>10}  caller"
     )
     for w in q.waiting:
         out.append(
             f"{w.position:>3}  {w.request_id:<32}  {w.model:<12} {w.band:<11} {w.priority:>5} "
             f"{w.score.total:>9.2f} {w.waited_s:>8.1f}s {w.estimated_start_in_s:>9.1f}s"
+            f"  {w.caller or '-'}"
         )
     return "\n".join(out) + "\n"

@@ -122,6 +122,7 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str
     caller: str | None
     priority: int
+    """Granted: what it queued at."""
     band: str
     attempt: int
     status: str
@@ -153,3 +154,7 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     """Arrival to the end (or to `as_of`)."""
     replay_matches: bool = True
     """Every decision recomputed from the replayed log matched the recorded one."""
+    requested_priority: int | None = None
+    """What the caller asked for (header, else service_tier); None when it asked for
+    nothing, so its key's defaultPriority (0 without one) applied. Above `priority`
+    when the key's maxPriority lowered it."""

@@ -2,6 +2,9 @@
 
 Counters and histograms are updated as events happen; queue depth and oldest
 wait are read from the scheduler state at scrape time so they are never stale.
+Per-caller series exist only for the labels of the configured `apiKeys`: a
+bounded set. A free-form `X-Gpulane-Caller` never becomes a label value, so no
+client can grow the number of series.
 """
 
 from __future__ import annotations
@@ -23,19 +26,29 @@ _WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 360
 
 
 class _QueueCollector(Collector):
-    def __init__(self, state: Callable[[], SchedulerState], clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        state: Callable[[], SchedulerState],
+        clock: Callable[[], int],
+        callers: tuple[str, ...],
+    ) -> None:
         self._state = state
         self._clock = clock
+        self._callers = callers
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self._state()
         now = self._clock()
         depth: dict[str, int] = dict.fromkeys(BANDS, 0)
         oldest: dict[str, float] = dict.fromkeys(BANDS, 0.0)
+        by_caller: dict[str, int] = dict.fromkeys(self._callers, 0)
         for q in state.queue:
-            band = band_of(state.requests[q.request_id].priority)
+            request = state.requests[q.request_id]
+            band = band_of(request.priority)
             depth[band] += 1
             oldest[band] = max(oldest[band], (now - q.enqueued_ns) / NS_PER_S)
+            if request.caller in by_caller:
+                by_caller[request.caller] += 1
         g_depth = GaugeMetricFamily(
             "llamaswap_scheduler_queue_depth", "Requests waiting, by band", labels=["band"]
         )
@@ -49,12 +62,29 @@ class _QueueCollector(Collector):
             g_oldest.add_metric([label], oldest[label])
         yield g_depth
         yield g_oldest
+        if self._callers:
+            g_caller = GaugeMetricFamily(
+                "gpulane_caller_queue_depth",
+                "Requests waiting, by caller (API key label)",
+                labels=["caller"],
+            )
+            for caller, count in by_caller.items():
+                g_caller.add_metric([caller], count)
+            yield g_caller
 
 
 class Metrics:
-    def __init__(self, state: Callable[[], SchedulerState], clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        state: Callable[[], SchedulerState],
+        clock: Callable[[], int],
+        *,
+        callers: tuple[str, ...] = (),
+    ) -> None:
+        """`callers`: the API key labels, the only caller label values."""
         self.registry = CollectorRegistry()
         r = self.registry
+        self._callers = frozenset(callers)
         self.dispatched = Counter(
             "llamaswap_scheduler_dispatched", "Requests dispatched, by band", ["band"], registry=r
         )
@@ -93,11 +123,33 @@ class Metrics:
             ["band", "status"],
             registry=r,
         )
-        r.register(_QueueCollector(state, clock))
+        # Without apiKeys there is no bounded set of callers: no per-caller series.
+        by_caller = r if callers else None
+        self.caller_requests = Counter(
+            "gpulane_caller_requests",
+            "Requests admitted to the queue, by caller (API key label)",
+            ["caller"],
+            registry=by_caller,
+        )
+        self.caller_lowered = Counter(
+            "gpulane_caller_priority_lowered",
+            "Requests that asked for more than their key's maxPriority, by caller",
+            ["caller"],
+            registry=by_caller,
+        )
+        for caller in callers:  # present at 0 before the first request
+            self.caller_requests.labels(caller)
+            self.caller_lowered.labels(caller)
+        r.register(_QueueCollector(state, clock, callers))
 
     def observe(self, event: ev.AnyEvent, state: SchedulerState) -> None:
         """Called for every event after it is applied to `state`."""
         match event:
+            case ev.RequestEnqueued() if event.caller in self._callers and event.attempt == 1:
+                self.caller_requests.labels(event.caller).inc()
+                asked = event.requested_priority
+                if asked is not None and asked > event.priority:
+                    self.caller_lowered.labels(event.caller).inc()
             case ev.ScoresComputed():
                 band = band_of(event.winner.priority)
                 self.dispatched.labels(band).inc()

@@ -94,6 +94,9 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     model_requested: str
     endpoint: str
     priority: int
+    """Granted: what the request queues at."""
+    requested_priority: int | None = None
+    """What it asked for (header, else service_tier); None: nothing."""
     caller: str | None = None
     durable: bool = False
     idempotency_key: str | None = None
@@ -208,7 +211,7 @@ class Scheduler:
             concurrency={m.id: m.concurrency_limit for m in config.models.values()},
             config_hash=config.config_hash,
         )
-        self.metrics = Metrics(lambda: self.state, clock)
+        self.metrics = Metrics(lambda: self.state, clock, callers=config.caller_labels())
         self.tickets: dict[str, Ticket] = {}
         self.upstreams: dict[str, Upstream] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
@@ -328,6 +331,7 @@ class Scheduler:
                     model_requested=admission.model_requested,
                     endpoint=admission.endpoint,
                     priority=admission.priority,
+                    requested_priority=admission.requested_priority,
                     band=ticket.band,
                     durable=admission.durable,
                     caller=admission.caller,

@@ -8,5 +8,9 @@ event_store.py   SqliteEventStore (one writer, group commit) and the reads
 memory_store.py  InMemoryEventStore, the stand-in for unit tests
 read_model.py    project(): what each event does to requests/processes/swaps
 invariants.py    the rules `gpulane db check` enforces
-commands.py      gpulane db upgrade | rebuild | check
+commands.py      gpulane db upgrade | rebuild | check | backup
+queries.py       read-model queries for the HTTP API and the CLI (activity, open jobs)
+job_results.py   durable jobs: results, idempotency keys, listings
+samples.py       recent run and load times, for estimates
+explain_queries.py  the reads `explain` folds a request's story from
 """

@@ -1,4 +1,5 @@
-"""Opening the SQLite database: pragmas, the startup checks and the upgrade to head.
+"""Opening the SQLite database: pragmas, the startup checks and the upgrade to head;
+and the read-only open of tools that must not change their input.
 
 Every failure to open is a `DatabaseError` whose message names the file and
 the problem, because the person reading it is deciding what to do with that file.
@@ -7,6 +8,7 @@ the problem, because the person reading it is deciding what to do with that file
 from __future__ import annotations
 
 import sqlite3
+import urllib.parse
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -105,6 +107,31 @@ def open_database(
     except DatabaseError:
         engine.dispose()
         raise
+    return engine
+
+
+def open_readonly(path: str | Path) -> Engine:
+    """An engine that can only read `path` (SQLite `mode=ro`), for tools whose input
+    must never be modified (`gpulane replay`). Neither migrates nor sets pragmas.
+
+    Raises `DatabaseError` for a missing file, one that is not SQLite or is
+    corrupt, or a database without an `events` table.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DatabaseError(f"{path}: no such database file")
+    check_file(p)
+    uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
+    engine = sqlalchemy.create_engine("sqlite:///" + uri + "&uri=true")
+    try:
+        with engine.connect() as conn:
+            names = set(sqlalchemy.inspect(conn).get_table_names())
+    except sqlalchemy.exc.DatabaseError as exc:
+        engine.dispose()
+        raise DatabaseError(f"{path}: file is corrupt or not an SQLite database ({exc})") from exc
+    if "events" not in names:
+        engine.dispose()
+        raise DatabaseError(f"{path}: not a gpulane database (no events table)")
     return engine
 
 

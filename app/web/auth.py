@@ -1,17 +1,46 @@
-"""llama-swap's `apiKeys`: a Bearer token, a Basic-auth password or `x-api-key`."""
+"""Who is calling: llama-swap's `apiKeys` (a Bearer token, a Basic-auth password
+or `x-api-key`), or, without keys, the optional `X-Gpulane-Caller` header.
+
+A request's caller is its key's label, never the key. The middleware puts an
+`Identity` (label, role, priority policy; no secret) in the ASGI scope's state
+for the routes to read with `identify`.
+"""
 
 from __future__ import annotations
 
 import base64
 import hmac
 from collections.abc import Callable
+from typing import Literal
 
+import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from app.config.callers import CALLER_LABEL_RULE, is_caller_label
+from app.config.resolved import ApiKey
+from app.core.priority import grant
 from app.web.errors import send_error
+from app.web.request_body import BadRequest
 
 OPEN_PATHS = frozenset({"/health"})
+CALLER_HEADER = "X-Gpulane-Caller"
+
+
+class Identity(msgspec.Struct, frozen=True, kw_only=True):
+    """A request's caller and what its key allows; None caller = anonymous."""
+
+    caller: str | None = None
+    role: Literal["admin", "user"] = "admin"
+    """Without apiKeys everyone may do everything, as in llama-swap."""
+    max_priority: int | None = None
+    default_priority: int = 0
+
+    def grant(self, requested: int | None) -> int:
+        return grant(requested, self.max_priority, self.default_priority)
+
+
+ANONYMOUS = Identity()
 
 
 def presented_key(headers: dict[str, str]) -> str | None:
@@ -28,15 +57,45 @@ def presented_key(headers: dict[str, str]) -> str | None:
     return headers.get("x-api-key") or None
 
 
-def caller_label(keys: tuple[str, ...], key: str) -> str | None:
-    """`key#N` for the Nth configured key: identifies a caller without storing the key."""
-    for i, candidate in enumerate(keys):
-        if hmac.compare_digest(candidate.encode(), key.encode()):
-            return f"key#{i + 1}"
+def find_key(keys: tuple[ApiKey, ...], presented: str) -> ApiKey | None:
+    """The configured key `presented` is, compared in constant time per key."""
+    for candidate in keys:
+        if hmac.compare_digest(candidate.key.encode(), presented.encode()):
+            return candidate
     return None
 
 
-def api_key_middleware(keys: tuple[str, ...]) -> Callable[[ASGIApp], ASGIApp]:
+def identity_of(key: ApiKey) -> Identity:
+    return Identity(
+        caller=key.label,
+        role=key.role,
+        max_priority=key.max_priority,
+        default_priority=key.default_priority,
+    )
+
+
+def identify(scope: Scope, headers: dict[str, str]) -> Identity:
+    """The caller of a request: what the key middleware found, else the
+    `X-Gpulane-Caller` header (BadRequest if it is not a caller label), else
+    anonymous. With apiKeys the header is ignored: the key names the caller."""
+    found = scope.get("state", {}).get("identity")
+    if isinstance(found, Identity):
+        return found
+    named = headers.get(CALLER_HEADER.lower())
+    if named is None:
+        return ANONYMOUS
+    label = named.strip(" \t")
+    if not is_caller_label(label):
+        shown = label if len(label) <= 64 else label[:61] + "..."
+        raise BadRequest(
+            400,
+            f"header {CALLER_HEADER} {shown!r} is not a caller label; expected {CALLER_LABEL_RULE}",
+            "invalid_caller",
+        )
+    return Identity(caller=label)
+
+
+def api_key_middleware(keys: tuple[ApiKey, ...]) -> Callable[[ASGIApp], ASGIApp]:
     def factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != ScopeType.HTTP or scope["path"] in OPEN_PATHS:
@@ -45,9 +104,9 @@ def api_key_middleware(keys: tuple[str, ...]) -> Callable[[ASGIApp], ASGIApp]:
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
             }
-            key = presented_key(headers)
-            label = caller_label(keys, key) if key else None
-            if label is None:
+            presented = presented_key(headers)
+            key = find_key(keys, presented) if presented else None
+            if key is None:
                 await send_error(
                     send,
                     401,
@@ -59,7 +118,7 @@ def api_key_middleware(keys: tuple[str, ...]) -> Callable[[ASGIApp], ASGIApp]:
                     ],
                 )
                 return
-            scope.setdefault("state", {})["caller"] = label
+            scope.setdefault("state", {})["identity"] = identity_of(key)
             await app(scope, receive, send)
 
         return middleware

@@ -17,13 +17,14 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import httpx
 from litestar.types import Send
 
 from app.config import Config
+from app.config.callers import CREDENTIAL_HEADERS
 from app.runtime.scheduler import Detached, Scheduler, Ticket
 from app.runtime.usage import UsageSniffer
 from app.web.errors import send_error
@@ -46,7 +47,7 @@ HOP_BY_HOP = frozenset(
 )
 # The body passes through byte for byte, so its length stays; uvicorn writes the Date.
 _NOT_PASSED_BACK = (HOP_BY_HOP - {"content-length"}) | {"date"}
-_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+_CREDENTIALS = CREDENTIAL_HEADERS
 
 
 def upstream_client() -> httpx.AsyncClient:
@@ -127,7 +128,7 @@ class Forwarder:
     ) -> None:
         rid = ticket.request_id
         spec = self.config.models[ticket.model]
-        forward, dropped = outgoing_headers(headers, strip_credentials=bool(self.config.api_keys))
+        forward, dropped = outgoing_headers(headers, pass_credentials=spec.pass_credentials)
         if dropped:
             log.warning("request %s: headers not forwarded (not valid HTTP): %s", rid, dropped)
         self.scheduler.started(rid, dropped)
@@ -232,9 +233,17 @@ class Reply:
     """The client's side of one request: remembers what was sent, so an error
     can still be reported in the right form at any point."""
 
-    def __init__(self, send: Send, ticket: Ticket, *, started_as_sse: bool = False) -> None:
+    def __init__(
+        self,
+        send: Send,
+        ticket: Ticket,
+        *,
+        started_as_sse: bool = False,
+        requested_priority: int | None = None,
+    ) -> None:
         self._send = send
         self._ticket = ticket
+        self._requested = requested_priority
         self.started = started_as_sse
         self.sse = started_as_sse
         self.ended = False
@@ -251,7 +260,7 @@ class Reply:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": passed + ticket_headers(self._ticket),
+                "headers": passed + ticket_headers(self._ticket, self._requested),
             }
         )
 
@@ -276,7 +285,7 @@ class Reply:
                     why.status,
                     why.message,
                     code=why.code,
-                    headers=ticket_headers(self._ticket),
+                    headers=ticket_headers(self._ticket, self._requested),
                 )
                 return
             if self.sse:
@@ -290,15 +299,17 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
 
 
 def outgoing_headers(
-    headers: dict[str, str], *, strip_credentials: bool
+    headers: dict[str, str], *, pass_credentials: Collection[str] = ()
 ) -> tuple[list[tuple[bytes, bytes]], list[str]]:
     """The headers to send upstream, as the bytes the client sent, and the
-    names of those HTTP/1.1 cannot carry (dropped). Surrounding whitespace is
-    not part of a value (RFC 9110 5.5), so it is trimmed, not a reason to drop."""
+    names of those HTTP/1.1 cannot carry (dropped). Credential headers go only
+    if named in `pass_credentials` (the model's resolved `passCredentials`).
+    Surrounding whitespace is not part of a value (RFC 9110 5.5), so it is
+    trimmed, not a reason to drop."""
     out: list[tuple[bytes, bytes]] = []
     dropped: list[str] = []
     for name, value in headers.items():
-        if name in HOP_BY_HOP or (strip_credentials and name in _CREDENTIALS):
+        if name in HOP_BY_HOP or (name in _CREDENTIALS and name not in pass_credentials):
             continue
         value = value.strip(" \t")
         if not _TOKEN.fullmatch(name) or not (value == "" or _FIELD_VALUE.fullmatch(value)):
@@ -308,12 +319,25 @@ def outgoing_headers(
     return out, dropped
 
 
-def ticket_headers(ticket: Ticket) -> list[tuple[bytes, bytes]]:
-    out = [(b"x-request-id", ticket.request_id.encode()), (b"x-gpulane-band", ticket.band.encode())]
+def ticket_headers(ticket: Ticket, requested: int | None = None) -> list[tuple[bytes, bytes]]:
+    """What gpulane tells the client about its request; `requested` is the
+    priority it asked for (None: nothing), next to the one it was granted."""
+    out = [
+        (b"x-request-id", ticket.request_id.encode()),
+        (b"x-gpulane-band", ticket.band.encode()),
+        *priority_headers(ticket.priority, requested),
+    ]
     if ticket.score is not None:
         out.append((b"x-gpulane-score", f"{ticket.score:.3f}".encode()))
     if ticket.queue_wait_ms is not None:
         out.append((b"x-gpulane-queue-wait-ms", f"{ticket.queue_wait_ms:.1f}".encode()))
+    return out
+
+
+def priority_headers(granted: int, requested: int | None) -> list[tuple[bytes, bytes]]:
+    out = [(b"x-gpulane-priority-granted", str(granted).encode())]
+    if requested is not None:
+        out.append((b"x-gpulane-priority-requested", str(requested).encode()))
     return out
 
 

@@ -25,6 +25,7 @@ from litestar.types import Message, Send
 from sqlalchemy import Engine
 
 from app.config import Config
+from app.config.callers import CREDENTIAL_HEADERS
 from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket
 from app.store.job_results import (
     find_idempotency_key,
@@ -36,12 +37,13 @@ from app.store.job_results import (
 )
 from app.store.port import StoreError
 from app.web.errors import send_error, send_json
-from app.web.forward import HOP_BY_HOP, Forwarder, Reply, upstream_url
+from app.web.forward import HOP_BY_HOP, Forwarder, Reply, priority_headers, upstream_url
 
 log = logging.getLogger("gpulane.jobs")
 
-# Headers that only concern gpulane or the connection; the rest is replayed upstream.
-_NOT_REPLAYED = HOP_BY_HOP | {"prefer", "idempotency-key", "authorization", "x-api-key", "cookie"}
+# Headers that only concern gpulane or the connection, and credentials, which
+# never reach the log; the rest is replayed upstream.
+_NOT_REPLAYED = HOP_BY_HOP | {"prefer", "idempotency-key"} | CREDENTIAL_HEADERS
 
 
 class _Captured:
@@ -75,6 +77,10 @@ class JobRunner:
         the process's life: a key is then found here or, from earlier runs, on
         disk, with no window between the two (a few hundred bytes per job)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._credentials: dict[str, dict[str, str]] = {}
+        """Credential headers a job's model passes (`passCredentials`), kept in
+        memory only until the job runs: never in the log, so a job run after a
+        restart goes without them."""
 
     # -- accepting ------------------------------------------------------------
 
@@ -109,11 +115,15 @@ class JobRunner:
             "body_sha256": digest,
         }
         admission = msgspec.structs.replace(admission, durable=True, idempotency_key=key, job=job)
+        passed = self.config.models[admission.model].pass_credentials
+        credentials = {k: v for k, v in headers.items() if k in CREDENTIAL_HEADERS and k in passed}
         try:
             ticket = self.scheduler.admit(admission)
         except Refused as exc:
             await send_error(send, 503, str(exc), code="event_log_unavailable")
             return
+        if credentials:
+            self._credentials[ticket.request_id] = credentials
         # Reserved before the first await, so no concurrent POST takes the key too.
         if key is not None:
             self._keys[key] = (ticket.request_id, digest)
@@ -124,13 +134,15 @@ class JobRunner:
             # Not on disk, so not accepted: the scheduler has taken it back out.
             if key is not None:
                 self._keys.pop(key, None)
+            self._credentials.pop(ticket.request_id, None)
             await send_error(
                 send, 503, f"the job could not be recorded: {exc}", code="event_log_unavailable"
             )
             return
         self.run(ticket, job)
         view = await self.view(ticket.request_id) or {"id": ticket.request_id}
-        await _send_json(send, 202, view, ticket.request_id)
+        granted = priority_headers(admission.priority, admission.requested_priority)
+        await _send_json(send, 202, view, ticket.request_id, granted)
 
     async def _send_existing(
         self, send: Send, key: str, existing: tuple[str, str], digest: str
@@ -155,16 +167,21 @@ class JobRunner:
         No task exists until then: 100,000 recovered jobs cost no coroutines."""
 
         def turn_came(ready: asyncio.Future[str]) -> None:
+            credentials = self._credentials.pop(ticket.request_id, {})
             if ready.cancelled() or ready.exception() is not None:
                 return  # cancelled, or failed to load: already recorded by the scheduler
-            task = asyncio.get_running_loop().create_task(self._run(ticket, job, ready.result()))
+            task = asyncio.get_running_loop().create_task(
+                self._run(ticket, job, ready.result(), credentials)
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             self.scheduler.supervise(ticket.request_id, task)
 
         ticket.ready.add_done_callback(turn_came)
 
-    async def _run(self, ticket: Ticket, job: dict[str, Any], base_url: str) -> None:
+    async def _run(
+        self, ticket: Ticket, job: dict[str, Any], base_url: str, credentials: dict[str, str]
+    ) -> None:
         url = upstream_url(base_url, job["path"], job["query"])
         captured = _Captured()
 
@@ -182,7 +199,7 @@ class JobRunner:
             job["method"],
             url,
             base64.b64decode(job["body"]),
-            dict(job["headers"]),
+            dict(job["headers"]) | credentials,
             ticket,
             Reply(captured.send, ticket),
             before_completed=keep_result,
@@ -221,6 +238,7 @@ class JobRunner:
                 model=row["model"],
                 priority=row["priority"],
                 band=row["band"],
+                caller=row["caller"],
                 attempt=row["attempt"],
                 durable=bool(row["durable"]),
                 enqueued_at=row["enqueued_at"],
@@ -342,9 +360,16 @@ def _body_for_json(body: bytes) -> Any:
         return {"base64": base64.b64encode(body).decode()}
 
 
-async def _send_json(send: Send, status: int, doc: dict[str, Any], request_id: str) -> None:
+async def _send_json(
+    send: Send,
+    status: int,
+    doc: dict[str, Any],
+    request_id: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     headers = [
         (b"location", f"/v1/jobs/{request_id}".encode()),
         (b"x-request-id", request_id.encode()),
+        *(extra or []),
     ]
     await send_json(send, status, msgspec.json.encode(doc), headers)

@@ -17,9 +17,10 @@ from typing import Any, Literal, Protocol
 from litestar.types import Message, Receive, Scope, Send
 
 from app.config import Config
-from app.core.priority import HEADER, parse_priority
+from app.core.priority import HEADER, grant, read_priority, tier_priority
 from app.runtime.scheduler import Admission, Detached, Refused, Scheduler, Ticket
 from app.runtime.upstream import UpstreamStartError
+from app.web.auth import ANONYMOUS, identify
 from app.web.errors import send_error
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
 from app.web.request_body import (
@@ -69,16 +70,21 @@ class Proxy:
     async def inference(self, scope: Scope, receive: Receive, send: Send, source: str) -> None:
         headers = _headers(scope)
         endpoint = scope["path"]
-        priority = parse_priority(headers.get(HEADER.lower()))
-        caller = scope.get("state", {}).get("caller")
+        asked = read_priority(headers.get(HEADER.lower()))
+        identity = ANONYMOUS
+        priority = grant(asked)
         model_requested: str | None = None
         try:
+            identity = identify(scope, headers)
+            priority = identity.grant(asked)
             body = await read_body(receive, self.config.max_body_bytes)
             if source == "form":
                 model_requested = form_model(body, headers.get("content-type", ""))
                 doc = None
             else:
                 doc, model_requested = json_model(body)
+                asked = _with_service_tier(asked, doc)
+                priority = identity.grant(asked)
             model = self.config.resolve_model(model_requested)
             if model is None:
                 listed = sorted(m.id for m in self.config.models.values() if not m.unlisted)
@@ -96,7 +102,7 @@ class Proxy:
                     body = json.dumps(changed).encode()
         except BadRequest as exc:
             self.scheduler.reject(
-                endpoint, exc.status, exc.message, model_requested, priority, caller
+                endpoint, exc.status, exc.message, model_requested, priority, identity.caller
             )
             await send_error(send, exc.status, exc.message, code=exc.code)
             return
@@ -107,7 +113,8 @@ class Proxy:
             model_requested=model_requested,
             endpoint=endpoint,
             priority=priority,
-            caller=caller,
+            requested_priority=asked,
+            caller=identity.caller,
         )
         progress = (
             spec.send_loading_state
@@ -137,7 +144,9 @@ class Proxy:
             )
             return
         headers = _headers(scope)
+        asked = read_priority(headers.get(HEADER.lower()))
         try:
+            identity = identify(scope, headers)
             body = await read_body(receive, self.config.max_body_bytes)
         except BadRequest as exc:
             await send_error(send, exc.status, exc.message, code=exc.code)
@@ -148,8 +157,9 @@ class Proxy:
             model=model,
             model_requested=params["model"],
             endpoint="/upstream" + path,
-            priority=parse_priority(headers.get(HEADER.lower())),
-            caller=scope.get("state", {}).get("caller"),
+            priority=identity.grant(asked),
+            requested_priority=asked,
+            caller=identity.caller,
         )
         await self._run(scope, receive, send, admission, body, headers, upstream_path=path)
 
@@ -190,7 +200,7 @@ class Proxy:
         # Whatever this handler does from here, the request ends when it does.
         self.scheduler.supervise(ticket.request_id, current)
         disconnected: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(receive))
-        out = Reply(send, ticket)
+        out = Reply(send, ticket, requested_priority=admission.requested_priority)
         try:
             waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected, ticket.detached]
             if progress:
@@ -199,9 +209,10 @@ class Proxy:
             if progress and not any(f.done() for f in waiting):
                 # sendLoadingState: the stream starts now and says where the request stands.
                 out = Reply(
-                    await self._send_progress(send, ticket, admission.model, waiting),
+                    await self._send_progress(send, ticket, admission, waiting),
                     ticket,
                     started_as_sse=True,
+                    requested_priority=admission.requested_priority,
                 )
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if ticket.detached.done():
@@ -230,7 +241,7 @@ class Proxy:
             disconnected.cancel()
 
     async def _send_progress(
-        self, send: Send, ticket: Ticket, model: str, waiting: list[asyncio.Future[Any]]
+        self, send: Send, ticket: Ticket, admission: Admission, waiting: list[asyncio.Future[Any]]
     ) -> Send:
         """Start an SSE response and send a progress chunk (as `reasoning_content`,
         like llama-swap) every second until the request may run. Returns a `send`
@@ -242,12 +253,12 @@ class Proxy:
                 "headers": [
                     (b"content-type", b"text/event-stream"),
                     (b"cache-control", b"no-cache"),
-                    *ticket_headers(ticket),
+                    *ticket_headers(ticket, admission.requested_priority),
                 ],
             }
         )
         while not any(f.done() for f in waiting):
-            text = self._progress_text(ticket.request_id, model)
+            text = self._progress_text(ticket.request_id, admission.model)
             await send(
                 {"type": "http.response.body", "body": _sse_progress(text), "more_body": True}
             )
@@ -264,6 +275,17 @@ class Proxy:
         if status is not None and status.ahead is not None:
             return f"gpulane: waiting in the queue, {status.ahead} ahead of this request\n"
         return f"gpulane: loading model {model}\n"
+
+
+def _with_service_tier(asked: int | None, doc: dict[str, Any]) -> int | None:
+    """What the request asks for once its body is read: the header wins, else
+    the OpenAI `service_tier`. A tier gpulane does not know is refused even when
+    the header wins, so a typo never passes unnoticed."""
+    try:
+        tier = tier_priority(doc.get("service_tier"))
+    except ValueError as exc:
+        raise BadRequest(400, str(exc), "invalid_service_tier") from None
+    return asked if asked is not None else tier
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -14,12 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.config import Config, ConfigError, load_config, parse_config
+from app.config.callers import PASSABLE_CREDENTIALS
 from app.config.macros import split_args, strip_comments
 from app.config.raw import DEFAULT_IGNORE_PATHS
 from app.config.resolution import NEVER_MATCHES
+from app.config.resolved import masked
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.yaml"
+CREDENTIALS = tuple(sorted(PASSABLE_CREDENTIALS))
 LLAMA_SWAP = ROOT / "tests" / "fixtures" / "config" / "llama-swap.yaml"
 ENV = {"HOME": "/home/tester"}
 
@@ -92,7 +95,12 @@ def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
         "hooks.on_startup.preload[1]: unknown model 'retired-model', not preloaded"
     ]
     assert config.health_check_timeout == 500
-    assert config.api_keys == ("sk-hunter2", "sk-env")
+    assert [k.key for k in config.api_keys] == ["sk-hunter2", "sk-env"]
+    # llama-swap's plain strings: admin keys labelled by position, no priority policy.
+    assert [(k.label, k.role, k.max_priority, k.default_priority) for k in config.api_keys] == [
+        ("key#1", "admin", None, 0),
+        ("key#2", "admin", None, 0),
+    ]
     assert config.preload == ("gpt-oss-120b",)  # given as an alias; the unknown one skipped
 
 
@@ -663,7 +671,7 @@ def test_check_config_prints_resolved_config_and_exits_0(tmp_path: Path) -> None
     result = run_check_config(str(path))
     assert result.returncode == 0, result.stderr
     assert "sk-secret" not in result.stdout
-    assert "- '***'" in result.stdout
+    assert "key: '***'" in result.stdout and "label: key#1" in result.stdout
     assert "- '5800'" in result.stdout
     assert "warning: captureBuffer: llama-swap key ignored" in result.stderr
 
@@ -685,3 +693,181 @@ def test_check_config_reports_errors_and_exits_2(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert "1 config error" in result.stderr
     assert "models.m.chekEndpoint: unknown key; did you mean 'checkEndpoint'?" in result.stderr
+
+
+# --- callers: apiKeys entries as objects, passCredentials (issue 12) ----------------------
+
+TIERS = """\
+apiKeys:
+  - key: sk-free
+    label: free
+    maxPriority: normal
+  - key: sk-max
+    label: max
+    maxPriority: interactive+2
+  - key: ${env.PRODUCER_KEY}
+    label: producer
+    role: user
+    defaultPriority: -98
+    maxPriority: batch+2
+    weight: 3
+  - sk-admin
+  - key: sk-ops
+    role: admin
+"""
+
+
+def test_api_key_objects_resolve_labels_roles_and_priority_policy() -> None:
+    config = parse(one_model() + TIERS, environ={"PRODUCER_KEY": "sk-producer"})
+    got = [
+        (k.key, k.label, k.role, k.max_priority, k.default_priority, k.weight)
+        for k in config.api_keys
+    ]
+    assert got == [
+        ("sk-free", "free", "user", 0, 0, 1),
+        ("sk-max", "max", "user", 102, 0, 1),
+        ("sk-producer", "producer", "user", -98, -98, 3),
+        ("sk-admin", "key#4", "admin", None, 0, 1),  # a plain string, labelled by position
+        ("sk-ops", "key#5", "admin", None, 0, 1),  # an object without a label: the same
+    ]
+    assert config.caller_labels() == ("free", "max", "producer", "key#4", "key#5")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0", 0),
+        ("-98", -98),
+        ("interactive", 100),
+        ("Interactive + 2", 102),
+        ("batch-1", -101),
+        ("normal+0", 0),
+        ("'-98'", -98),
+        (str(2**63 - 1), 2**63 - 1),
+    ],
+)
+def test_priority_settings_take_integers_bands_and_band_offsets(value: str, expected: int) -> None:
+    config = parse(one_model() + f"apiKeys:\n  - key: k\n    maxPriority: {value}\n")
+    assert config.api_keys[0].max_priority == expected
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        (
+            "{key: k, lable: x}",
+            "apiKeys[0].lable: unknown key; did you mean 'label'?",
+        ),
+        ("{label: x}", "apiKeys[0].key: required key is missing"),
+        ("{key: ''}", "apiKeys[0].key: an API key must not be empty"),
+        (
+            "{key: ' k '}",
+            "apiKeys[0].key: an API key must not start or end with whitespace "
+            "(it could never be presented)",
+        ),
+        (
+            "{key: k, role: root}",
+            "apiKeys[0].role: 'root' is not allowed; expected one of admin, user",
+        ),
+        (
+            "{key: k, maxPriority: interactive2}",
+            "apiKeys[0].maxPriority: 'interactive2' is not a priority; expected an integer, "
+            "interactive, normal or batch, optionally + or - an integer (interactive+2)",
+        ),
+        (
+            "{key: k, defaultPriority: 1.5}",
+            "apiKeys[0].defaultPriority: expected an integer or a string, got 1.5 (a number)",
+        ),
+        (
+            f"{{key: k, maxPriority: {2**63}}}",
+            f"apiKeys[0].maxPriority: {2**63} is out of range; expected -2^63..2^63-1",
+        ),
+        (
+            "{key: k, maxPriority: 0, defaultPriority: interactive}",
+            "apiKeys[0].defaultPriority: 100 is above maxPriority 0; every request "
+            "without a header would be lowered",
+        ),
+        (
+            "{key: k, weight: 0}",
+            "apiKeys[0].weight: 0 is out of range; expected an integer 1..1000",
+        ),
+        ("{key: k, weight: 2.5}", "apiKeys[0].weight: expected an integer, got 2.5 (a number)"),
+        (
+            "{key: k, label: 'bob smith'}",
+            "apiKeys[0].label: 'bob smith' is not a caller label; expected 1-64 characters "
+            "of letters, digits and . _ - ~ @ : + # /",
+        ),
+        ("7", "apiKeys[0]: expected a string or a mapping, got 7 (an integer)"),
+    ],
+)
+def test_bad_api_key_entries_are_errors_naming_the_entry(entry: str, error: str) -> None:
+    assert error in errors_of(one_model() + f"apiKeys:\n  - {entry}\n")
+
+
+def test_a_key_given_twice_is_an_error_that_does_not_print_it() -> None:
+    errors = errors_of(one_model() + "apiKeys:\n  - sk-twice\n  - {key: sk-twice, label: b}\n")
+    assert errors == ["apiKeys[1].key: the same key as apiKeys[0]; every key must be unique"]
+    assert "sk-twice" not in "\n".join(errors)
+
+
+def test_a_label_given_twice_is_an_error_even_against_a_positional_label() -> None:
+    errors = errors_of(
+        one_model()
+        + "apiKeys:\n  - {key: a, label: team}\n  - {key: b, label: team}\n"
+        + "  - c\n  - {key: d, label: 'key#3'}\n"
+    )
+    assert errors == [
+        "apiKeys[1].label: 'team' is already the label of apiKeys[0]; labels must be unique",
+        "apiKeys[3].label: 'key#3' is already the label of apiKeys[2]; labels must be unique",
+    ]
+
+
+def test_api_keys_enter_the_hash_and_the_display_only_masked() -> None:
+    one = parse(one_model() + "apiKeys: [{key: sk-a, label: a}]\n")
+    other = parse(one_model() + "apiKeys: [{key: sk-b, label: a}]\n")
+    assert one.config_hash != other.config_hash
+    shown = list(masked(one)["api_keys"])
+    assert shown == [
+        {
+            "key": "***",
+            "label": "a",
+            "role": "user",
+            "max_priority": None,
+            "default_priority": 0,
+            "weight": 1,
+        }
+    ]
+    assert "sk-a" not in repr(one.api_keys) and "sk-a" not in repr(one)
+
+
+@pytest.mark.parametrize(
+    ("keys", "value", "passed"),
+    [
+        # Without apiKeys gpulane checks no credential, so a client's is meant for
+        # the upstream and is forwarded, as llama-swap does.
+        ("", None, CREDENTIALS),
+        # With apiKeys the credential is gpulane's: never forwarded unless asked.
+        ("apiKeys: [k]\n", None, ()),
+        ("apiKeys: [k]\n", "true", CREDENTIALS),
+        ("", "false", ()),
+        ("apiKeys: [k]\n", "[Api-Key, authorization]", ("api-key", "authorization")),
+    ],
+)
+def test_pass_credentials_resolves_to_the_credential_headers_forwarded(
+    keys: str, value: str | None, passed: tuple[str, ...]
+) -> None:
+    extra = "" if value is None else f"passCredentials: {value}\n"
+    config = parse(keys + one_model(extra))
+    assert config.models["m"].pass_credentials == passed
+
+
+def test_pass_credentials_names_only_credential_headers() -> None:
+    errors = errors_of(one_model("passCredentials: [x-custom, proxy-authorization]\n"))
+    allowed = ", ".join(CREDENTIALS)
+    why = "other headers are always forwarded, proxy-authorization never"
+    assert errors == [
+        f"models.m.passCredentials[0]: 'x-custom' is not a credential header gpulane can "
+        f"pass; expected one of {allowed} ({why})",
+        f"models.m.passCredentials[1]: 'proxy-authorization' is not a credential header "
+        f"gpulane can pass; expected one of {allowed} ({why})",
+    ]

@@ -1,18 +1,27 @@
-"""X-LlamaSwap-Priority parsing and band labels (DESIGN.md, the scheduling policy)."""
+"""X-LlamaSwap-Priority parsing, band labels (DESIGN.md, the scheduling policy) and
+the priority a caller is granted (its key's maxPriority and defaultPriority,
+OpenAI's service_tier)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.core.priority import (
     ALIASES,
     HEADER,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    SERVICE_TIERS,
     band_of,
+    grant,
     parse_priority,
+    read_priority,
+    requested_priority,
+    tier_priority,
 )
 from app.core.scoring import NS_PER_S, ScoringParams
 
@@ -178,3 +187,87 @@ def test_band_boundaries_are_50_and_minus_50_inclusive(priority: int, band: str)
 )
 def test_each_alias_lands_in_its_own_band(alias: str, band: str) -> None:
     assert band_of(parse_priority(alias)) == band
+
+
+# --- the priority policy of a caller (issue 12: a key caps and defaults its priority) ---
+
+GRANTS = [
+    # (asked, maxPriority, defaultPriority) -> granted
+    ((None, None, 0), 0),  # nothing asked, no key: normal
+    ((None, None, -98), -98),  # nothing asked: the key's default
+    ((100, None, -98), 100),  # asked: the default does not apply
+    ((102, 102, 0), 102),  # at the cap: kept
+    ((200, 102, 0), 102),  # above the cap: lowered to it
+    ((100, 0, 0), 0),  # a free key asking for interactive gets normal+0
+    ((-100, 0, 0), -100),  # below the cap: kept (a cap never raises)
+    ((MAX_PRIORITY, 0, 0), 0),
+    ((MIN_PRIORITY, 0, 0), MIN_PRIORITY),
+    ((None, 0, -98), -98),
+]
+
+
+@pytest.mark.parametrize(("args", "granted"), GRANTS)
+def test_grant_lowers_to_the_cap_and_fills_in_the_default(
+    args: tuple[int | None, int | None, int], granted: int
+) -> None:
+    asked, cap, default = args
+    assert grant(asked, cap, default) == granted
+
+
+@given(
+    asked=st.none() | st.integers(MIN_PRIORITY, MAX_PRIORITY),
+    cap=st.none() | st.integers(MIN_PRIORITY, MAX_PRIORITY),
+    default=st.integers(MIN_PRIORITY, MAX_PRIORITY),
+)
+def test_a_grant_never_exceeds_the_cap_and_is_what_was_asked_when_allowed(
+    asked: int | None, cap: int | None, default: int
+) -> None:
+    granted = grant(asked, cap, default)
+    wanted = default if asked is None else asked
+    assert granted == (wanted if cap is None else min(wanted, cap))
+    assert cap is None or granted <= cap
+
+
+@pytest.mark.parametrize("value", [None, "", "   ", "high", "1e3", "9" * 400])
+def test_an_absent_empty_or_unparseable_header_asks_for_nothing(value: str | None) -> None:
+    # So a key's defaultPriority applies; without one, grant() gives 0 as before.
+    assert read_priority(value) is None
+    assert grant(read_priority(value)) == parse_priority(value) == 0
+
+
+@pytest.mark.parametrize(("value", "asked"), [("interactive", 100), (" -98 ", -98), ("0", 0)])
+def test_a_parseable_header_asks_for_its_value(value: str, asked: int) -> None:
+    assert read_priority(value) == asked == parse_priority(value)
+
+
+@pytest.mark.parametrize(
+    ("tier", "asked"),
+    [(None, None), ("priority", 100), ("flex", -100), ("default", 0), ("auto", None)],
+)
+def test_openai_service_tiers_map_to_bands(tier: str | None, asked: int | None) -> None:
+    # "auto" is OpenAI's "whatever the project is configured for": the key's default.
+    assert tier_priority(tier) == asked
+    assert set(SERVICE_TIERS) == {"priority", "flex", "default", "auto"}
+
+
+@pytest.mark.parametrize("tier", ["scale", "PRIORITY", "", 1, True, {"a": 1}])
+def test_an_unknown_service_tier_is_an_error_naming_the_allowed_values(tier: object) -> None:
+    with pytest.raises(ValueError, match="auto, default, flex, priority"):
+        tier_priority(tier)
+
+
+@pytest.mark.parametrize(
+    ("header", "tier", "asked"),
+    [
+        ("batch", "priority", -100),  # the header wins
+        (None, "priority", 100),  # no header: the tier
+        ("", "flex", -100),  # an empty header is no header
+        ("nonsense", "flex", -100),  # so is an unparseable one
+        (None, None, None),  # neither: the key's default
+        (None, "auto", None),
+    ],
+)
+def test_the_header_wins_over_the_service_tier(
+    header: str | None, tier: str | None, asked: int | None
+) -> None:
+    assert requested_priority(header, tier) == asked

@@ -17,19 +17,15 @@
 from __future__ import annotations
 
 import statistics
-import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import sqlalchemy
-from sqlalchemy.engine import Engine
 
 from app.core import events as ev
 from app.core.policy import reorder_reasons
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL
-from app.store.engine import DatabaseError, check_file
+from app.store.engine import open_readonly
 from app.store.event_store import read_events
 
 DEFAULT_CHAIN_GAP_NS = 5 * NS_PER_S
@@ -115,26 +111,6 @@ class Workload:
 
 
 # -- reading the log ----------------------------------------------------------
-
-
-def open_readonly(path: str | Path) -> Engine:
-    """An engine that can only read `path` (SQLite `mode=ro`): the input is never modified."""
-    p = Path(path)
-    if not p.is_file():
-        raise DatabaseError(f"{path}: no such database file")
-    check_file(p)
-    uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
-    engine = sqlalchemy.create_engine("sqlite:///" + uri + "&uri=true")
-    try:
-        with engine.connect() as conn:
-            names = set(sqlalchemy.inspect(conn).get_table_names())
-    except sqlalchemy.exc.DatabaseError as exc:
-        engine.dispose()
-        raise DatabaseError(f"{path}: file is corrupt or not an SQLite database ({exc})") from exc
-    if "events" not in names:
-        engine.dispose()
-        raise DatabaseError(f"{path}: not a gpulane database (no events table)")
-    return engine
 
 
 def iter_log(path: str | Path) -> Iterator[tuple[int, ev.AnyEvent]]:

@@ -1,0 +1,111 @@
+"""The reads `explain` makes to find where its replay starts and what it starts from.
+
+Each one is an indexed look-up or a bounded range, so explaining a request
+costs the events since the oldest request open at its arrival, not the history
+(docs/queries.md, "How explain works"). The replay logic is app/report/explain.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import sqlalchemy
+from sqlalchemy import RowMapping, select
+
+from app.store.tables import requests
+
+# Requests open at seq E = :seq (a superset is safe: it only starts the replay earlier).
+# Open now, or finished after E: an event after E, looked up by ix_events_request_id
+# among the requests finished since shortly before E (ix_requests_finished_at).
+_OPEN_AT = """
+SELECT min(enqueue_seq) FROM (
+    SELECT enqueue_seq FROM requests
+    WHERE status IN ('queued', 'running') AND enqueue_seq < :seq
+    UNION ALL
+    SELECT r.enqueue_seq FROM requests AS r
+    WHERE r.finished_at >= :since AND r.enqueue_seq < :seq
+      AND EXISTS (SELECT 1 FROM events AS e WHERE e.request_id = r.id AND e.seq > :seq)
+)
+"""
+# The `at` bound lets ix_events_type_at skip the older history.
+_RESIDENCY = (
+    "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq AND at >= :since "
+    "AND type IN ('server_started', 'swap_started', 'swap_finished', 'swap_failed', "
+    "'process_stopped') ORDER BY seq"
+)
+
+
+class Arrival(NamedTuple):
+    """The event that put a request in the queue for its current attempt."""
+
+    seq: int
+    at: float
+    """Unix seconds (the events.at column)."""
+
+
+class LoggedEvent(NamedTuple):
+    seq: int
+    data: str
+    """The event's JSON, undecoded."""
+
+
+def request_row(conn: sqlalchemy.Connection, request_id: str) -> RowMapping | None:
+    """The `requests` row of `request_id`, or None when the log has never seen it."""
+    query = select(requests).where(requests.c.id == request_id)
+    return conn.execute(query).mappings().first()
+
+
+def last_arrival(conn: sqlalchemy.Connection, request_id: str) -> Arrival | None:
+    """The last `request_enqueued` or `request_requeued` of `request_id`; None when it
+    never queued (rejected at admission)."""
+    row = conn.exec_driver_sql(
+        "SELECT seq, at FROM events WHERE request_id = ? "
+        "AND type IN ('request_enqueued', 'request_requeued') ORDER BY seq DESC LIMIT 1",
+        (request_id,),
+    ).first()
+    return None if row is None else Arrival(row.seq, row.at)
+
+
+def first_enqueue_open_at(
+    conn: sqlalchemy.Connection, seq: int, finished_since_s: float
+) -> int | None:
+    """The smallest enqueue seq of the requests open at event `seq` (a superset: those
+    finished before `finished_since_s` unix seconds are not looked at); None if none."""
+    found = conn.exec_driver_sql(_OPEN_AT, {"since": finished_since_s, "seq": seq}).scalar()
+    return None if found is None else int(found)
+
+
+def last_server_started_before(conn: sqlalchemy.Connection, seq: int) -> LoggedEvent | None:
+    """The last `server_started` event with a seq below `seq`."""
+    row = conn.exec_driver_sql(
+        "SELECT seq, data FROM events WHERE type = 'server_started' AND seq < ? "
+        "ORDER BY seq DESC LIMIT 1",
+        (seq,),
+    ).first()
+    return None if row is None else LoggedEvent(row.seq, row.data)
+
+
+def last_swap_seq_before(conn: sqlalchemy.Connection, seq: int) -> int | None:
+    """The seq of the last swap started below `seq` (the `swaps` read model)."""
+    found = conn.exec_driver_sql("SELECT max(seq) FROM swaps WHERE seq < ?", (seq,)).scalar()
+    return None if found is None else int(found)
+
+
+def event_at(conn: sqlalchemy.Connection, seq: int) -> float | None:
+    """When event `seq` was recorded (unix seconds), or None when there is no such event."""
+    found = conn.exec_driver_sql("SELECT at FROM events WHERE seq = ?", (seq,)).scalar()
+    return None if found is None else float(found)
+
+
+def residency_events(
+    conn: sqlalchemy.Connection, from_seq: int, to_seq: int, since_s: float
+) -> Iterator[LoggedEvent]:
+    """The events that change which model is resident or loading (server starts, swaps,
+    process stops), with `from_seq <= seq < to_seq` and recorded at or after `since_s`,
+    in seq order."""
+    rows = conn.exec_driver_sql(
+        _RESIDENCY, {"from_seq": from_seq, "to_seq": to_seq, "since": since_s}
+    )
+    for seq, data in rows:
+        yield LoggedEvent(seq, data)
