@@ -21,9 +21,13 @@ StoredResult = tuple[int, list[tuple[str, str]], bytes]
 """http status, headers, body: an answer exactly as the upstream sent it."""
 
 
-def find_idempotency_key(engine: Engine, key: str) -> tuple[str, str] | None:
-    """(job id, body sha256) of the latest job sent with this key, if any."""
-    query = select(requests.c.id, requests.c.job).where(requests.c.idempotency_key == key)
+def find_idempotency_key(engine: Engine, key: str, caller: str | None) -> tuple[str, str] | None:
+    """(job id, body sha256) of the latest job `caller` sent with this key, if any:
+    keys are per caller, so one caller can neither reach nor block another's job."""
+    same_caller = requests.c.caller.is_(None) if caller is None else requests.c.caller == caller
+    query = select(requests.c.id, requests.c.job).where(
+        requests.c.idempotency_key == key, same_caller
+    )
     with engine.connect() as conn:
         row = conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(1)).first()
     if row is None:
@@ -76,9 +80,10 @@ def job_result(engine: Engine, request_id: str) -> StoredResult | None:
 
 
 def list_jobs(
-    engine: Engine, status: str | None, limit: int
+    engine: Engine, status: str | None, limit: int, caller: str | None = None
 ) -> list[tuple[RowMapping, dict[str, Any] | None]]:
-    """Durable jobs newest first, each with its result: one query, however many jobs."""
+    """Durable jobs newest first (only `caller`'s when given), each with its result:
+    one query, however many jobs."""
     query = (
         select(
             requests,
@@ -92,6 +97,8 @@ def list_jobs(
     )
     if status:
         query = query.where(requests.c.status == status)
+    if caller is not None:
+        query = query.where(requests.c.caller == caller)
     with engine.connect() as conn:
         found = conn.execute(query.order_by(requests.c.enqueue_seq.desc()).limit(limit))
         rows = list(found.mappings().all())

@@ -11,10 +11,15 @@ from app.store.event_store import driver_cursor
 from app.store.tables import OPEN_STATUSES, requests
 
 
-def activity(engine: Engine, limit: int, offset: int) -> list[dict[str, Any]]:
-    """Requests newest first, with the scheduler's view of each (`serial_*` fields,
-    named as llama-swap's activity page expects)."""
-    query = select(requests).order_by(requests.c.enqueue_seq.desc()).limit(limit).offset(offset)
+def activity(
+    engine: Engine, limit: int, offset: int, caller: str | None = None
+) -> list[dict[str, Any]]:
+    """Requests newest first (only `caller`'s when given), with the scheduler's
+    view of each (`serial_*` fields, named as llama-swap's activity page expects)."""
+    query = select(requests)
+    if caller is not None:
+        query = query.where(requests.c.caller == caller)
+    query = query.order_by(requests.c.enqueue_seq.desc()).limit(limit).offset(offset)
     with engine.connect() as conn:
         rows = conn.execute(query).mappings().all()
     out = []

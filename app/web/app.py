@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from app.config import Config
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
+from app.web.access import ACCESS_HANDLERS, admin_only, identity, only_caller
 from app.web.auth import api_key_middleware
 from app.web.errors import EXCEPTION_HANDLERS, send_error
 from app.web.proxy import Proxy
@@ -46,7 +47,7 @@ def create_app(
     proxy: Proxy,
     logs: LogBuffer,
     *,
-    activity: Callable[[int, int], list[dict[str, Any]]] | None = None,
+    activity: Callable[[int, int, str | None], list[dict[str, Any]]] | None = None,
     extra_handlers: Sequence[BaseRouteHandler] = (),
     on_startup: Sequence[Callable[[], Any]] = (),
     on_shutdown: Sequence[Callable[[], Any]] = (),
@@ -107,16 +108,18 @@ def create_app(
             )
         return {"running": out}
 
-    @get("/unload", media_type=MediaType.TEXT, sync_to_thread=False)
+    @get("/unload", media_type=MediaType.TEXT, sync_to_thread=False, guards=[admin_only])
     def unload_all_get() -> str:
         scheduler.unload(None)
         return "OK"
 
-    @post("/api/models/unload", status_code=200, sync_to_thread=False)
+    @post("/api/models/unload", status_code=200, sync_to_thread=False, guards=[admin_only])
     def unload_all() -> dict[str, Any]:
         return {"unloaded": scheduler.unload(None)}
 
-    @post("/api/models/unload/{model:str}", status_code=200, sync_to_thread=False)
+    @post(
+        "/api/models/unload/{model:str}", status_code=200, sync_to_thread=False, guards=[admin_only]
+    )
     def unload_one(model: FromPath[str]) -> Response[dict[str, Any]]:
         resolved = config.resolve_model(model)
         if resolved is None:
@@ -136,11 +139,11 @@ def create_app(
     def metrics() -> Response[bytes]:
         return Response(generate_latest(scheduler.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @get("/logs", media_type=MediaType.TEXT, sync_to_thread=False)
+    @get("/logs", media_type=MediaType.TEXT, sync_to_thread=False, guards=[admin_only])
     def logs_text() -> str:
         return logs.text()
 
-    @get("/logs/stream", sync_to_thread=False)
+    @get("/logs/stream", sync_to_thread=False, guards=[admin_only])
     def logs_stream() -> Stream:
         # Subscribed before the response starts, so no line after the request is missed.
         subscription = logs.subscribe()
@@ -154,14 +157,16 @@ def create_app(
 
     @get("/api/activity")
     async def activity_page(
-        limit: FromQuery[int] = 50, offset: FromQuery[int] = 0
+        request: Request[Any, Any, Any], limit: FromQuery[int] = 50, offset: FromQuery[int] = 0
     ) -> dict[str, Any]:
         limit = max(1, min(limit, 1000))
         # SQLite's OFFSET is a signed 64-bit integer; past the end is an empty page anyway.
         offset = max(0, min(offset, 2**62))
         rows = []
         if activity is not None:
-            rows = await asyncio.to_thread(activity, limit, offset)
+            # A user key sees only its own requests.
+            caller = only_caller(identity(request.scope))
+            rows = await asyncio.to_thread(activity, limit, offset, caller)
         return {"data": rows, "limit": limit, "offset": offset}
 
     handlers += [
@@ -185,7 +190,7 @@ def create_app(
         on_shutdown=list(on_shutdown),
         state=State({"scheduler": scheduler}),
         request_max_body_size=None,
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers={**EXCEPTION_HANDLERS, **ACCESS_HANDLERS},
         logging_config=None,  # serve.py configures logging once, for every module
         debug=False,
     )

@@ -5,6 +5,9 @@ disk before the caller gets `202 Accepted`. The job then waits its turn like
 any request; when dispatched, gpulane itself sends it upstream and stores the
 answer in `job_results` before recording the completion, so a completed job
 always has its result.
+
+A user key sees, fetches and cancels only its own jobs (app/web/access.py); an
+idempotency key belongs to the caller that sent it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 from typing import Any
 
 import msgspec
-from litestar import Response, delete, get
+from litestar import Request, Response, delete, get
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath, FromQuery
 from litestar.types import Message, Send
@@ -36,6 +39,8 @@ from app.store.job_results import (
     store_result,
 )
 from app.store.port import StoreError
+from app.web.access import identity, may_see, only_caller
+from app.web.auth import Identity
 from app.web.errors import send_error, send_json
 from app.web.forward import HOP_BY_HOP, Forwarder, Reply, priority_headers, upstream_url
 
@@ -72,8 +77,9 @@ class JobRunner:
         self.scheduler = scheduler
         self.forwarder = forwarder
         self.engine = engine
-        self._keys: dict[str, tuple[str, str]] = {}
-        """Idempotency keys admitted by this process (id, body digest). Kept for
+        self._keys: dict[tuple[str | None, str], tuple[str, str]] = {}
+        """(caller, idempotency key) -> (id, body digest) of the jobs admitted by
+        this process. Kept for
         the process's life: a key is then found here or, from earlier runs, on
         disk, with no window between the two (a few hundred bytes per job)."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -96,13 +102,16 @@ class JobRunner:
     ) -> None:
         digest = hashlib.sha256(body).hexdigest()
         key = headers.get("idempotency-key") or None
+        scoped = (admission.caller, key or "")
         if key is not None:
-            existing = self._keys.get(key)
+            existing = self._keys.get(scoped)
             if existing is None:
-                found = await asyncio.to_thread(find_idempotency_key, self.engine, key)
+                found = await asyncio.to_thread(
+                    find_idempotency_key, self.engine, key, admission.caller
+                )
                 # Looked up again after the await: a concurrent POST with the same
                 # key may have been admitted meanwhile, and it is in `_keys` now.
-                existing = self._keys.get(key) or found
+                existing = self._keys.get(scoped) or found
             if existing is not None:
                 await self._send_existing(send, key, existing, digest)
                 return
@@ -126,14 +135,14 @@ class JobRunner:
             self._credentials[ticket.request_id] = credentials
         # Reserved before the first await, so no concurrent POST takes the key too.
         if key is not None:
-            self._keys[key] = (ticket.request_id, digest)
+            self._keys[scoped] = (ticket.request_id, digest)
         try:
             assert ticket.committed is not None
             await asyncio.shield(ticket.committed)
         except StoreError as exc:
             # Not on disk, so not accepted: the scheduler has taken it back out.
             if key is not None:
-                self._keys.pop(key, None)
+                self._keys.pop(scoped, None)
             self._credentials.pop(ticket.request_id, None)
             await send_error(
                 send, 503, f"the job could not be recorded: {exc}", code="event_log_unavailable"
@@ -232,7 +241,10 @@ class JobRunner:
         if live is None and row is None:
             return None
         out: dict[str, Any] = {"id": request_id, "object": "job"}
-        if row is not None:
+        if row is None:
+            open_request = self.scheduler.live().state.requests.get(request_id)
+            out["caller"] = open_request.caller if open_request is not None else None
+        else:
             out.update(
                 status=row["status"],
                 model=row["model"],
@@ -261,15 +273,24 @@ class JobRunner:
             }
         return out
 
-    async def listing(self, status: str | None, limit: int) -> list[dict[str, Any]]:
-        """Newest first, with their results."""
-        found = await asyncio.to_thread(list_jobs, self.engine, status, limit)
+    async def view_for(self, who: Identity, request_id: str) -> dict[str, Any] | None:
+        """The view, or None when there is no such job or it is not `who`'s to see."""
+        view = await self.view(request_id)
+        if view is None or not may_see(who, view.get("caller")):
+            return None
+        return view
+
+    async def listing(
+        self, status: str | None, limit: int, caller: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Newest first (only `caller`'s when given), with their results."""
+        found = await asyncio.to_thread(list_jobs, self.engine, status, limit, caller)
         views = [self._view(row["id"], row, result) for row, result in found]
         return [v for v in views if v is not None]
 
-    async def cancel(self, request_id: str) -> tuple[int, dict[str, Any]]:
+    async def cancel(self, who: Identity, request_id: str) -> tuple[int, dict[str, Any]]:
         live = self.scheduler.open_status(request_id)
-        view = await self.view(request_id)
+        view = await self.view_for(who, request_id)
         if view is None:
             return 404, {
                 "error": {
@@ -297,30 +318,34 @@ class JobRunner:
 def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
     @get("/v1/jobs")
     async def list_jobs(
-        status: FromQuery[str | None] = None, limit: FromQuery[int] = 50
+        request: Request[Any, Any, Any],
+        status: FromQuery[str | None] = None,
+        limit: FromQuery[int] = 50,
     ) -> Response[Any]:
         allowed = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
         if status is not None and status not in allowed:
             message = f"status {status!r} is not one of {', '.join(allowed)}"
             error = {"message": message, "type": "invalid_request_error", "code": "invalid_status"}
             return Response({"error": error}, status_code=400)
-        data = await jobs.listing(status, max(1, min(limit, 1000)))
+        caller = only_caller(identity(request.scope))
+        data = await jobs.listing(status, max(1, min(limit, 1000)), caller)
         return Response({"object": "list", "data": data})
 
     @get("/v1/jobs/{job_id:str}")
-    async def get_job(job_id: FromPath[str]) -> Response[Any]:
-        view = await jobs.view(job_id)
+    async def get_job(request: Request[Any, Any, Any], job_id: FromPath[str]) -> Response[Any]:
+        view = await jobs.view_for(identity(request.scope), job_id)
         if view is None:
             return Response(_not_found(job_id), status_code=404)
         return Response(view)
 
     @get("/v1/jobs/{job_id:str}/result")
-    async def get_result(job_id: FromPath[str]) -> Response[Any]:
+    async def get_result(request: Request[Any, Any, Any], job_id: FromPath[str]) -> Response[Any]:
+        # Another caller's job is not found, whether or not it has a result.
+        view = await jobs.view_for(identity(request.scope), job_id)
+        if view is None:
+            return Response(_not_found(job_id), status_code=404)
         found = await asyncio.to_thread(job_result, jobs.engine, job_id)
         if found is None:
-            view = await jobs.view(job_id)
-            if view is None:
-                return Response(_not_found(job_id), status_code=404)
             return Response(
                 {
                     "error": {
@@ -336,8 +361,8 @@ def job_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
         return Response(body, status_code=status, headers=keep, media_type=keep.get("content-type"))
 
     @delete("/v1/jobs/{job_id:str}", status_code=200)
-    async def cancel_job(job_id: FromPath[str]) -> Response[Any]:
-        status, body = await jobs.cancel(job_id)
+    async def cancel_job(request: Request[Any, Any, Any], job_id: FromPath[str]) -> Response[Any]:
+        status, body = await jobs.cancel(identity(request.scope), job_id)
         return Response(body, status_code=status)
 
     return [list_jobs, get_job, get_result, cancel_job]

@@ -1,4 +1,9 @@
-"""`GET /api/queue` and `GET /api/requests/{id}/explain` (see app/report/)."""
+"""`GET /api/queue` and `GET /api/requests/{id}/explain` (see app/report/).
+
+A user key sees only its own rows of the queue (positions stay those of the
+whole queue, so "position 5" still means four requests go first) and only its
+own requests' stories; another caller's request is 404, as if unknown.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import asyncio
 from typing import Any
 
 import msgspec
-from litestar import Response, get
+from litestar import Request, Response, get
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 from sqlalchemy import Engine
@@ -15,6 +20,7 @@ from app.report.explain import explain, live_position
 from app.report.live_queue import QueueView, position_of, queue_view
 from app.report.run_times import CachedRunTimes
 from app.runtime.scheduler import Scheduler
+from app.web.access import identity, may_see, only_caller
 from app.web.errors import error_body
 
 
@@ -23,13 +29,23 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
     run_times = CachedRunTimes(engine)
 
     @get("/api/queue")
-    async def live_queue() -> QueueView:
+    async def live_queue(request: Request[Any, Any, Any]) -> QueueView:
         times = await asyncio.to_thread(run_times.get)
         live = scheduler.live()
-        return queue_view(live.state, live.running_since, live.now_ns, times)
+        view = queue_view(live.state, live.running_since, live.now_ns, times)
+        caller = only_caller(identity(request.scope))
+        if caller is None:
+            return view
+        return msgspec.structs.replace(
+            view,
+            running=[r for r in view.running if r.caller == caller],
+            waiting=[w for w in view.waiting if w.caller == caller],
+        )
 
     @get("/api/requests/{request_id:str}/explain")
-    async def explain_request(request_id: FromPath[str]) -> Response[Any]:
+    async def explain_request(
+        request: Request[Any, Any, Any], request_id: FromPath[str]
+    ) -> Response[Any]:
         if engine is None:
             return _error(503, "this server has no event log to explain from", "no_database")
         times = await asyncio.to_thread(run_times.get)
@@ -37,7 +53,7 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
         story = await asyncio.to_thread(
             explain, engine, request_id, now_ns=scheduler.clock(), run_times=times
         )
-        if story is None:
+        if story is None or not may_see(identity(request.scope), story.caller):
             return _error(404, f"no request {request_id!r}", "request_not_found")
         # The log may trail the run loop by a group commit: position from the live state.
         live = scheduler.live()

@@ -122,7 +122,7 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
         scheduler,
         proxy,
         logs,
-        activity=lambda limit, offset: activity(engine, limit, offset),
+        activity=lambda limit, offset, caller: activity(engine, limit, offset, caller),
         extra_handlers=[
             *job_routes(jobs),
             *report_routes(scheduler, engine),

@@ -1,0 +1,64 @@
+"""Who may see and do what (issue 12, isolation), in one place for every route.
+
+Without `apiKeys` everyone is an admin (as in llama-swap). With them, a `user`
+key sees, fetches, cancels and lists only its own requests and jobs; another
+caller's answers 404, as if it did not exist, so ids cannot be probed. What
+concerns the whole server (unloading models, the logs) needs an `admin` key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import MediaType, Request, Response
+from litestar.connection import ASGIConnection
+from litestar.exceptions import HTTPException
+from litestar.handlers import BaseRouteHandler
+from litestar.types import ExceptionHandlersMap, Scope
+
+from app.web.auth import ANONYMOUS, Identity
+
+ADMIN_KEY_REQUIRED = "admin_key_required"
+
+
+def identity(scope: Scope) -> Identity:
+    """What the key middleware found; without apiKeys, anonymous (an admin)."""
+    found = scope.get("state", {}).get("identity")
+    return found if isinstance(found, Identity) else ANONYMOUS
+
+
+def is_admin(who: Identity) -> bool:
+    return who.role == "admin"
+
+
+def only_caller(who: Identity) -> str | None:
+    """The caller whose rows `who` may list; None: everyone's. A user key always
+    has a label (its own or key#N), so None never means "the anonymous rows"."""
+    return None if is_admin(who) else who.caller
+
+
+def may_see(who: Identity, row_caller: str | None) -> bool:
+    return is_admin(who) or (who.caller is not None and who.caller == row_caller)
+
+
+class AdminKeyRequired(HTTPException):
+    status_code = 403
+
+
+def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """A Litestar guard: a user key gets 403 `admin_key_required`."""
+    if not is_admin(identity(connection.scope)):
+        where = f"{connection.scope.get('method', 'GET')} {connection.url.path}"
+        raise AdminKeyRequired(detail=f"{where} needs an admin API key; this key's role is user")
+
+
+def _forbidden(_: Request[Any, Any, Any], exc: AdminKeyRequired) -> Response[bytes]:
+    body = {
+        "error": {"message": exc.detail, "type": "permission_error", "code": ADMIN_KEY_REQUIRED}
+    }
+    return Response(msgspec.json.encode(body), status_code=403, media_type=MediaType.JSON)
+
+
+ACCESS_HANDLERS: ExceptionHandlersMap = {AdminKeyRequired: _forbidden}
+"""For `Litestar(exception_handlers=...)`, beside errors.EXCEPTION_HANDLERS."""
