@@ -839,14 +839,16 @@ class Scheduler:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
         for model in list(self.upstreams):
             self._stop(model, "shutdown")
-        for task in list(self._stopping.values()):
-            with contextlib.suppress(Exception):
-                await task
         if self._swap_task is not None:
             # Its process is stopped, so it ends now and records how (a swap
             # cancelled instead would leave its swap_started unfinished).
             with contextlib.suppress(Exception):
                 await self._swap_task
+        for model in list(self.upstreams):
+            self._stop(model, "shutdown")  # one that swap had not spawned yet
+        for task in list(self._stopping.values()):
+            with contextlib.suppress(Exception):
+                await task
 
     async def _first(self, fut: asyncio.Future[Any], seconds: float) -> None:
         """Wait until `fut` is done or `seconds` pass on the scheduler's timers

@@ -103,3 +103,7 @@ async def test_a_durable_enqueue_that_fails_to_commit_leaves_no_phantom() -> Non
     nxt = scheduler.admit(normal)
     assert scheduler.state.running == {nxt.request_id: "A"}
     await scheduler.shutdown()
+    # Its swap had not spawned the upstream yet: shutdown still leaves none running.
+    pids = {type(e).__name__: e.pid for _, e in store.events if hasattr(e, "pid")}
+    assert pids.get("ProcessStarted") == pids.get("ProcessStopped")
+    assert not scheduler.upstreams
