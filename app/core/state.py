@@ -133,13 +133,20 @@ def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
 
 
 def _enqueued(state: SchedulerState, event: Any) -> None:
+    at = event.enqueued_at if event.enqueued_at is not None else event.at
+    _queue(state, event, at)
+
+
+def _queue(state: SchedulerState, event: Any, enqueued_ns: int) -> None:
+    """Queue the request an enqueue or restore event describes (replacing any
+    earlier record of it)."""
     state._finish(event.request_id)
     state._enqueue(
         OpenRequest(
             request_id=event.request_id,
             model=event.model,
             priority=event.priority,
-            enqueued_ns=event.enqueued_at if event.enqueued_at is not None else event.at,
+            enqueued_ns=enqueued_ns,
             durable=event.durable,
             attempt=event.attempt,
             caller=event.caller,
@@ -200,18 +207,7 @@ def _ended(state: SchedulerState, event: Any) -> None:
 
 
 def _restored(state: SchedulerState, event: Any) -> None:
-    state._finish(event.request_id)
-    state._enqueue(
-        OpenRequest(
-            request_id=event.request_id,
-            model=event.model,
-            priority=event.priority,
-            enqueued_ns=event.enqueued_at,
-            durable=event.durable,
-            attempt=event.attempt,
-            caller=event.caller,
-        )
-    )
+    _queue(state, event, event.enqueued_at)
 
 
 def _server_started(state: SchedulerState, event: Any) -> None:

@@ -433,14 +433,6 @@ class Scheduler:
                 ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="client_gone")
             )
 
-    def cancel(self, request_id: str, reason: ev.CancelReason) -> bool:
-        """Take a queued request out (its client left, or it was cancelled)."""
-        request = self.state.requests.get(request_id)
-        if request is None or request.running:
-            return False
-        self._end(ev.RequestCancelled(at=self.clock(), request_id=request_id, reason=reason))
-        return True
-
     def cancel_any(self, request_id: str) -> str | None:
         """An operator cancels a request, queued or running: it is recorded as
         cancelled and its lane is free at once, even if the upstream does not

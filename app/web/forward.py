@@ -50,12 +50,52 @@ _NOT_PASSED_BACK = (HOP_BY_HOP - {"content-length"}) | {"date"}
 _CREDENTIALS = CREDENTIAL_HEADERS
 
 
-def upstream_client() -> httpx.AsyncClient:
-    # Time limits are per request (the model's timeouts), not per client.
+def upstream_client(connect_timeout: float | None) -> httpx.AsyncClient:
+    """A model's connection pool. Only connecting has httpx's own limit; the
+    wait for headers and the silences in a body are timed here."""
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(None),
+        timeout=httpx.Timeout(None, connect=connect_timeout),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
     )
+
+
+class _Silence:
+    """`streamIdleTimeout`: ends the body loop (TimeoutError) once the upstream
+    has been silent for `limit` seconds. One timer per response, moved only
+    when it fires: a chunk costs a clock read, not a timer of its own.
+    Time spent sending to a slow client is not the upstream's silence."""
+
+    def __init__(self, limit: float | None) -> None:
+        self._limit = limit
+        self._loop = asyncio.get_running_loop()
+        self._scope = asyncio.timeout(None)
+        self._handle: asyncio.TimerHandle | None = None
+        self.since = self._loop.time()
+        self.waiting = False
+
+    async def __aenter__(self) -> _Silence:
+        await self._scope.__aenter__()
+        if self._limit is not None:
+            self._handle = self._loop.call_at(self.since + self._limit, self._check)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        await self._scope.__aexit__(*exc)
+
+    def listen(self) -> None:
+        """Waiting for the upstream's next chunk from now."""
+        self.since = self._loop.time()
+        self.waiting = True
+
+    def _check(self) -> None:
+        assert self._limit is not None
+        now = self._loop.time()
+        if self.waiting and now - self.since >= self._limit:
+            self._scope.reschedule(now)  # raises TimeoutError in the body loop
+            return
+        self._handle = self._loop.call_at(max(now, self.since) + self._limit, self._check)
 
 
 class Forwarder:
@@ -63,7 +103,7 @@ class Forwarder:
         self,
         config: Config,
         scheduler: Scheduler,
-        new_client: Callable[[], httpx.AsyncClient] = upstream_client,
+        new_client: Callable[[float | None], httpx.AsyncClient] = upstream_client,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
@@ -135,14 +175,8 @@ class Forwarder:
         t0 = time.monotonic()
         client = self._clients.get(ticket.model)
         if client is None:
-            client = self._clients[ticket.model] = self._new_client()
-        request = client.build_request(
-            method,
-            url,
-            content=body,
-            headers=forward,
-            timeout=httpx.Timeout(None, connect=spec.connect_timeout),
-        )
+            client = self._clients[ticket.model] = self._new_client(spec.connect_timeout)
+        request = client.build_request(method, url, content=body, headers=forward)
         header_limit = spec.response_header_timeout
         try:
             try:
@@ -172,17 +206,19 @@ class Forwarder:
         idle_limit = spec.stream_idle_timeout
         try:
             await out.start(response.status_code, response.headers.raw)
-            chunks = response.aiter_raw()
-            while True:
-                try:
-                    async with asyncio.timeout(idle_limit):
+            async with _Silence(idle_limit) as silence:
+                chunks = response.aiter_raw()
+                while True:
+                    silence.listen()
+                    try:
                         chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                if ttfb_ms is None:
-                    ttfb_ms = (time.monotonic() - t0) * 1000
-                sniffer.feed(chunk)
-                await out.body(chunk)
+                    except StopAsyncIteration:
+                        break
+                    silence.waiting = False
+                    if ttfb_ms is None:
+                        ttfb_ms = (time.monotonic() - t0) * 1000
+                    sniffer.feed(chunk)
+                    await out.body(chunk)
         except TimeoutError:
             message = (
                 f"upstream {ticket.model!r} sent nothing for streamIdleTimeout "

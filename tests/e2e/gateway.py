@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,14 @@ def upstreams_left(first_port: int, count: int, timeout: float = 5) -> dict[int,
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
+    """The first truthy value of `check()`, polled until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

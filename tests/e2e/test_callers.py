@@ -17,14 +17,13 @@ import concurrent.futures as cf
 import contextlib
 import io
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from app import cli
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, poll
 
 Start = Callable[[str], Gateway]
 
@@ -83,16 +82,6 @@ ADMIN_HEADERS = {"Authorization": f"Basic {ADMIN_BASIC}"}
 
 def chat(**extra: Any) -> dict[str, Any]:
     return {"model": "A", "messages": [{"role": "user", "content": "hi"}], **extra}
-
-
-def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def queue(client: httpx.Client) -> dict[str, Any]:

@@ -12,15 +12,14 @@ One gateway serves the whole module.
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, poll
 
 ALICE, BOB, ADMIN, WRONG = "sk-alice-71c3", "sk-bob-2e98", "sk-admin-d04a", "sk-nobody-5555"
 KEYS = {"alice": ALICE, "bob": BOB, "admin": ADMIN, "wrong": WRONG}
@@ -39,16 +38,6 @@ models:{fake_model("A").replace(chr(10), chr(10) + "  ")}
 
 def as_key(who: str | None) -> dict[str, str]:
     return {} if who is None else {"Authorization": f"Bearer {KEYS[who]}"}
-
-
-def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def submit(client: httpx.Client, who: str, **fake: Any) -> str:

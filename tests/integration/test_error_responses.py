@@ -49,7 +49,7 @@ async def test_an_exception_in_a_route_is_a_logged_500_in_the_openai_shape(
     store.start()
     scheduler = Scheduler(config, store, logs=LogBuffer())
     async with httpx.AsyncClient() as upstream_client:
-        proxy = Proxy(config, scheduler, Forwarder(config, scheduler, lambda: upstream_client))
+        proxy = Proxy(config, scheduler, Forwarder(config, scheduler, lambda _: upstream_client))
         app = create_app(config, scheduler, proxy, LogBuffer(), extra_handlers=[broken, broken_raw])
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gpulane") as client:

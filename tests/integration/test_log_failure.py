@@ -50,7 +50,7 @@ async def test_unwritable_log_refuses_new_requests_with_503_and_keeps_serving() 
         app = create_app(
             config,
             scheduler,
-            Proxy(config, scheduler, Forwarder(config, scheduler, lambda: upstream_client)),
+            Proxy(config, scheduler, Forwarder(config, scheduler, lambda _: upstream_client)),
             LogBuffer(),
         )
         transport = httpx.ASGITransport(app=app)
