@@ -20,7 +20,7 @@ __all__ = ["Breakdown"]
 StopReason = Literal[
     "evicted", "ttl", "unload", "crashed", "shutdown", "failed_start", "recovered", "hung"
 ]
-CancelReason = Literal["client_gone", "explicit", "shutdown"]
+CancelReason = Literal["client_gone", "explicit", "shutdown", "deadline"]
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
@@ -50,6 +50,12 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     """fifo: each model's concurrency limit; a model absent here has the default."""
     log_format: int = 1
     """See LOG_FORMAT."""
+    fair_share_bonus: int = 0
+    """serial: `fairShareBonus`, the fair-share term's most points (0 = off)."""
+    short_job_bonus: int = 0
+    """serial: `shortJobBonus`, the short-job term's most points (0 = off)."""
+    caller_weights: dict[str, int] = {}
+    """Each caller's fair-share `weight` (its API key's); a caller absent here has 1."""
 
 
 class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
@@ -74,6 +80,12 @@ class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
     requested_priority: int | None = None
     """What the caller asked for (priority header, else service_tier); None when it
     asked for nothing (its key's defaultPriority applied) or the log predates it."""
+    expected_run_ns: int | None = None
+    """Expected run time learnt from the log's completed runs of this model and
+    endpoint, fixed here so replay scores with the same number; None: no history."""
+    max_wait_ns: int | None = None
+    """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`); when it
+    passes the request is cancelled with reason `deadline`."""
 
 
 class ScoresComputed(Event, tag="scores_computed", frozen=True):
@@ -86,8 +98,12 @@ class ScoresComputed(Event, tag="scores_computed", frozen=True):
     runner_up: Breakdown | None = None
     without_aging_id: str | None = None
     without_affinity_id: str | None = None
+    without_fair_share_id: str | None = None
+    without_short_job_id: str | None = None
     aging_divisor_ns: int = 0
     swap_affinity_bonus: int = 0
+    fair_share_bonus: int = 0
+    short_job_bonus: int = 0
     scheduler: str = "serial"
     config_hash: str = ""
 
@@ -183,6 +199,9 @@ class RequestRejected(Event, tag="request_rejected", frozen=True):
     priority: int = 0
     band: str = "normal"
     caller: str | None = None
+    reason: str | None = None
+    """Why, as `/metrics` counts it: `queue_full`, `caller_queue_full`, or None for
+    an invalid request (the error says what was wrong)."""
 
 
 class RequestAbandoned(Event, tag="request_abandoned", frozen=True):
@@ -214,6 +233,10 @@ class RequestRestored(Event, tag="request_restored", frozen=True):
     """The attempt in the log when the previous process died."""
     durable: bool = True
     caller: str | None = None
+    expected_run_ns: int | None = None
+    """As enqueued: the short-job term keeps its value across a restart."""
+    max_wait_ns: int | None = None
+    """As enqueued: the deadline still counts from `enqueued_at`."""
 
 
 class RecoveryFinished(Event, tag="recovery_finished", frozen=True):

@@ -14,7 +14,7 @@ from typing import Literal
 import msgspec
 
 from app.core import events as ev
-from app.core.queue import Pick, Queued
+from app.core.queue import FairKeys, Pick, Queued
 from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SchedulerState
 
 Action = Literal["swap", "join", "run"]
@@ -40,16 +40,25 @@ def decide(state: SchedulerState, now_ns: int) -> Decision | None:
         winner = _fifo_choice(state)
         if winner is None:
             return None
-        pick = Pick(winner=winner, runner_up=None, without_aging=winner, without_affinity=winner)
+        pick = Pick(
+            winner=winner,
+            runner_up=None,
+            without_aging=winner,
+            without_affinity=winner,
+            without_fair_share=winner,
+            without_short_job=winner,
+        )
+        fair: FairKeys = {}
     else:
         # Serial: one request in flight across all models, non-preemptive.
         if state.running or state.loading is not None:
             return None
-        found = state.queue.pick(state.resident)
+        fair = state.fair_keys()
+        found = state.queue.pick(state.resident, fair)
         if found is None:
             return None
         pick = found
-    scores, dispatched = _dispatch_events(state, pick, now_ns)
+    scores, dispatched = _dispatch_events(state, pick, now_ns, fair)
     if dispatched.swap:
         action: Action = "swap"
     elif state.loading == dispatched.model:
@@ -77,14 +86,14 @@ def _fifo_choice(state: SchedulerState) -> Queued | None:
 
 
 def _dispatch_events(
-    state: SchedulerState, pick: Pick, now_ns: int
+    state: SchedulerState, pick: Pick, now_ns: int, fair: FairKeys
 ) -> tuple[ev.ScoresComputed, ev.RequestDispatched]:
     params = state.queue.params
     winner = pick.winner
     request = state.requests[winner.request_id]
 
     def breakdown(q: Queued) -> ev.Breakdown:
-        return params.breakdown(q.priority, q.enqueued_ns, now_ns, q.model == state.resident)
+        return state.score(q, now_ns, fair)
 
     runner = pick.runner_up
     return (
@@ -98,8 +107,18 @@ def _dispatch_events(
             runner_up=None if runner is None else breakdown(runner),
             without_aging_id=pick.without_aging.request_id,
             without_affinity_id=pick.without_affinity.request_id,
+            # None while a term is off (its counterfactual is the winner), so
+            # logs from before these terms existed read as this code decides.
+            without_fair_share_id=(
+                pick.without_fair_share.request_id if params.fair_share_bonus else None
+            ),
+            without_short_job_id=(
+                pick.without_short_job.request_id if params.short_job_bonus else None
+            ),
             aging_divisor_ns=params.aging_divisor_ns,
             swap_affinity_bonus=params.swap_affinity_bonus,
+            fair_share_bonus=params.fair_share_bonus,
+            short_job_bonus=params.short_job_bonus,
             scheduler=state.scheduler,
             config_hash=state.config_hash,
         ),
@@ -113,14 +132,23 @@ def _dispatch_events(
     )
 
 
+REORDER_REASONS = ("aging", "swap_affinity", "fair_share", "short_job")
+
+
 def reorder_reasons(scores: ev.ScoresComputed) -> list[str]:
-    """Which terms changed this pick: 'aging' and/or 'swap_affinity'."""
-    reasons = []
-    if scores.without_aging_id is not None and scores.without_aging_id != scores.request_id:
-        reasons.append("aging")
-    if scores.without_affinity_id is not None and scores.without_affinity_id != scores.request_id:
-        reasons.append("swap_affinity")
-    return reasons
+    """Which terms changed this pick (in `REORDER_REASONS` order): the winner
+    without that term would have been another request."""
+    without = (
+        scores.without_aging_id,
+        scores.without_affinity_id,
+        scores.without_fair_share_id,
+        scores.without_short_job_id,
+    )
+    return [
+        reason
+        for reason, other in zip(REORDER_REASONS, without, strict=True)
+        if other is not None and other != scores.request_id
+    ]
 
 
 def next_resident(state: SchedulerState) -> str | None:
@@ -134,4 +162,4 @@ def ahead_of(state: SchedulerState, request_id: str) -> int | None:
     to "where am I in the queue" for every reader (`/v1/jobs`, `/api/queue`,
     `gpulane queue`, the loading-state chunks): ranked against the model that
     will be resident at the next decision."""
-    return state.queue.position(request_id, next_resident(state))
+    return state.queue.position(request_id, next_resident(state), state.fair_keys())

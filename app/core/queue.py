@@ -1,10 +1,14 @@
 """The waiting queue: O(log n) enqueue, cancel and pick, with exact ordering.
 
-One pair of heaps per model. The `aging` heap orders by the integer key of
-`ScoringParams.base_key` (fixed at enqueue); the `plain` heap orders by
-priority alone, which answers "who would have won without aging". The global
-pick compares each model's best, adding the bonus to the resident model's;
-models are few, so that scan is cheap next to the heap operations.
+One set of heaps per lane: a lane is a model, or a (model, caller) pair when the
+fair-share term is on, because that term is the same for every request of one
+caller. The `aging` heap orders by the integer key of `ScoringParams.base_key`
+(priority, short job and aging: fixed at enqueue); `plain` leaves out aging and
+`noshort` the short-job term, which answer "who would have won without it". The
+pick compares each lane's best, adding the bonus to the resident model's lanes
+and each caller's fair-share term (which moves as callers are charged, so it is
+never in a heap key); lanes are few (models x active callers), so that scan is
+cheap next to the heap operations.
 
 Cancel is lazy: the entry is forgotten in `_live` and skipped when it reaches
 a heap top; the heaps are rebuilt when dead entries outnumber live ones, so
@@ -14,7 +18,7 @@ memory stays proportional to the queue.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import msgspec
 
@@ -29,6 +33,8 @@ class Queued(msgspec.Struct, frozen=True):
     priority: int
     enqueued_ns: int
     order: int
+    caller: str | None = None
+    expected_run_ns: int | None = None
 
 
 class Pick(msgspec.Struct, frozen=True):
@@ -38,19 +44,29 @@ class Pick(msgspec.Struct, frozen=True):
     runner_up: Queued | None
     without_aging: Queued
     without_affinity: Queued
+    without_fair_share: Queued
+    without_short_job: Queued
 
+
+FairKeys = Mapping[str | None, int]
+"""Each active caller's fair-share term in key units (`SchedulerState.fair_keys`)."""
+_NO_FAIR: FairKeys = {}
 
 # Heap entries are (negated key, order, request_id): min-heap = best first,
 # equal keys fall back to arrival order.
 _Entry = tuple[int, int, str]
 
 
-class _ModelHeaps:
-    __slots__ = ("aging", "plain")
+class _Lane:
+    __slots__ = ("aging", "caller", "model", "noshort", "plain")
 
-    def __init__(self) -> None:
+    def __init__(self, model: str, caller: str | None) -> None:
+        self.model = model
+        self.caller = caller
         self.aging: list[_Entry] = []
         self.plain: list[_Entry] = []
+        self.noshort: list[_Entry] = []
+        """Only filled when the short-job term is on; else `aging` answers."""
 
 
 class ScoreQueue:
@@ -59,8 +75,10 @@ class ScoreQueue:
     def __init__(self, params: ScoringParams) -> None:
         self.params = params
         self._live: dict[str, Queued] = {}
-        self._models: dict[str, _ModelHeaps] = {}
+        self._lanes: dict[tuple[str, str | None], _Lane] = {}
         self._dead = 0
+        self._by_caller = params.fair_share_bonus != 0
+        self._short = params.short_job_bonus != 0
 
     def __len__(self) -> int:
         return len(self._live)
@@ -78,98 +96,140 @@ class ScoreQueue:
         if item.request_id in self._live:
             raise ValueError(f"request {item.request_id} is already queued")
         self._live[item.request_id] = item
-        heaps = self._models.get(item.model)
-        if heaps is None:
-            heaps = self._models[item.model] = _ModelHeaps()
-        key = self.params.base_key(item.priority, item.enqueued_ns)
-        heapq.heappush(heaps.aging, (-key, item.order, item.request_id))
-        heapq.heappush(heaps.plain, (-item.priority, item.order, item.request_id))
+        caller = item.caller if self._by_caller else None
+        lane = self._lanes.get((item.model, caller))
+        if lane is None:
+            lane = self._lanes[(item.model, caller)] = _Lane(item.model, caller)
+        params = self.params
+        run = item.expected_run_ns
+        heapq.heappush(
+            lane.aging,
+            (-params.base_key(item.priority, item.enqueued_ns, run), item.order, item.request_id),
+        )
+        heapq.heappush(
+            lane.plain, (-params.plain_key(item.priority, run), item.order, item.request_id)
+        )
+        if self._short:
+            key = params.base_key(item.priority, item.enqueued_ns)
+            heapq.heappush(lane.noshort, (-key, item.order, item.request_id))
 
     def remove(self, request_id: str) -> Queued | None:
         """Take a request out (cancel or dispatch); None when it is not queued."""
         item = self._live.pop(request_id, None)
         if item is None:
             return None
-        self._dead += 2  # one entry in each heap
-        if self._dead > 2048 and self._dead > 2 * len(self._live):
+        per_request = 3 if self._short else 2  # one entry in each heap
+        self._dead += per_request
+        if self._dead > 2048 and self._dead > per_request * len(self._live):
             self._compact()
         return item
 
     def models(self) -> list[str]:
         """Models with at least one waiting request."""
-        return [m for m, h in self._models.items() if self._top(h.aging) is not None]
+        return list(
+            dict.fromkeys(lane.model for lane in self._lanes.values() if self._top(lane.aging))
+        )
 
-    def best(self, resident: str | None) -> Queued | None:
+    def best(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Queued | None:
         """The request that would be dispatched now."""
-        best = self._best(resident, aging=True, affinity=True)
-        return None if best is None else self._live[best[2]]
-
-    def pick(self, resident: str | None) -> Pick | None:
-        """The winner, the runner-up and the winners without aging and without affinity."""
-        # One pass over the models answers all three questions; each candidate tuple
-        # is (negated key, arrival order, id), the smallest wins, exactly as `_best`.
+        best: _Entry | None = None
         bonus = self.params.affinity_key()
-        plain_bonus = self.params.swap_affinity_bonus  # the plain heap's keys are bare priorities
-        tops: list[tuple[_ModelHeaps, bool, _Entry]] = []
-        win: _Entry | None = None
-        win_heaps: _ModelHeaps | None = None
-        no_aging: _Entry | None = None
-        no_affinity: _Entry | None = None
-        for model, heaps in self._models.items():
-            top = self._top(heaps.aging)
+        fair = fair if self._by_caller else _NO_FAIR
+        for lane in self._lanes.values():
+            top = self._top(lane.aging)
             if top is None:
                 continue
-            plain = self._top(heaps.plain)
-            assert plain is not None  # both heaps hold the same live requests
-            is_resident = model == resident
-            if is_resident:
-                cand = (top[0] - bonus, top[1], top[2])
-                plain = (plain[0] - plain_bonus, plain[1], plain[2])
-            else:
-                cand = top
-            tops.append((heaps, is_resident, cand))
+            adjust = (bonus if lane.model == resident else 0) + fair.get(lane.caller, 0)
+            cand = (top[0] - adjust, top[1], top[2])
+            if best is None or cand < best:
+                best = cand
+        return None if best is None else self._live[best[2]]
+
+    def pick(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Pick | None:
+        """The winner, the runner-up and the winners without each term."""
+        # One pass over the lanes answers every question; each candidate tuple is
+        # (negated key, arrival order, id), the smallest wins, exactly as `best`.
+        bonus = self.params.affinity_key()
+        short = self._short
+        fair = fair if self._by_caller else _NO_FAIR
+        tops: list[tuple[_Lane, int, _Entry]] = []
+        win: _Entry | None = None
+        win_lane: _Lane | None = None
+        no_aging: _Entry | None = None
+        no_affinity: _Entry | None = None
+        no_fair: _Entry | None = None
+        no_short: _Entry | None = None
+        for lane in self._lanes.values():
+            top = self._top(lane.aging)
+            if top is None:
+                continue
+            plain = self._top(lane.plain)
+            assert plain is not None  # every heap of a lane holds the same live requests
+            aff = bonus if lane.model == resident else 0
+            fair_key = fair.get(lane.caller, 0)
+            adjust = aff + fair_key
+            cand = (top[0] - adjust, top[1], top[2])
+            tops.append((lane, adjust, cand))
             if win is None or cand < win:
-                win, win_heaps = cand, heaps
-            if no_aging is None or plain < no_aging:
-                no_aging = plain
-            if no_affinity is None or top < no_affinity:
-                no_affinity = top
+                win, win_lane = cand, lane
+            entry = (plain[0] - adjust, plain[1], plain[2])
+            if no_aging is None or entry < no_aging:
+                no_aging = entry
+            entry = (top[0] - fair_key, top[1], top[2])
+            if no_affinity is None or entry < no_affinity:
+                no_affinity = entry
+            entry = (top[0] - aff, top[1], top[2])
+            if no_fair is None or entry < no_fair:
+                no_fair = entry
+            if short:
+                bare = self._top(lane.noshort)
+                assert bare is not None
+                entry = (bare[0] - adjust, bare[1], bare[2])
+                if no_short is None or entry < no_short:
+                    no_short = entry
         if win is None:
             return None
-        assert no_aging is not None and no_affinity is not None
+        assert no_aging is not None and no_affinity is not None and no_fair is not None
         runner: _Entry | None = None
-        for heaps, is_resident, cand in tops:
-            if heaps is win_heaps:
-                second = self._second(heaps.aging)
+        for lane, adjust, cand in tops:
+            if lane is win_lane:
+                second = self._second(lane.aging)
                 if second is None:
                     continue
-                cand = (second[0] - bonus, second[1], second[2]) if is_resident else second
+                cand = (second[0] - adjust, second[1], second[2])
             if runner is None or cand < runner:
                 runner = cand
         live = self._live
+        winner = live[win[2]]
         return Pick(
-            winner=live[win[2]],
+            winner=winner,
             runner_up=None if runner is None else live[runner[2]],
             without_aging=live[no_aging[2]],
             without_affinity=live[no_affinity[2]],
+            without_fair_share=live[no_fair[2]],
+            without_short_job=winner if no_short is None else live[no_short[2]],
         )
 
-    def ranked(self, resident: str | None) -> list[Queued]:
+    def ranked(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> list[Queued]:
         """Every waiting request in dispatch order as of now (O(n log n), for reports)."""
-        return sorted(self._live.values(), key=lambda q: self._rank_key(q, resident))
+        return sorted(self._live.values(), key=lambda q: self._rank_key(q, resident, fair))
 
-    def position(self, request_id: str, resident: str | None) -> int | None:
+    def position(
+        self, request_id: str, resident: str | None, fair: FairKeys = _NO_FAIR
+    ) -> int | None:
         """0-based place in dispatch order as of now (O(n), no sort); None if not queued."""
         item = self._live.get(request_id)
         if item is None:
             return None
-        mine = self._rank_key(item, resident)
-        return sum(1 for q in self._live.values() if self._rank_key(q, resident) < mine)
+        mine = self._rank_key(item, resident, fair)
+        return sum(1 for q in self._live.values() if self._rank_key(q, resident, fair) < mine)
 
-    def _rank_key(self, q: Queued, resident: str | None) -> tuple[int, int]:
-        key = self.params.base_key(q.priority, q.enqueued_ns)
+    def _rank_key(self, q: Queued, resident: str | None, fair: FairKeys) -> tuple[int, int]:
+        key = self.params.base_key(q.priority, q.enqueued_ns, q.expected_run_ns)
         if q.model == resident:
             key += self.params.affinity_key()
+        if self._by_caller:
+            key += fair.get(q.caller, 0)
         return (-key, q.order)
 
     # -- internals ---------------------------------------------------------
@@ -183,22 +243,6 @@ class ScoreQueue:
             heapq.heappop(heap)
             self._dead -= 1
         return None
-
-    def _best(self, resident: str | None, *, aging: bool, affinity: bool) -> _Entry | None:
-        # The plain heap's keys are bare priorities, so its bonus is unscaled.
-        bonus = self.params.affinity_key() if aging else self.params.swap_affinity_bonus
-        best: tuple[int, int, str] | None = None
-        for model, heaps in self._models.items():
-            top = self._top(heaps.aging if aging else heaps.plain)
-            if top is None:
-                continue
-            key = -top[0]
-            if affinity and model == resident:
-                key += bonus
-            cand = (-key, top[1], top[2])
-            if best is None or cand < best:
-                best = cand
-        return best
 
     def _second(self, heap: list[_Entry]) -> _Entry | None:
         """Best live entry below the (live) top, searching past dead entries."""
@@ -232,10 +276,10 @@ class ScoreQueue:
 
     def _compact(self) -> None:
         live = self._live
-        for heaps in self._models.values():
-            for heap in (heaps.aging, heaps.plain):
+        for lane in self._lanes.values():
+            for heap in (lane.aging, lane.plain, lane.noshort):
                 # Match the order too: a re-queued id's old entries are dead.
                 heap[:] = [e for e in heap if (q := live.get(e[2])) is not None and q.order == e[1]]
                 heapq.heapify(heap)
-        self._models = {m: h for m, h in self._models.items() if h.aging}
+        self._lanes = {k: lane for k, lane in self._lanes.items() if lane.aging}
         self._dead = 0

@@ -5,8 +5,9 @@ state with `apply`, so a log always means the same thing to each of them. Foldin
 the whole log from scratch into `SchedulerState()` gives the state the server had.
 
 A `server_started` is a new process: its parameters (scheduler, agingDivisor,
-swapAffinityBonus, fifo priorities and limits) replace the old ones, and nothing
-is loaded, loading or running. What is queued then is what recovery puts back:
+swapAffinityBonus, fairShareBonus, shortJobBonus, caller weights, fifo priorities
+and limits) replace the old ones, nothing is loaded, loading or running, and every
+caller's attained service starts again from 0. What is queued then is what recovery puts back:
 - `log_format` 2 (this version): the queue starts empty and each `request_restored`
   after it puts one job back; their order is the tie-break order, and a job that
   was running is re-queued (`request_requeued`) after all of them.
@@ -25,8 +26,8 @@ from typing import Any, Final
 import msgspec
 
 from app.core import events as ev
-from app.core.queue import Queued, ScoreQueue
-from app.core.scoring import ScoringParams
+from app.core.queue import FairKeys, Queued, ScoreQueue
+from app.core.scoring import Breakdown, ScoringParams
 
 # Scheduler names and fifo's per-model limit, owned here so the config (which
 # imports the core, never the reverse) validates against the same values.
@@ -48,7 +49,11 @@ class OpenRequest(msgspec.Struct):
     attempt: int
     running: bool = False
     caller: str | None = None
-    """Its caller's label, for the live queue and per-caller metrics."""
+    """Its caller's label, for the live queue, per-caller metrics and fair share."""
+    expected_run_ns: int | None = None
+    max_wait_ns: int | None = None
+    dispatched_ns: int | None = None
+    """When its current attempt was dispatched: the start of what its caller is charged."""
 
 
 class SchedulerState:
@@ -62,8 +67,16 @@ class SchedulerState:
         model_priority: Mapping[str, int] | None = None,
         concurrency: Mapping[str, int] | None = None,
         config_hash: str = "",
+        caller_weights: Mapping[str, int] | None = None,
     ) -> None:
-        self._reset(params or ScoringParams(), scheduler, model_priority, concurrency, config_hash)
+        self._reset(
+            params or ScoringParams(),
+            scheduler,
+            model_priority,
+            concurrency,
+            config_hash,
+            caller_weights,
+        )
 
     def _reset(
         self,
@@ -72,6 +85,7 @@ class SchedulerState:
         model_priority: Mapping[str, int] | None,
         concurrency: Mapping[str, int] | None,
         config_hash: str,
+        caller_weights: Mapping[str, int] | None = None,
     ) -> None:
         """A new process's state: these parameters, nothing queued, loaded or running."""
         if scheduler not in SCHEDULERS:
@@ -81,7 +95,7 @@ class SchedulerState:
         self.model_priority = dict(model_priority or {})
         self.concurrency = dict(concurrency or {})
         self.config_hash = config_hash
-        # fifo orders by priority then arrival: no aging and no affinity.
+        # fifo orders by priority then arrival: no aging and no bounded terms.
         queue_params = params if scheduler == SERIAL else ScoringParams(0, 0)
         self.queue = ScoreQueue(queue_params)
         self.requests: dict[str, OpenRequest] = {}
@@ -93,6 +107,11 @@ class SchedulerState:
         self.loading: str | None = None
         """The model being loaded by a swap in progress."""
         self.next_order = 0
+        self.caller_weights = dict(caller_weights or {})
+        self.attained: dict[str | None, int] = {}
+        """Each caller's attained service: GPU time charged, in ns / its weight."""
+        self.open_by_caller: dict[str | None, int] = {}
+        """Callers with queued or running requests (how many): the active ones."""
 
     def queue_priority(self, request: OpenRequest) -> int:
         if self.scheduler == FIFO:
@@ -102,8 +121,35 @@ class SchedulerState:
     def running_on(self, model: str) -> int:
         return sum(1 for m in self.running.values() if m == model)
 
+    def fair_keys(self) -> FairKeys:
+        """Each active caller's fair-share term in key units, from its attained
+        service against the least and most served active callers."""
+        if self.queue.params.fair_share_bonus == 0 or not self.open_by_caller:
+            return {}
+        attained = self.attained
+        served = [attained[c] for c in self.open_by_caller]
+        least, most = min(served), max(served)
+        key = self.queue.params.fair_share_key
+        return {c: key(attained[c], least, most) for c in self.open_by_caller}
+
+    def score(self, q: Queued, now_ns: int, fair: FairKeys | None = None) -> Breakdown:
+        """A waiting request's score at `now_ns`, term by term, as the next decision
+        would see it (`fair`: `fair_keys()`, passed in when scoring many)."""
+        fair_key = (self.fair_keys() if fair is None else fair).get(q.caller, 0)
+        return self.queue.params.breakdown(
+            q.priority,
+            q.enqueued_ns,
+            now_ns,
+            q.model == (self.loading or self.resident),
+            expected_run_ns=q.expected_run_ns,
+            fair_key=fair_key if self.queue.params.fair_share_bonus else 0,
+        )
+
     def _enqueue(self, request: OpenRequest) -> None:
         request.running = False
+        request.dispatched_ns = None
+        if request.request_id not in self.requests:
+            self._activate(request.caller)
         self.requests[request.request_id] = request
         self.queue.push(
             Queued(
@@ -112,14 +158,49 @@ class SchedulerState:
                 priority=self.queue_priority(request),
                 enqueued_ns=request.enqueued_ns,
                 order=self.next_order,
+                caller=request.caller,
+                expected_run_ns=request.expected_run_ns,
             )
         )
         self.next_order += 1
 
-    def _finish(self, request_id: str) -> None:
+    def _activate(self, caller: str | None) -> None:
+        """A caller's request opens. A caller with nothing open before is lifted to
+        the least attained service of the active callers (or, when none is active,
+        the most of any), so time spent idle is not banked as credit."""
+        count = self.open_by_caller.get(caller, 0)
+        if count == 0:
+            attained = self.attained
+            if self.open_by_caller:
+                floor = min(attained[c] for c in self.open_by_caller)
+            else:
+                floor = max(attained.values(), default=0)
+            attained[caller] = max(attained.get(caller, 0), floor)
+        self.open_by_caller[caller] = count + 1
+
+    def _charge(self, request: OpenRequest, at: int) -> None:
+        """Charge a running request's caller the GPU time since its dispatch
+        (run and any swap it caused), divided by the caller's weight."""
+        if request.dispatched_ns is None:
+            return
+        weight = max(1, self.caller_weights.get(request.caller or "", 1))
+        used = max(0, at - request.dispatched_ns)
+        self.attained[request.caller] = self.attained.get(request.caller, 0) + used // weight
+        request.dispatched_ns = None
+
+    def _finish(self, request_id: str, at: int | None = None) -> None:
         self.queue.remove(request_id)
         self.running.pop(request_id, None)
-        self.requests.pop(request_id, None)
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        if at is not None:
+            self._charge(request, at)
+        count = self.open_by_caller[request.caller] - 1
+        if count:
+            self.open_by_caller[request.caller] = count
+        else:
+            del self.open_by_caller[request.caller]
 
 
 def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
@@ -150,6 +231,8 @@ def _queue(state: SchedulerState, event: Any, enqueued_ns: int) -> None:
             durable=event.durable,
             attempt=event.attempt,
             caller=event.caller,
+            expected_run_ns=event.expected_run_ns,
+            max_wait_ns=event.max_wait_ns,
         )
     )
 
@@ -161,6 +244,7 @@ def _dispatched(state: SchedulerState, event: Any) -> None:
     state.queue.remove(event.request_id)
     request.running = True
     request.attempt = event.attempt
+    request.dispatched_ns = event.at
     state.running[event.request_id] = event.model
     if event.swap:
         # The swap is committed from this moment, before SwapStarted is
@@ -175,6 +259,7 @@ def _requeued(state: SchedulerState, event: Any) -> None:
         return
     state.running.pop(event.request_id, None)
     state.queue.remove(event.request_id)
+    state._charge(request, event.at)
     request.attempt = event.attempt
     state._enqueue(request)
 
@@ -203,7 +288,7 @@ def _process_stopped(state: SchedulerState, event: Any) -> None:
 
 
 def _ended(state: SchedulerState, event: Any) -> None:
-    state._finish(event.request_id)
+    state._finish(event.request_id, event.at)
 
 
 def _restored(state: SchedulerState, event: Any) -> None:
@@ -215,11 +300,17 @@ def _server_started(state: SchedulerState, event: Any) -> None:
     # recovery, so nothing is loaded.
     kept = [] if event.log_format >= 2 else [r for r in state.requests.values() if r.durable]
     state._reset(
-        ScoringParams(event.aging_divisor_ns, event.swap_affinity_bonus),
+        ScoringParams(
+            event.aging_divisor_ns,
+            event.swap_affinity_bonus,
+            event.fair_share_bonus,
+            event.short_job_bonus,
+        ),
         event.scheduler,
         event.model_priority,
         event.concurrency,
         event.config_hash,
+        event.caller_weights,
     )
     for request in kept:
         state._enqueue(request)

@@ -8,7 +8,7 @@ them step by step. `restart` is a new process and what its recovery records.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 
@@ -33,6 +33,7 @@ class CoreDriver:
         resident: str | None = None,
         model_priority: Mapping[str, int] | None = None,
         concurrency: Mapping[str, int] | None = None,
+        caller_weights: Mapping[str, int] | None = None,
         now_ns: int = T0,
     ) -> None:
         self.state = SchedulerState()
@@ -46,6 +47,7 @@ class CoreDriver:
             scheduler=scheduler,
             model_priority=model_priority,
             concurrency=concurrency,
+            caller_weights=caller_weights,
         )
         if resident is not None:
             self.load(resident)
@@ -63,6 +65,7 @@ class CoreDriver:
         scheduler: str = SERIAL,
         model_priority: Mapping[str, int] | None = None,
         concurrency: Mapping[str, int] | None = None,
+        caller_weights: Mapping[str, int] | None = None,
         log_format: int = ev.LOG_FORMAT,
     ) -> None:
         self.apply(
@@ -76,6 +79,9 @@ class CoreDriver:
                 model_priority=dict(model_priority or {}),
                 concurrency=dict(concurrency or {}),
                 log_format=log_format,
+                fair_share_bonus=params.fair_share_bonus,
+                short_job_bonus=params.short_job_bonus,
+                caller_weights=dict(caller_weights or {}),
             )
         )
 
@@ -97,6 +103,7 @@ class CoreDriver:
             scheduler=state.scheduler,
             model_priority=state.model_priority if model_priority is None else model_priority,
             concurrency=state.concurrency,
+            caller_weights=state.caller_weights,
             log_format=log_format,
         )
         requeues: list[ev.AnyEvent] = []
@@ -113,6 +120,8 @@ class CoreDriver:
                         priority=r.priority,
                         enqueued_at=r.enqueued_ns,
                         attempt=r.attempt,
+                        caller=r.caller,
+                        expected_run_ns=r.expected_run_ns,
                     )
                 )
             if r.running:
@@ -133,7 +142,14 @@ class CoreDriver:
         self.now = T0 + ns
 
     def enqueue(
-        self, request_id: str, model: str, priority: int = 0, *, durable: bool = False
+        self,
+        request_id: str,
+        model: str,
+        priority: int = 0,
+        *,
+        durable: bool = False,
+        caller: str | None = None,
+        expected_run_ns: int | None = None,
     ) -> None:
         self.apply(
             ev.RequestEnqueued(
@@ -145,6 +161,8 @@ class CoreDriver:
                 priority=priority,
                 band=band_of(priority),
                 durable=durable,
+                caller=caller,
+                expected_run_ns=expected_run_ns,
             )
         )
 
@@ -190,13 +208,16 @@ class CoreDriver:
             out.append(d.request_id)
         return out
 
-    def serve_all(self) -> list[str]:
-        """Run the serial GPU dry: dispatch, swap when asked (instantly), complete, repeat."""
+    def serve_all(self, run_ns: Callable[[str], int] | None = None) -> list[str]:
+        """Run the serial GPU dry: dispatch, swap when asked (instantly), run for
+        `run_ns(request_id)` (default: no time), complete, repeat."""
         out = []
         while (d := self.step()) is not None:
             if d.swap:
                 self.start_swap(d.model, d.request_id)
                 self.finish_swap(d.model)
+            if run_ns is not None:
+                self.advance(run_ns(d.request_id))
             self.complete(d.request_id)
             out.append(d.request_id)
         return out

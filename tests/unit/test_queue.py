@@ -51,7 +51,7 @@ def assert_pick_matches_ranked(q: ScoreQueue, resident: str | None) -> None:
 
 
 def heap_entries(q: ScoreQueue) -> int:
-    return sum(len(h.aging) + len(h.plain) for h in q._models.values())
+    return sum(len(h.aging) + len(h.plain) + len(h.noshort) for h in q._lanes.values())
 
 
 # -- empty, push, cancel ------------------------------------------------------

@@ -2,11 +2,14 @@
 
 The reference scores every waiting request at `now` as
 
-    priority + (bonus if its model is resident) + Fraction(now - enqueued_ns, divisor_ns)
+    priority + (bonus if its model is resident) + fair share + short job
+             + Fraction(now - enqueued_ns, divisor_ns)
 
-(no aging term when the divisor is 0) and breaks ties by arrival order. Random programs
-of enqueue, re-queue, cancel, dispatch (pick + remove), resident changes and clock moves
-must give the same winner, runner-up, without-aging and without-affinity winner every time.
+(no aging term when the divisor is 0; the fair-share and short-job terms are the
+params' integer key units over the scale) and breaks ties by arrival order. Random
+programs of enqueue, re-queue, cancel, dispatch (pick + remove), resident changes,
+callers' fair-share terms moving and clock moves must give the same winner,
+runner-up and winner without each term every time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from app.core.queue import Queued, ScoreQueue
 from app.core.scoring import NS_PER_S, ScoringParams
 
 MODELS = ["m0", "m1", "m2", "m3"]
+CALLERS = [None, "a", "b", "c"]
+RUNS = [None, 0, 1, 6 * NS_PER_S, 60 * NS_PER_S, 960 * NS_PER_S]
 TIERS = [102, 101, 100, 50, 49, 2, 1, 0, -1, -49, -50, -98, -99, -100]
 HUGE = [10**30, 10**30 + 1, -(10**30), -(10**30) - 1, 2**63, -(2**63)]
 
@@ -47,9 +52,12 @@ def reference_ranking(
     params: ScoringParams,
     resident: str | None,
     now: int,
+    fair: dict[str | None, int] | None = None,
     *,
     aging: bool = True,
     affinity: bool = True,
+    fair_share: bool = True,
+    short_job: bool = True,
 ) -> list[Queued]:
     def score(q: Queued) -> Fraction:
         s = Fraction(q.priority)
@@ -57,6 +65,10 @@ def reference_ranking(
             s += params.swap_affinity_bonus
         if aging and params.aging_divisor_ns:
             s += Fraction(now - q.enqueued_ns, params.aging_divisor_ns)
+        if fair_share and fair and params.fair_share_bonus:
+            s += Fraction(fair.get(q.caller, 0), params.scale)
+        if short_job:
+            s += Fraction(params.short_job_key(q.expected_run_ns), params.scale)
         return s
 
     return sorted(items, key=lambda q: (-score(q), q.order))
@@ -73,17 +85,37 @@ class QueueAgainstReference(RuleBasedStateMachine):
         self.now = 1_700_000_000 * NS_PER_S
         self.order = 0
         self.next_id = 0
+        self.fair: dict[str | None, int] = {}
 
-    @initialize(divisor=divisors, bonus=st.integers(0, 99), resident=st.sampled_from(MODELS))
-    def setup(self, divisor: int, bonus: int, resident: str) -> None:
-        self.params = ScoringParams(aging_divisor_ns=divisor, swap_affinity_bonus=bonus)
+    @initialize(
+        divisor=divisors,
+        bonus=st.integers(0, 99),
+        fair=st.sampled_from([0, 0, 1, 20, 99]),
+        short=st.sampled_from([0, 0, 1, 20, 99]),
+        resident=st.sampled_from(MODELS),
+    )
+    def setup(self, divisor: int, bonus: int, fair: int, short: int, resident: str) -> None:
+        self.params = ScoringParams(
+            aging_divisor_ns=divisor,
+            swap_affinity_bonus=bonus,
+            fair_share_bonus=fair,
+            short_job_bonus=short,
+        )
         self.queue = ScoreQueue(self.params)
         self.resident = resident
 
     # -- helpers ----------------------------------------------------------
 
-    def _push(self, request_id: str, model: str, priority: int, at: int) -> None:
-        item = Queued(request_id, model, priority, at, self.order)
+    def _push(
+        self,
+        request_id: str,
+        model: str,
+        priority: int,
+        at: int,
+        caller: str | None = None,
+        run: int | None = None,
+    ) -> None:
+        item = Queued(request_id, model, priority, at, self.order, caller, run)
         self.order += 1
         self.queue.push(item)
         self.live[request_id] = item
@@ -93,19 +125,25 @@ class QueueAgainstReference(RuleBasedStateMachine):
 
     def _check(self) -> None:
         items = list(self.live.values())
-        pick = self.queue.pick(self.resident)
+        pick = self.queue.pick(self.resident, self.fair)
         if not items:
             assert pick is None
             return
         assert pick is not None
-        full = reference_ranking(items, self.params, self.resident, self.now)
-        no_aging = reference_ranking(items, self.params, self.resident, self.now, aging=False)
-        no_affinity = reference_ranking(items, self.params, self.resident, self.now, affinity=False)
+
+        def ranking(**without: bool) -> list[Queued]:
+            return reference_ranking(
+                items, self.params, self.resident, self.now, self.fair, **without
+            )
+
+        full = ranking()
         assert pick.winner == full[0]
         assert pick.runner_up == (full[1] if len(full) > 1 else None)
-        assert pick.without_aging == no_aging[0]
-        assert pick.without_affinity == no_affinity[0]
-        assert self.queue.best(self.resident) == full[0]
+        assert pick.without_aging == ranking(aging=False)[0]
+        assert pick.without_affinity == ranking(affinity=False)[0]
+        assert pick.without_fair_share == ranking(fair_share=False)[0]
+        assert pick.without_short_job == ranking(short_job=False)[0]
+        assert self.queue.best(self.resident, self.fair) == full[0]
 
     # -- rules --------------------------------------------------------------
 
@@ -113,12 +151,30 @@ class QueueAgainstReference(RuleBasedStateMachine):
         model=st.sampled_from(MODELS),
         priority=priorities,
         arbitrary_time=st.one_of(st.none(), st.integers(-(10**15), 10**19)),
+        caller=st.sampled_from(CALLERS),
+        run=st.one_of(st.sampled_from(RUNS), st.integers(0, 10**13)),
     )
-    def enqueue(self, model: str, priority: int, arbitrary_time: int | None) -> None:
+    def enqueue(
+        self,
+        model: str,
+        priority: int,
+        arbitrary_time: int | None,
+        caller: str | None,
+        run: int | None,
+    ) -> None:
         """Usually at `now` (non-decreasing times); sometimes at any time at all."""
         rid = f"r{self.next_id}"
         self.next_id += 1
-        self._push(rid, model, priority, self.now if arbitrary_time is None else arbitrary_time)
+        at = self.now if arbitrary_time is None else arbitrary_time
+        self._push(rid, model, priority, at, caller, run)
+
+    @rule(
+        keys=st.lists(st.integers(0, 100), min_size=len(CALLERS), max_size=len(CALLERS)),
+    )
+    def charge_callers(self, keys: list[int]) -> None:
+        """Callers' fair-share terms move between decisions (0..bonus points)."""
+        full = self.params.fair_share_bonus * self.params.scale
+        self.fair = {c: full * k // 100 for c, k in zip(CALLERS, keys, strict=True)}
 
     @precondition(lambda self: self.live)
     @rule(index=st.integers(0, 10**6), priority=st.one_of(st.none(), priorities))
@@ -128,7 +184,9 @@ class QueueAgainstReference(RuleBasedStateMachine):
         item = self.queue.remove(rid)
         assert item == self.live.pop(rid)
         new_priority = item.priority if priority is None else priority
-        self._push(rid, item.model, new_priority, item.enqueued_ns)
+        self._push(
+            rid, item.model, new_priority, item.enqueued_ns, item.caller, item.expected_run_ns
+        )
 
     @precondition(lambda self: self.gone)
     @rule(index=st.integers(0, 10**6), model=st.sampled_from(MODELS), priority=priorities)
@@ -182,15 +240,18 @@ class QueueAgainstReference(RuleBasedStateMachine):
 
     @invariant()
     def dead_entry_count_matches_the_heaps(self) -> None:
-        entries = sum(len(h.aging) + len(h.plain) for h in self.queue._models.values())
-        assert entries == 2 * len(self.queue) + self.queue._dead
+        entries = sum(
+            len(h.aging) + len(h.plain) + len(h.noshort) for h in self.queue._lanes.values()
+        )
+        per_request = 3 if self.params.short_job_bonus else 2
+        assert entries == per_request * len(self.queue) + self.queue._dead
 
     @precondition(lambda self: len(self.live) <= 60)
     @invariant()
     def ranked_is_the_reference_order(self) -> None:
         items = list(self.live.values())
-        expected = reference_ranking(items, self.params, self.resident, self.now)
-        assert self.queue.ranked(self.resident) == expected
+        expected = reference_ranking(items, self.params, self.resident, self.now, self.fair)
+        assert self.queue.ranked(self.resident, self.fair) == expected
 
 
 QueueAgainstReference.TestCase.settings = settings(

@@ -1,0 +1,38 @@
+"""Expected run time of a request, learnt from completed runs of its model and endpoint.
+
+The live server feeds it every completed run (and seeds it from the log at start);
+what it expects for a request is recorded in that request's `request_enqueued`
+(`expected_run_ns`), so the short-job term and replay use the same number. The
+simulator and `generate` feed it the same way. Integer nanoseconds throughout, and
+the median of a fixed window, so the same runs always give the same estimate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+WINDOW: Final = 32
+"""Completed runs remembered per model and endpoint: recent enough to follow a
+change of model settings, enough to ignore one odd run."""
+
+
+class RunEstimates:
+    """Median of the last `WINDOW` run times per (model, endpoint)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[str, str], deque[int]] = {}
+
+    def observe(self, model: str, endpoint: str, run_ns: int) -> None:
+        runs = self._runs.get((model, endpoint))
+        if runs is None:
+            runs = self._runs[(model, endpoint)] = deque(maxlen=WINDOW)
+        runs.append(max(0, run_ns))
+
+    def expected(self, model: str, endpoint: str) -> int | None:
+        """The (lower) median run time, or None before the first completed run."""
+        runs = self._runs.get((model, endpoint))
+        if not runs:
+            return None
+        ordered = sorted(runs)
+        return ordered[(len(ordered) - 1) // 2]
