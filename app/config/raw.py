@@ -12,6 +12,7 @@ from typing import Any, Final
 import msgspec
 
 from app.config.macros import MacroValue
+from app.core.priority import DEFAULT_TIER_SPAN
 from app.core.scoring import DEFAULT_AGING_DIVISOR_NS, DEFAULT_SWAP_AFFINITY_BONUS, NS_PER_S
 from app.core.state import SERIAL
 
@@ -95,6 +96,10 @@ class RawModel(_Raw, frozen=True):
     pass_credentials: bool | list[str] | None = None
 
 
+DEFAULT_MAX_QUEUED = 100_000
+DEFAULT_MAX_QUEUED_PER_CALLER = 10_000
+
+
 class RawApiKey(_Raw, frozen=True):
     """An `apiKeys` entry as a mapping; a plain string is `{key: ...}` with role admin."""
 
@@ -105,6 +110,7 @@ class RawApiKey(_Raw, frozen=True):
     max_priority: int | str | None = None
     default_priority: int | str | None = None
     weight: int = 1
+    max_queued: int | None = None
 
 
 class RawOnStartup(_Raw, frozen=True):
@@ -118,6 +124,9 @@ class RawHooks(_Raw, frozen=True):
 class RawSerial(_Raw, frozen=True):
     aging_divisor: float = DEFAULT_AGING_DIVISOR
     swap_affinity_bonus: int = DEFAULT_SWAP_AFFINITY_BONUS
+    fair_share_bonus: int = 0
+    short_job_bonus: int = 0
+    tier_span: int = DEFAULT_TIER_SPAN
 
 
 class RawFifo(_Raw, frozen=True):
@@ -168,6 +177,8 @@ class RawConfig(_Raw, frozen=True):
     max_run_time: float | str = DEFAULT_MAX_RUN_TIME
     stream_idle_timeout: float | str = DEFAULT_STREAM_IDLE_TIMEOUT
     shutdown_grace: float | str = DEFAULT_SHUTDOWN_GRACE
+    max_queued: int = DEFAULT_MAX_QUEUED
+    max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
     macros: dict[str, MacroValue] = {}
     api_keys: list[str | RawApiKey] = []
     hooks: RawHooks = msgspec.field(default_factory=RawHooks)

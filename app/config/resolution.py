@@ -45,9 +45,17 @@ from app.config.raw import (
     RawApiKey,
     RawConfig,
     RawModel,
+    RawSerial,
 )
 from app.config.resolved import ApiKey, Config, ModelConfig
-from app.core.priority import ALIASES, MAX_PRIORITY, MIN_PRIORITY
+from app.core.priority import (
+    ALIASES,
+    BAND_STEP,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    band_lift_error,
+    tier_offset,
+)
 from app.core.scoring import DEFAULT_AGING_DIVISOR_NS
 from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SCHEDULERS
 
@@ -132,12 +140,7 @@ class Resolver:
         serial = raw.routing.scheduler.settings.serial
         aging_divisor, aging_divisor_ns = self._aging_divisor(serial.aging_divisor)
         bonus = serial.swap_affinity_bonus
-        if not 0 <= bonus <= 99:
-            self.issues.error(
-                "routing.scheduler.settings.serial.swapAffinityBonus",
-                f"{bonus} is out of range; expected an integer 0..99 "
-                "(bounded below 100 so affinity never crosses a priority band)",
-            )
+        self._check_bands(serial)
         return Config(
             models=models,
             health_check_timeout=self._positive(
@@ -152,6 +155,9 @@ class Resolver:
             aging_divisor=aging_divisor,
             aging_divisor_ns=aging_divisor_ns,
             swap_affinity_bonus=bonus,
+            fair_share_bonus=serial.fair_share_bonus,
+            short_job_bonus=serial.short_job_bonus,
+            tier_span=serial.tier_span,
             database_path=self._database_path(),
             database_synchronous=self._choice(
                 raw.database.synchronous, "database.synchronous", SYNCHRONOUS
@@ -161,6 +167,10 @@ class Resolver:
             max_body_bytes=self._max_body_bytes(),
             ignore_paths=self._ignore_paths(),
             shutdown_grace=self._shutdown_grace(),
+            max_queued=self._at_least_one(raw.max_queued, "maxQueued"),
+            max_queued_per_caller=self._at_least_one(
+                raw.max_queued_per_caller, "maxQueuedPerCaller"
+            ),
             name_index=name_index,
         )
 
@@ -524,6 +534,17 @@ class Resolver:
                 f"{where}.weight",
                 f"{raw.weight} is out of range; expected an integer 1..{MAX_WEIGHT}",
             )
+        span = self.raw.routing.scheduler.settings.serial.tier_span
+        for value, setting in ((cap, "maxPriority"), (default, "defaultPriority")):
+            # A warning, not an error: an uncapped caller may send any number
+            # anyway; the band check is sized by tierSpan.
+            if value is not None and not 0 <= tier_offset(value) <= span:
+                self.issues.warn(
+                    f"{where}.{setting}",
+                    f"{value} is {tier_offset(value):+d} from its band's base, outside "
+                    f"0..tierSpan ({span}, routing.scheduler.settings.serial.tierSpan): "
+                    "the bounded score terms may lift it into the next band",
+                )
         if default is None:
             # What a request asking for nothing gets: 0, or the cap when below it.
             default = 0 if cap is None else min(0, cap)
@@ -534,7 +555,40 @@ class Resolver:
             max_priority=cap,
             default_priority=default,
             weight=raw.weight,
+            max_queued=(
+                None
+                if raw.max_queued is None
+                else self._at_least_one(raw.max_queued, f"{where}.maxQueued")
+            ),
         )
+
+    def _at_least_one(self, value: int, where: str) -> int:
+        if value < 1:
+            self.issues.error(where, f"{value} is out of range; expected an integer >= 1")
+            return 1
+        return value
+
+    def _check_bands(self, serial: RawSerial) -> None:
+        """Each bounded term is 0..99, and together with the tier span they can
+        never lift a request into the next band (aging alone crosses bands)."""
+        where = "routing.scheduler.settings.serial"
+        bounded = {
+            "swapAffinityBonus": serial.swap_affinity_bonus,
+            "fairShareBonus": serial.fair_share_bonus,
+            "shortJobBonus": serial.short_job_bonus,
+        }
+        valid = True
+        for key, points in [*bounded.items(), ("tierSpan", serial.tier_span)]:
+            if not 0 <= points <= BAND_STEP - 1:
+                self.issues.error(
+                    f"{where}.{key}",
+                    f"{points} is out of range; expected an integer 0..{BAND_STEP - 1} "
+                    "(bounded terms never cross a priority band)",
+                )
+                valid = False
+        error = band_lift_error(bounded, serial.tier_span) if valid else None
+        if error is not None:
+            self.issues.error(where, error)
 
     def _priority_setting(self, value: int | str | None, where: str) -> int | None:
         """maxPriority/defaultPriority: an integer, a band, or a band plus an offset."""

@@ -10,11 +10,14 @@ import msgspec
 
 from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_QUEUED_PER_CALLER,
     DEFAULT_MAX_RUN_TIME,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STREAM_IDLE_TIMEOUT,
 )
+from app.core.priority import DEFAULT_TIER_SPAN
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,6 +71,8 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     """The priority of a request that asks for none (no header, no service_tier)."""
     weight: int = 1
     """Share of GPU time relative to other callers (fair share)."""
+    max_queued: int | None = None
+    """Its own bound on waiting requests; None: `maxQueuedPerCaller`."""
 
     def __repr__(self) -> str:
         # Never the key: a repr ends up in logs and tracebacks.
@@ -87,6 +92,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     aging_divisor_ns: int  # exact: Decimal(str(aging_divisor)) * 10**9
     swap_affinity_bonus: int
     database_path: str
+    fair_share_bonus: int = 0
+    short_job_bonus: int = 0
+    tier_span: int = DEFAULT_TIER_SPAN
+    max_queued: int = DEFAULT_MAX_QUEUED
+    """Waiting requests of everyone before a new one gets 429."""
+    max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
+    """The same for one caller, unless its key sets its own `maxQueued`."""
     database_synchronous: str  # "full" | "normal"
     result_retention_s: float
     max_attempts: int
@@ -102,6 +114,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     def resolve_model(self, name: str) -> str | None:
         """The model id a request's `model` names (its id or an alias), or None."""
         return self.name_index.get(name)
+
+    def caller_queue_limit(self, caller: str | None) -> int:
+        """How many requests `caller` may have waiting."""
+        for key in self.api_keys:
+            if key.label == caller and key.max_queued is not None:
+                return key.max_queued
+        return self.max_queued_per_caller
 
     def caller_labels(self) -> tuple[str, ...]:
         """The callers `apiKeys` can name: a bounded set, unlike `X-Gpulane-Caller`."""

@@ -99,6 +99,33 @@ def grant(requested: int | None, cap: int | None = None, default: int = 0) -> in
     return wanted if cap is None else min(wanted, cap)
 
 
+BAND_STEP: Final = 100
+"""Distance between the bands' bases (batch -100, normal 0, interactive 100)."""
+DEFAULT_TIER_SPAN: Final = 2
+"""The seeds' per-user offsets: free +0, pro +1, max +2."""
+
+
+def tier_offset(priority: int) -> int:
+    """A priority's offset from its band's base (`batch+2` is -98: offset 2)."""
+    return priority - ALIASES[band_of(priority)]
+
+
+def band_lift_error(bounded: dict[str, int], tier_span: int) -> str | None:
+    """Why these bounded terms (config key -> most points) with offsets up to
+    `tier_span` could lift a request into the next band, or None when they cannot:
+    the top of a band (base + span + every bonus) must stay below the next base."""
+    total = tier_span + sum(bounded.values())
+    if total < BAND_STEP:
+        return None
+    terms = " + ".join(
+        f"{key} {points}" for key, points in [*bounded.items(), ("tierSpan", tier_span)]
+    )
+    return (
+        f"{terms} = {total} could lift a request into the next band; "
+        f"together they may be at most {BAND_STEP - 1}"
+    )
+
+
 def band_of(priority: int) -> Band:
     """Band label used in metrics and reports: >= 50 interactive, <= -50 batch."""
     if priority >= 50:

@@ -37,7 +37,7 @@ from sqlalchemy import Engine
 from app.core import events as ev
 from app.core.policy import decide
 from app.core.priority import band_of
-from app.core.queue import Queued
+from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.live_queue import position_of
@@ -119,19 +119,27 @@ def why_won(
     resident: str | None,
     winner_priority: int,
     loser_priority: int,
+    fair: FairKeys | None = None,
 ) -> list[Reason]:
     """Why `winner` beat `loser` at a decision, most decisive term first.
 
-    Priority and affinity are the terms that do not change with time; when
-    they favour the winner, they won it the pick (higher band or tier, swap
-    affinity). When they are equal, the winner had waited longer (arrived
-    earlier); when they favour the loser, the winner made up the gap by aging.
-    `*_priority` are the header priorities, which name the bands.
+    Priority, affinity, fair share and short job are the terms that do not
+    change with the wait; when they favour the winner, they won it the pick
+    (higher band or tier, swap affinity, ...). When they are equal, the winner
+    had waited longer (arrived earlier); when they favour the loser, the winner
+    made up the gap by aging. `*_priority` are the header priorities, which name
+    the bands; `fair`: the callers' fair-share terms at the decision. Compared in
+    key units, so the answer is exact.
     """
-    bonus = params.swap_affinity_bonus
-    d_priority = winner.priority - loser.priority
+    bonus = params.affinity_key()
+    fair = fair or {}
+    d_priority = (winner.priority - loser.priority) * params.scale
     d_affinity = (bonus if winner.model == resident else 0) - (
         bonus if loser.model == resident else 0
+    )
+    d_fair = fair.get(winner.caller, 0) - fair.get(loser.caller, 0)
+    d_short = params.short_job_key(winner.expected_run_ns) - params.short_job_key(
+        loser.expected_run_ns
     )
     favour: list[Reason] = []
     if d_priority > 0:
@@ -139,7 +147,11 @@ def why_won(
         favour.append("higher_band" if higher else "higher_tier")
     if d_affinity > 0:
         favour.append("swap_affinity")
-    static = d_priority + d_affinity
+    if d_fair > 0:
+        favour.append("fair_share")
+    if d_short > 0:
+        favour.append("short_job")
+    static = d_priority + d_affinity + d_fair + d_short
     primary: Reason
     if static < 0:
         primary = "aging"
@@ -360,9 +372,8 @@ class _Story:
             self.replay_matches = False
             return
         params = state.queue.params
-        score = params.breakdown(
-            mine.priority, mine.enqueued_ns, recorded.at, mine.model == state.resident
-        )
+        fair = state.fair_keys()
+        score = state.score(mine, recorded.at, fair)
         won = recorded.request_id == self.request_id
         reasons: list[Reason] = []
         if not won:
@@ -373,6 +384,7 @@ class _Story:
                 state.resident,
                 state.requests[winner.request_id].priority,
                 state.requests[self.request_id].priority,
+                fair,
             )
             self.ahead[winner.request_id] = _Holder(
                 winner.request_id,
@@ -391,9 +403,7 @@ class _Story:
                 score=score,
                 winner_id=recorded.request_id,
                 winner_model=winner.model,
-                winner=params.breakdown(
-                    winner.priority, winner.enqueued_ns, recorded.at, winner.model == state.resident
-                ),
+                winner=state.score(winner, recorded.at, fair),
                 reason=None if won else reasons[0],
                 matches_record=matches,
             )

@@ -67,6 +67,8 @@ class QueueView(msgspec.Struct, frozen=True):
     swap_affinity_bonus: int
     running: list[RunningEntry]
     waiting: list[WaitingEntry]
+    fair_share_bonus: int = 0
+    short_job_bonus: int = 0
 
 
 def estimate_starts(
@@ -82,9 +84,10 @@ def estimate_starts(
     for waiting in state.queue:
         queue.push(waiting)
     resident = next_resident(state)
+    fair = state.fair_keys()  # as of now: charging later runs is beyond an estimate
     t = busy_until
     starts: dict[str, int] = {}
-    while (item := queue.best(resident)) is not None:
+    while (item := queue.best(resident, fair)) is not None:
         if item.model != resident:
             t += _ns(times.swap(item.model))
             resident = item.model
@@ -112,11 +115,11 @@ def position_of(
 def queue_view(
     state: SchedulerState, running_since: Mapping[str, int], now_ns: int, times: RunTimes
 ) -> QueueView:
-    params = state.queue.params
     resident = next_resident(state)
+    fair = state.fair_keys()
     starts = estimate_starts(state, running_since, now_ns, times)
     waiting = []
-    for position, item in enumerate(state.queue.ranked(resident), start=1):
+    for position, item in enumerate(state.queue.ranked(resident, fair), start=1):
         request = state.requests[item.request_id]
         header_priority = request.priority
         start = starts[item.request_id]
@@ -127,9 +130,7 @@ def queue_view(
                 model=item.model,
                 priority=header_priority,
                 band=band_of(header_priority),
-                score=params.breakdown(
-                    item.priority, item.enqueued_ns, now_ns, item.model == resident
-                ),
+                score=state.score(item, now_ns, fair),
                 enqueued_at=item.enqueued_ns / NS_PER_S,
                 waited_s=(now_ns - item.enqueued_ns) / NS_PER_S,
                 estimated_start_at=start / NS_PER_S,
@@ -164,6 +165,8 @@ def queue_view(
         swap_affinity_bonus=state.params.swap_affinity_bonus,
         running=running,
         waiting=waiting,
+        fair_share_bonus=state.params.fair_share_bonus,
+        short_job_bonus=state.params.short_job_bonus,
     )
 
 

@@ -13,6 +13,8 @@ CAUSE_TEXT: dict[Cause, str] = {
     "higher_band": "behind requests of a higher band",
     "higher_tier": "behind higher priorities in its band",
     "swap_affinity": "behind requests for the loaded model (affinity)",
+    "fair_share": "behind callers who had less GPU time (fair share)",
+    "short_job": "behind shorter expected work (short job)",
     "aging": "behind requests that aged past it",
     "arrived_earlier": "behind requests that arrived earlier",
     "swaps": "model swaps",
@@ -25,6 +27,8 @@ REASON_TEXT = {
     "higher_band": "higher band",
     "higher_tier": "higher priority in the same band",
     "swap_affinity": "its model was loaded (swap affinity)",
+    "fair_share": "its caller had had less GPU time (fair share)",
+    "short_job": "its expected run was shorter (short job)",
     "aging": "waited long enough to age past it",
     "arrived_earlier": "same score terms, arrived earlier",
 }
@@ -44,7 +48,12 @@ def stamp(t: float) -> str:
 
 
 def score(b: Breakdown) -> str:
-    return f"{b.total:.2f} ({b.priority:+d} prio {b.affinity:+d} affinity +{b.aging:.2f} aging)"
+    terms = f"{b.priority:+d} prio {b.affinity:+d} affinity"
+    if b.fair_share:
+        terms += f" +{b.fair_share:.2f} fair share"
+    if b.short_job:
+        terms += f" +{b.short_job:.2f} short job"
+    return f"{b.total:.2f} ({terms} +{b.aging:.2f} aging)"
 
 
 def seconds(s: float | None) -> str:
@@ -173,9 +182,13 @@ def explanation_text(x: Explanation) -> str:
 
 def queue_text(q: QueueView) -> str:
     aging = f"1 point per {q.aging_divisor_s:g} s" if q.aging_divisor_s else "aging off"
+    bonuses = f"bonus {q.swap_affinity_bonus}"
+    if q.fair_share_bonus:
+        bonuses += f", fair share {q.fair_share_bonus}"
+    if q.short_job_bonus:
+        bonuses += f", short job {q.short_job_bonus}"
     out = [
-        f"as of {stamp(q.as_of)} · scheduler {q.scheduler} "
-        f"({aging}, bonus {q.swap_affinity_bonus})",
+        f"as of {stamp(q.as_of)} · scheduler {q.scheduler} ({aging}, {bonuses})",
         f"resident {q.resident or 'none'}" + (f" · loading {q.loading}" if q.loading else ""),
     ]
     if not q.running:
@@ -190,14 +203,18 @@ def queue_text(q: QueueView) -> str:
     if not q.waiting:
         out.append("waiting: nobody")
         return "\n".join(out) + "\n"
+    # One column per term of the score, as Slurm's sprio lays out its factors.
     out.append(
         f"{'#':>3}  {'request':<32}  {'model':<12} {'band':<11} {'prio':>5} "
+        f"{'affin':>5} {'fair':>6} {'short':>6} {'aging':>8} "
         f"{'score':>9} {'waited':>9} {'starts in':>10}  caller"
     )
     for w in q.waiting:
+        b = w.score
         out.append(
-            f"{w.position:>3}  {w.request_id:<32}  {w.model:<12} {w.band:<11} {w.priority:>5} "
-            f"{w.score.total:>9.2f} {w.waited_s:>8.1f}s {w.estimated_start_in_s:>9.1f}s"
+            f"{w.position:>3}  {w.request_id:<32}  {w.model:<12} {w.band:<11} {b.priority:>5} "
+            f"{b.affinity:>5} {b.fair_share:>6.2f} {b.short_job:>6.2f} {b.aging:>8.2f} "
+            f"{b.total:>9.2f} {w.waited_s:>8.1f}s {w.estimated_start_in_s:>9.1f}s"
             f"  {w.caller or '-'}"
         )
     return "\n".join(out) + "\n"

@@ -12,7 +12,15 @@ import msgspec
 
 from app.core.scoring import Breakdown
 
-Reason = Literal["higher_band", "higher_tier", "swap_affinity", "aging", "arrived_earlier"]
+Reason = Literal[
+    "higher_band",
+    "higher_tier",
+    "swap_affinity",
+    "fair_share",
+    "short_job",
+    "aging",
+    "arrived_earlier",
+]
 """Why a request dispatched ahead won its decision, most decisive term first."""
 
 Cause = Literal[
@@ -20,6 +28,8 @@ Cause = Literal[
     "higher_band",
     "higher_tier",
     "swap_affinity",
+    "fair_share",
+    "short_job",
     "aging",
     "arrived_earlier",
     "swaps",

@@ -125,6 +125,12 @@ class Metrics:
         )
         # Without apiKeys there is no bounded set of callers: no per-caller series.
         by_caller = r if callers else None
+        self.rejected = Counter(
+            "gpulane_requests_rejected",
+            "Requests refused (at admission, or a passed X-Gpulane-Max-Wait), by reason",
+            ["reason"],
+            registry=r,
+        )
         self.caller_requests = Counter(
             "gpulane_caller_requests",
             "Requests admitted to the queue, by caller (API key label)",
@@ -160,6 +166,10 @@ class Metrics:
                     self.queue_wait.labels(band).observe(
                         max(0, event.at - request.enqueued_ns) / NS_PER_S
                     )
+            case ev.RequestRejected():
+                self.rejected.labels(event.reason or "invalid_request").inc()
+            case ev.RequestCancelled() if event.reason == "deadline":
+                self.rejected.labels("deadline").inc()
             case ev.SwapFinished():
                 self.swaps.labels(event.model, "ok").inc()
                 self.swap_seconds.labels(event.model).observe(event.duration_ms / 1000)

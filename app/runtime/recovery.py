@@ -22,8 +22,6 @@ from typing import Any
 
 import msgspec
 
-from app import __version__
-from app.config import Config
 from app.core import events as ev
 from app.runtime.process_table import marked, signal_procs, wait_gone
 from app.runtime.scheduler import Scheduler, Ticket
@@ -46,23 +44,6 @@ class Recovered(msgspec.Struct):
     summary: ev.RecoveryFinished
     jobs: list[tuple[Ticket, dict[str, Any]]]
     """Durable jobs back in the queue, to be run when their turn comes."""
-
-
-def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
-    """What a process records when it starts: every input a decision depends on."""
-    models = config.models.values()
-    return ev.ServerStarted(
-        at=at,
-        version=__version__,
-        config_hash=config.config_hash,
-        scheduler=config.scheduler,
-        aging_divisor_ns=config.aging_divisor_ns,
-        swap_affinity_bonus=config.swap_affinity_bonus,
-        pid=pid,
-        model_priority={m.id: m.fifo_priority for m in models},
-        concurrency={m.id: m.concurrency_limit for m in models},
-        log_format=ev.LOG_FORMAT,
-    )
 
 
 async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recovered:
@@ -186,11 +167,13 @@ def _restore(
             enqueued_at=enqueued.enqueued_at if enqueued.enqueued_at is not None else enqueued.at,
             attempt=row.attempt,
             caller=enqueued.caller,
+            expected_run_ns=enqueued.expected_run_ns,
+            max_wait_ns=enqueued.max_wait_ns,
         )
         events.append(restored)
         if row.status == "running":
             running.append((row.id, row.attempt + 1))
-        jobs.append((scheduler.restore(restored), enqueued.job or {}))
+        jobs.append((scheduler.restore(restored, enqueued.endpoint), enqueued.job or {}))
     now = scheduler.clock()
     events.extend(ev.RequestRequeued(at=now, request_id=rid, attempt=a) for rid, a in running)
     counts["requeued"] += len(running)

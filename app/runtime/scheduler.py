@@ -30,12 +30,15 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from app import __version__
 from app.config import Config, ModelConfig
 from app.core import events as ev
-from app.core.policy import ahead_of, decide, next_resident
+from app.core.policy import ahead_of, decide
 from app.core.priority import band_of
-from app.core.scoring import Breakdown, ScoringParams
+from app.core.run_estimate import RunEstimates
+from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
+from app.runtime.admission import Refused, check_bounds, estimated_wait_s
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.upstream import UpstreamProcess, UpstreamSpec, UpstreamStartError
@@ -101,6 +104,8 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     durable: bool = False
     idempotency_key: str | None = None
     job: dict[str, Any] | None = None
+    max_wait_ns: int | None = None
+    """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`)."""
 
 
 class OpenStatus(msgspec.Struct, frozen=True):
@@ -130,10 +135,6 @@ class ModelStatus(msgspec.Struct, frozen=True):
     in_flight: int
 
 
-class Refused(Exception):
-    """Admission refused (the event log cannot be written, shutting down): answer 503."""
-
-
 class Detached(msgspec.Struct, frozen=True):
     """Why the scheduler took a request away from the task serving it, and what
     that task should answer its client (OpenAI error shape)."""
@@ -141,9 +142,31 @@ class Detached(msgspec.Struct, frozen=True):
     status: int
     code: str
     message: str
+    retry_after: int | None = None
+    """Seconds, sent as `Retry-After`."""
 
 
 _SHUTTING_DOWN = "gpulane is shutting down; retry in a moment"
+
+
+def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
+    """What a process records when it starts: every input a decision depends on."""
+    models = config.models.values()
+    return ev.ServerStarted(
+        at=at,
+        version=__version__,
+        config_hash=config.config_hash,
+        scheduler=config.scheduler,
+        aging_divisor_ns=config.aging_divisor_ns,
+        swap_affinity_bonus=config.swap_affinity_bonus,
+        pid=pid,
+        model_priority={m.id: m.fifo_priority for m in models},
+        concurrency={m.id: m.concurrency_limit for m in models},
+        log_format=ev.LOG_FORMAT,
+        fair_share_bonus=config.fair_share_bonus,
+        short_job_bonus=config.short_job_bonus,
+        caller_weights={k.label: k.weight for k in config.api_keys if k.weight != 1},
+    )
 
 
 class Ticket:
@@ -152,6 +175,7 @@ class Ticket:
     __slots__ = (
         "request_id",
         "model",
+        "endpoint",
         "band",
         "priority",
         "enqueued_ns",
@@ -162,9 +186,12 @@ class Ticket:
         "detached",
     )
 
-    def __init__(self, request_id: str, model: str, priority: int, enqueued_ns: int) -> None:
+    def __init__(
+        self, request_id: str, model: str, priority: int, enqueued_ns: int, endpoint: str = ""
+    ) -> None:
         self.request_id = request_id
         self.model = model
+        self.endpoint = endpoint
         self.priority = priority
         self.band = band_of(priority)
         self.enqueued_ns = enqueued_ns
@@ -204,13 +231,11 @@ class Scheduler:
         self._new_upstream = upstreams or self._upstream_process
         self.owner = owner
         """Names this server's database in its upstreams' environment (recovery)."""
-        self.state = SchedulerState(
-            ScoringParams(config.aging_divisor_ns, config.swap_affinity_bonus),
-            scheduler=config.scheduler,
-            model_priority={m.id: m.fifo_priority for m in config.models.values()},
-            concurrency={m.id: m.concurrency_limit for m in config.models.values()},
-            config_hash=config.config_hash,
-        )
+        self.state = SchedulerState()
+        # The parameters as every reader of the log gets them: from server_started.
+        apply(self.state, server_started(config, 0, 0))
+        self.run_estimates = RunEstimates()
+        """Expected run times, recorded in each enqueue (seeded from the log by serve)."""
         self.metrics = Metrics(lambda: self.state, clock, callers=config.caller_labels())
         self.tickets: dict[str, Ticket] = {}
         self.upstreams: dict[str, Upstream] = {}
@@ -221,6 +246,9 @@ class Scheduler:
         self.running_since: dict[str, int] = {}
         self._served_by: dict[str, asyncio.Task[Any]] = {}
         self._deadlines: dict[str, Cancellable] = {}
+        """maxRunTime timers of running requests."""
+        self._max_waits: dict[str, Cancellable] = {}
+        """X-Gpulane-Max-Wait timers of waiting requests."""
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
@@ -245,12 +273,7 @@ class Scheduler:
         queued = self.state.queue.get(request_id)
         if queued is None:
             return OpenStatus(status=status, attempt=request.attempt)
-        score = self.state.queue.params.breakdown(
-            queued.priority,
-            queued.enqueued_ns,
-            self.clock(),
-            queued.model == next_resident(self.state),
-        )
+        score = self.state.score(queued, self.clock())
         ahead = ahead_of(self.state, request_id)
         return OpenStatus(status=status, attempt=request.attempt, ahead=ahead, score=score)
 
@@ -282,14 +305,19 @@ class Scheduler:
         fut.add_done_callback(_consume_error)
         return fut
 
-    def restore(self, restored: ev.RequestRestored) -> Ticket:
+    def restore(self, restored: ev.RequestRestored, endpoint: str) -> Ticket:
         """The ticket of a job recovery puts back. The state changes only when the
         caller emits `restored`, with the rest of recovery in one batch, so the log
         records every job put back (app/runtime/recovery.py)."""
         ticket = Ticket(
-            restored.request_id, restored.model, restored.priority, restored.enqueued_at
+            restored.request_id,
+            restored.model,
+            restored.priority,
+            restored.enqueued_at,
+            endpoint,
         )
         self.tickets[ticket.request_id] = ticket
+        self._arm_max_wait(ticket.request_id, restored.max_wait_ns, restored.enqueued_at)
         return ticket
 
     def admit(self, admission: Admission) -> Ticket:
@@ -316,11 +344,16 @@ class Scheduler:
 
     def _enqueue(self, admission: Admission) -> Ticket:
         if self.draining:
-            raise Refused(_SHUTTING_DOWN)
+            raise Refused(_SHUTTING_DOWN, code="shutting_down")
         if self.store.failure is not None:
             raise Refused(f"the event log cannot be written: {self.store.failure}")
         now = self.clock()
-        ticket = Ticket(new_request_id(), admission.model, admission.priority, now)
+        check_bounds(
+            self.config, self.state, admission.caller, admission.priority, self.running_since, now
+        )
+        ticket = Ticket(
+            new_request_id(), admission.model, admission.priority, now, admission.endpoint
+        )
         self.tickets[ticket.request_id] = ticket
         ticket.committed = self.emit(
             [
@@ -337,10 +370,40 @@ class Scheduler:
                     caller=admission.caller,
                     idempotency_key=admission.idempotency_key,
                     job=admission.job,
+                    expected_run_ns=self.run_estimates.expected(
+                        admission.model, admission.endpoint
+                    ),
+                    max_wait_ns=admission.max_wait_ns,
                 )
             ]
         )
+        self._arm_max_wait(ticket.request_id, admission.max_wait_ns, now)
         return ticket
+
+    def _arm_max_wait(self, request_id: str, max_wait_ns: int | None, enqueued_ns: int) -> None:
+        if max_wait_ns is None:
+            return
+        left = max(0, enqueued_ns + max_wait_ns - self.clock()) / 1e9
+        self._max_waits[request_id] = self._timers.call_later(
+            left, self._waited_too_long, request_id, max_wait_ns
+        )
+
+    def _waited_too_long(self, request_id: str, max_wait_ns: int) -> None:
+        """The caller's X-Gpulane-Max-Wait passed while it still waits: cancelled
+        (reason `deadline`), answered 503 with the wait it would still have."""
+        self._max_waits.pop(request_id, None)
+        queued = self.state.queue.get(request_id)
+        if queued is None:
+            return  # dispatched (or gone) in time
+        left = estimated_wait_s(self.state, queued.priority, self.running_since, self.clock())
+        message = (
+            f"request {request_id} waited its X-Gpulane-Max-Wait ({max_wait_ns / 1e9:g} s) "
+            f"in the queue without starting; estimated wait from now about {left} s"
+        )
+        self._end(
+            ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="deadline"),
+            Detached(503, "deadline_exceeded", message, retry_after=left),
+        )
 
     def _withdraw(self, request_id: str) -> None:
         """Forget a request whose enqueue never reached the disk. Applied, not
@@ -353,6 +416,18 @@ class Scheduler:
         if ticket is not None and not ticket.ready.done():
             ticket.ready.cancel()
 
+    def refused(self, admission: Admission, exc: Refused) -> None:
+        """`admit` refused this request: recorded with its reason."""
+        self.reject(
+            admission.endpoint,
+            exc.status,
+            str(exc),
+            admission.model_requested,
+            admission.priority,
+            admission.caller,
+            reason=exc.reason,
+        )
+
     def reject(
         self,
         endpoint: str,
@@ -361,6 +436,8 @@ class Scheduler:
         model: str | None,
         priority: int,
         caller: str | None,
+        *,
+        reason: str | None = None,
     ) -> None:
         """A request refused at admission: recorded so every request seen has a row."""
         self.emit(
@@ -375,6 +452,7 @@ class Scheduler:
                     priority=priority,
                     band=band_of(priority),
                     caller=caller,
+                    reason=reason,
                 )
             ]
         )
@@ -402,6 +480,10 @@ class Scheduler:
     def completed(self, request_id: str, http_status: int, **facts: Any) -> None:
         """The whole answer went through (facts: RequestCompleted's optional fields)."""
         if request_id in self.state.running:
+            ticket = self.tickets.get(request_id)
+            run_ms = facts.get("run_ms")
+            if ticket is not None and run_ms is not None:
+                self.run_estimates.observe(ticket.model, ticket.endpoint, int(run_ms * 1e6))
             self._end(
                 ev.RequestCompleted(
                     at=self.clock(), request_id=request_id, http_status=http_status, **facts
@@ -583,9 +665,10 @@ class Scheduler:
         limit, and tell whoever serves it why (None: it told us)."""
         self.running_since.pop(request_id, None)
         self._served_by.pop(request_id, None)
-        deadline = self._deadlines.pop(request_id, None)
-        if deadline is not None:
-            deadline.cancel()
+        for timers in (self._deadlines, self._max_waits):
+            timer = timers.pop(request_id, None)
+            if timer is not None:
+                timer.cancel()
         ticket = self.tickets.pop(request_id, None)
         if ticket is None:
             return

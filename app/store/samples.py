@@ -13,6 +13,11 @@ _RUNS = (
     "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
     "ORDER BY finished_at DESC LIMIT ?"
 )
+_RUNS_BY_ENDPOINT = (
+    "SELECT model, endpoint, run_ms FROM requests WHERE finished_at IS NOT NULL "
+    "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
+    "ORDER BY finished_at DESC LIMIT ?"
+)
 _SWAPS = (
     "SELECT to_model, duration_ms FROM swaps WHERE error IS NULL AND duration_ms IS NOT NULL "
     "ORDER BY seq DESC LIMIT ?"
@@ -28,3 +33,11 @@ def recent_samples(
         run_rows = conn.exec_driver_sql(_RUNS, (runs,)).all()
         swap_rows = conn.exec_driver_sql(_SWAPS, (swaps,)).all()
     return [(m, ms) for m, ms in run_rows], [(m, ms) for m, ms in swap_rows]
+
+
+def recent_runs(engine: Engine, limit: int) -> list[tuple[str, str, float]]:
+    """(model, endpoint, run ms) of the last `limit` completed requests, oldest first
+    (the order they completed in, as a run-time estimate learns them)."""
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(_RUNS_BY_ENDPOINT, (limit,)).all()
+    return [(m, e, ms) for m, e, ms in reversed(rows)]

@@ -44,6 +44,11 @@ def error_body(status: int, message: str, code: str | None = None) -> bytes:
     return msgspec.json.encode({"error": {"message": message, "type": kind, "code": code or kind}})
 
 
+def retry_after(seconds: int | None) -> list[tuple[bytes, bytes]]:
+    """A `Retry-After` header (whole seconds), or none."""
+    return [] if seconds is None else [(b"retry-after", str(seconds).encode())]
+
+
 async def send_error(
     send: Send,
     status: int,

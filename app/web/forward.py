@@ -27,7 +27,7 @@ from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
 from app.runtime.scheduler import Detached, Scheduler, Ticket
 from app.runtime.usage import UsageSniffer
-from app.web.errors import send_error
+from app.web.errors import retry_after, send_error
 
 log = logging.getLogger("gpulane.proxy")
 
@@ -321,7 +321,8 @@ class Reply:
                     why.status,
                     why.message,
                     code=why.code,
-                    headers=ticket_headers(self._ticket, self._requested),
+                    headers=ticket_headers(self._ticket, self._requested)
+                    + retry_after(why.retry_after),
                 )
                 return
             if self.sse:

@@ -29,7 +29,8 @@ from sqlalchemy import Engine
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
-from app.runtime.scheduler import Admission, Refused, Scheduler, Ticket
+from app.runtime.admission import Refused
+from app.runtime.scheduler import Admission, Scheduler, Ticket
 from app.store.job_results import (
     find_idempotency_key,
     job_result,
@@ -41,7 +42,7 @@ from app.store.job_results import (
 from app.store.port import StoreError
 from app.web.access import identity, may_see, only_caller
 from app.web.auth import Identity
-from app.web.errors import send_error, send_json
+from app.web.errors import retry_after, send_error, send_json
 from app.web.forward import HOP_BY_HOP, Forwarder, Reply, priority_headers, upstream_url
 
 log = logging.getLogger("gpulane.jobs")
@@ -129,7 +130,10 @@ class JobRunner:
         try:
             ticket = self.scheduler.admit(admission)
         except Refused as exc:
-            await send_error(send, 503, str(exc), code="event_log_unavailable")
+            self.scheduler.refused(admission, exc)
+            await send_error(
+                send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
+            )
             return
         if credentials:
             self._credentials[ticket.request_id] = credentials

@@ -18,15 +18,17 @@ from litestar.types import Message, Receive, Scope, Send
 
 from app.config import Config
 from app.core.priority import HEADER, grant, read_priority, tier_priority
-from app.runtime.scheduler import Admission, Detached, Refused, Scheduler, Ticket
+from app.runtime.admission import Refused
+from app.runtime.scheduler import Admission, Detached, Scheduler, Ticket
 from app.runtime.upstream import UpstreamStartError
 from app.web.auth import ANONYMOUS, identify
-from app.web.errors import send_error
+from app.web.errors import retry_after, send_error
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
 from app.web.request_body import (
     BadRequest,
     form_model,
     json_model,
+    max_wait_ns,
     read_body,
     rename_form_model,
     rewrite,
@@ -77,6 +79,7 @@ class Proxy:
         try:
             identity = identify(scope, headers)
             priority = identity.grant(asked)
+            max_wait = max_wait_ns(headers)
             body = await read_body(receive, self.config.max_body_bytes)
             if source == "form":
                 model_requested = form_model(body, headers.get("content-type", ""))
@@ -115,6 +118,7 @@ class Proxy:
             priority=priority,
             requested_priority=asked,
             caller=identity.caller,
+            max_wait_ns=max_wait,
         )
         progress = (
             spec.send_loading_state
@@ -147,6 +151,7 @@ class Proxy:
         asked = read_priority(headers.get(HEADER.lower()))
         try:
             identity = identify(scope, headers)
+            max_wait = max_wait_ns(headers)
             body = await read_body(receive, self.config.max_body_bytes)
         except BadRequest as exc:
             await send_error(send, exc.status, exc.message, code=exc.code)
@@ -160,6 +165,7 @@ class Proxy:
             priority=identity.grant(asked),
             requested_priority=asked,
             caller=identity.caller,
+            max_wait_ns=max_wait,
         )
         await self._run(scope, receive, send, admission, body, headers, upstream_path=path)
 
@@ -185,15 +191,10 @@ class Proxy:
         try:
             ticket = self.scheduler.admit(admission)
         except Refused as exc:
-            self.scheduler.reject(
-                admission.endpoint,
-                503,
-                str(exc),
-                admission.model_requested,
-                admission.priority,
-                admission.caller,
+            self.scheduler.refused(admission, exc)
+            await send_error(
+                send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
             )
-            await send_error(send, 503, str(exc), code="event_log_unavailable")
             return
         current = asyncio.current_task()
         assert current is not None

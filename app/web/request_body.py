@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from litestar.types import Receive
@@ -14,6 +15,30 @@ class BadRequest(Exception):
         self.status = status
         self.message = message
         self.code = code
+
+
+MAX_WAIT_HEADER = "x-gpulane-max-wait"
+_MAX_WAIT_LIMIT_S = 366 * 86400
+
+
+def max_wait_ns(headers: dict[str, str]) -> int | None:
+    """`X-Gpulane-Max-Wait: SECONDS`: the longest the caller will wait in the queue
+    (a decimal number > 0, at most a year); None when absent. 400 otherwise."""
+    text = headers.get(MAX_WAIT_HEADER)
+    if text is None:
+        return None
+    try:
+        seconds = Decimal(text.strip())
+    except InvalidOperation:
+        seconds = Decimal("NaN")
+    if not seconds.is_finite() or not 0 < seconds <= _MAX_WAIT_LIMIT_S:
+        raise BadRequest(
+            400,
+            f"X-Gpulane-Max-Wait: {text.strip()[:40]!r} is not allowed; expected seconds "
+            f"as a decimal number > 0 and at most {_MAX_WAIT_LIMIT_S} (a year)",
+            "invalid_max_wait",
+        )
+    return max(1, int(seconds * 1_000_000_000))
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:

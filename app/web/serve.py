@@ -22,11 +22,12 @@ from sqlalchemy import Engine
 from app import __version__
 from app.config import Config, ConfigError, load_config
 from app.runtime.log_buffer import LogBuffer
-from app.runtime.recovery import recover, server_started
-from app.runtime.scheduler import Scheduler
+from app.runtime.recovery import recover
+from app.runtime.scheduler import Scheduler, server_started
 from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
 from app.store.queries import activity
+from app.store.samples import recent_runs
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
 from app.web.forward import Forwarder
@@ -36,6 +37,9 @@ from app.web.proxy import Proxy
 from app.web.report_routes import report_routes
 
 log = logging.getLogger("gpulane")
+
+RECENT_RUNS = 5000
+"""Completed requests read at start to seed the expected run times."""
 
 
 def serve_command(config_path: str, listen: str, db: str | None) -> int:
@@ -84,6 +88,9 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
     now = scheduler.clock()
     scheduler.emit([server_started(config, now, os.getpid())])
     recovered = await recover(scheduler, engine, config.max_attempts)
+    # What the short-job term and Retry-After expect, learnt from the log so far.
+    for model, endpoint, run_ms in recent_runs(engine, RECENT_RUNS):
+        scheduler.run_estimates.observe(model, endpoint, int(run_ms * 1e6))
     forwarder = Forwarder(config, scheduler)
     scheduler.before_stop = forwarder.release
     proxy = Proxy(config, scheduler, forwarder)

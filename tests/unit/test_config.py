@@ -202,6 +202,65 @@ def test_swap_affinity_bonus_out_of_range_names_key_value_and_range(bonus: int) 
     )
 
 
+@pytest.mark.parametrize("key", ["fairShareBonus", "shortJobBonus", "tierSpan"])
+@pytest.mark.parametrize("points", [-1, 100])
+def test_bounded_terms_out_of_range_name_key_value_and_range(key: str, points: int) -> None:
+    (error,) = errors_of(one_model() + serial_settings(f"{key}: {points}"))
+    assert error.startswith(
+        f"routing.scheduler.settings.serial.{key}: {points} is out of range; "
+        "expected an integer 0..99"
+    )
+
+
+def test_bounded_terms_that_could_lift_a_request_into_the_next_band_are_refused() -> None:
+    settings = "{swapAffinityBonus: 40, fairShareBonus: 30, shortJobBonus: 28, tierSpan: 2}"
+    text = one_model() + serial_settings("").replace("serial:\n        \n", f"serial: {settings}\n")
+    (error,) = errors_of(text)
+    assert error == (
+        "routing.scheduler.settings.serial: swapAffinityBonus 40 + fairShareBonus 30 + "
+        "shortJobBonus 28 + tierSpan 2 = 100 could lift a request into the next band; "
+        "together they may be at most 99"
+    )
+    allowed = text.replace("shortJobBonus: 28", "shortJobBonus: 27")
+    config = parse(allowed)
+    assert (config.fair_share_bonus, config.short_job_bonus, config.tier_span) == (30, 27, 2)
+
+
+@pytest.mark.parametrize("key", ["maxQueued", "maxQueuedPerCaller"])
+def test_queue_bounds_must_be_positive(key: str) -> None:
+    (error,) = errors_of(f"{key}: 0\n" + one_model())
+    assert error == f"{key}: 0 is out of range; expected an integer >= 1"
+
+
+def test_a_keys_own_queue_bound_replaces_the_per_caller_one() -> None:
+    config = parse(
+        "maxQueuedPerCaller: 5\napiKeys:\n  - {key: sk-a, label: a, maxQueued: 2}\n"
+        "  - {key: sk-b, label: b}\n" + one_model()
+    )
+    assert config.caller_queue_limit("a") == 2
+    assert config.caller_queue_limit("b") == 5
+    assert config.caller_queue_limit(None) == 5
+    assert (parse(one_model()).max_queued, parse(one_model()).max_queued_per_caller) == (
+        100_000,
+        10_000,
+    )
+
+
+def test_defaults_keep_the_new_terms_off() -> None:
+    config = parse(one_model())
+    assert (config.fair_share_bonus, config.short_job_bonus, config.tier_span) == (0, 0, 2)
+
+
+def test_a_key_offset_outside_the_tier_span_is_warned_about() -> None:
+    config = parse(
+        "apiKeys:\n  - {key: sk-a, label: a, role: user, maxPriority: interactive+5}\n"
+        + one_model()
+    )
+    (warning,) = config.warnings
+    assert warning.startswith("apiKeys[0].maxPriority: 105 is +5 from its band's base")
+    assert "tierSpan (2" in warning
+
+
 @pytest.mark.parametrize(
     ("value", "problem"),
     [("-1", "-1.0 is out of range"), ("0.0000000001", "1e-10 has too many decimal places")],
@@ -835,6 +894,7 @@ def test_api_keys_enter_the_hash_and_the_display_only_masked() -> None:
             "max_priority": None,
             "default_priority": 0,
             "weight": 1,
+            "max_queued": None,
         }
     ]
     assert "sk-a" not in repr(one.api_keys) and "sk-a" not in repr(one)
