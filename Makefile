@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help run test test-fast lint bench llama clean
+.PHONY: help run test test-fast lint bench llama clean screenshots
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 include mk/llama.mk
+include mk/chromium.mk
 
 run: $(STAMP) llama ## build llama.cpp + fetch the model on first use, then serve config.example.yaml
 	$(VENV)/bin/gpulane serve --config config.example.yaml
@@ -28,11 +29,11 @@ lint: $(STAMP) ## ruff + mypy (strict on app/core)
 	$(VENV)/bin/ruff format --check app tests tools bench migrations
 	$(VENV)/bin/mypy
 
-test: lint llama ## lint, then every test (builds llama.cpp on first use)
+test: lint llama chromium ## lint, then every test (builds llama.cpp, installs chromium on first use)
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP) ## tests that need no llama.cpp build
-	$(PY) -m pytest -q -m 'not llama'
+test-fast: $(STAMP) ## tests that need no llama.cpp build and no browser
+	$(PY) -m pytest -q -m 'not llama and not browser'
 
 bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.core_bench
@@ -41,6 +42,10 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.recovery_bench
 	$(PY) -m bench.replay_bench
 	$(PY) -m bench.swap_bench
+	$(PY) -m bench.console_bench
+
+screenshots: $(STAMP) chromium ## PNGs of every console page from a real run, into docs/ui/
+	$(PY) -m tests.browser.screenshots docs/ui
 
 clean: ## remove the venv and caches (not ~/.cache/gpulane)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

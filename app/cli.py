@@ -1,4 +1,4 @@
-"""`gpulane` command line: serve, check-config, db, explain, queue, replay."""
+"""`gpulane` command line: serve, check-config, db, explain, queue, ui, replay."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-run recorded history under other parameters (gpulane replay --help)",
         add_help=False,
     )
+    ui = commands.add_parser(
+        "ui", help="the web console, read-only, over a database (e.g. one copied from a server)"
+    )
+    ui.add_argument("--db", required=True, help="SQLite database path (opened read-only)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    ui.add_argument("--port", type=int, default=8090, help="port to listen on (default 8090)")
     queue = commands.add_parser("queue", help="show the live queue of a running gpulane")
     queue.add_argument("--url", default="http://127.0.0.1:8080", help="gpulane base URL")
     queue.add_argument("--api-key", default=None, help="API key (default: $GPULANE_API_KEY)")
@@ -88,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.report.commands import queue_command
 
         return queue_command(args.url, args.api_key, args.json)
+    if args.command == "ui":
+        from app.web.console.readonly import ui_command
+
+        return ui_command(args.db, args.host, args.port)
     if args.command == "serve":
         from app.web.serve import serve_command
 

@@ -14,12 +14,14 @@ from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import Engine
 
 from app.config import Config
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.web.access import ACCESS_HANDLERS, admin_only, identity, only_caller
 from app.web.auth import api_key_middleware
+from app.web.console import Live, console_routes, open_console_assets
 from app.web.errors import EXCEPTION_HANDLERS, send_error
 from app.web.proxy import Proxy
 
@@ -48,6 +50,7 @@ def create_app(
     logs: LogBuffer,
     *,
     activity: Callable[[int, int, str | None], list[dict[str, Any]]] | None = None,
+    engine: Engine | None = None,
     extra_handlers: Sequence[BaseRouteHandler] = (),
     on_startup: Sequence[Callable[[], Any]] = (),
     on_shutdown: Sequence[Callable[[], Any]] = (),
@@ -182,7 +185,11 @@ def create_app(
         activity_page,
     ]
     handlers += list(extra_handlers)
-    middleware = [api_key_middleware(config.api_keys)] if config.api_keys else []
+    # The web console (/ui/, and / redirects there); its shells and assets need no key.
+    handlers += console_routes(engine, Live(config, scheduler, logs))
+    middleware = (
+        [open_console_assets(api_key_middleware(config.api_keys))] if config.api_keys else []
+    )
     return Litestar(
         route_handlers=handlers,
         middleware=middleware,

@@ -130,6 +130,7 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
         proxy,
         logs,
         activity=lambda limit, offset, caller: activity(engine, limit, offset, caller),
+        engine=engine,
         extra_handlers=[
             *job_routes(jobs),
             *report_routes(scheduler, engine),

@@ -1,0 +1,174 @@
+"""Read-only queries behind the web console's timeline, history and story pages.
+
+Each one is bounded by a window or a LIMIT and walks an index (`requests`
+by finished_at or band/enqueued_at, `swaps` by seq, `events` by request_id),
+so a page costs what it shows, not the whole history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, or_, select
+
+from app.store.tables import OPEN_STATUSES, events, requests, swaps
+
+_BAR_COLUMNS = (
+    requests.c.id,
+    requests.c.model,
+    requests.c.band,
+    requests.c.priority,
+    requests.c.caller,
+    requests.c.status,
+    requests.c.enqueued_at,
+    requests.c.dispatched_at,
+    requests.c.started_at,
+    requests.c.finished_at,
+    requests.c.queue_wait_ms,
+)
+
+
+def log_span(engine: Engine) -> tuple[float, float] | None:
+    """(first, last) event time in unix seconds; None for an empty log."""
+    with engine.connect() as conn:
+        first, last = conn.execute(select(func.min(events.c.at), func.max(events.c.at))).one()
+    return None if first is None else (float(first), float(last))
+
+
+def timeline_requests(
+    engine: Engine, since: float, until: float, caller: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """Requests that held the GPU at some point in [since, until], oldest first."""
+    # Open ones (finished_at NULL) reach `until`; they are few, so the OR stays cheap.
+    query = (
+        select(*_BAR_COLUMNS)
+        .where(
+            requests.c.dispatched_at.is_not(None),
+            requests.c.dispatched_at <= until,
+            or_(requests.c.finished_at >= since, requests.c.finished_at.is_(None)),
+        )
+        .order_by(requests.c.dispatched_at)
+        .limit(limit)
+    )
+    if caller is not None:
+        query = query.where(requests.c.caller == caller)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+def timeline_swaps(engine: Engine, since: float, until: float, limit: int) -> list[dict[str, Any]]:
+    """Swaps (model loads) overlapping [since, until], oldest first."""
+    query = (
+        select(swaps)
+        .where(
+            swaps.c.started_at <= until,
+            or_(swaps.c.finished_at >= since, swaps.c.finished_at.is_(None)),
+        )
+        .order_by(swaps.c.seq)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+def _finished_filter(
+    since: float,
+    until: float,
+    model: str | None,
+    band: str | None,
+    caller: str | None,
+    status: str | None,
+) -> Any:
+    terms = [
+        requests.c.finished_at.is_not(None),
+        requests.c.finished_at >= since,
+        requests.c.finished_at <= until,
+        requests.c.status.not_in(OPEN_STATUSES),
+    ]
+    for column, value in (
+        (requests.c.model, model),
+        (requests.c.band, band),
+        (requests.c.caller, caller),
+        (requests.c.status, status),
+    ):
+        if value is not None:
+            terms.append(column == value)
+    return and_(*terms)
+
+
+def finished_requests(
+    engine: Engine,
+    since: float,
+    until: float,
+    *,
+    model: str | None = None,
+    band: str | None = None,
+    caller: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of finished requests, newest first, and how many match in all."""
+    where = _finished_filter(since, until, model, band, caller, status)
+    page = (
+        select(*_BAR_COLUMNS, requests.c.run_ms, requests.c.swap_ms, requests.c.http_status)
+        .where(where)
+        .order_by(requests.c.finished_at.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(page).mappings()]
+        total = int(conn.execute(select(func.count()).where(where)).scalar_one())
+    return rows, total
+
+
+def wait_samples(
+    engine: Engine,
+    since: float,
+    until: float,
+    *,
+    model: str | None = None,
+    band: str | None = None,
+    caller: str | None = None,
+    status: str | None = None,
+    limit: int = 200_000,
+) -> list[tuple[str, float]]:
+    """(band, queue wait ms) of finished requests that were dispatched, newest first."""
+    where = and_(
+        _finished_filter(since, until, model, band, caller, status),
+        requests.c.queue_wait_ms.is_not(None),
+    )
+    query = (
+        select(requests.c.band, requests.c.queue_wait_ms)
+        .where(where)
+        .order_by(requests.c.finished_at.desc())
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        return [(b, float(ms)) for b, ms in conn.execute(query)]
+
+
+def request_caller(engine: Engine, request_id: str) -> tuple[bool, str | None]:
+    """(known, caller) of a request, for deciding who may read its events."""
+    with engine.connect() as conn:
+        row = conn.execute(select(requests.c.caller).where(requests.c.id == request_id)).first()
+    return (False, None) if row is None else (True, row[0])
+
+
+def request_events(engine: Engine, request_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+    """The events naming a request, in log order (type and JSON data undecoded)."""
+    query = (
+        select(events.c.seq, events.c.at, events.c.type, events.c.data)
+        .where(events.c.request_id == request_id)
+        .order_by(events.c.seq)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+def models_in_log(engine: Engine) -> list[str]:
+    """Models the log has loaded (for the read-only models page)."""
+    with engine.connect() as conn:
+        return sorted(r[0] for r in conn.execute(select(swaps.c.to_model).distinct()))

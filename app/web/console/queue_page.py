@@ -1,0 +1,115 @@
+"""The console's queue page as data: one window of `live_queue.queue_view`, each row
+with its score terms and a reason it waits. Pure: the caller passes the view.
+
+Score terms are read off the `Breakdown` struct's fields (every field but
+`total`), so a term the core gains becomes a column with no change here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from app.core.scoring import Breakdown
+from app.report.live_queue import QueueView, WaitingEntry
+from app.report.run_times import RunTimes
+
+
+def score_terms(view: QueueView) -> list[str]:
+    """The score's term names, in the core's order."""
+    fields = (
+        view.waiting[0].score.__struct_fields__ if view.waiting else Breakdown.__struct_fields__
+    )
+    return [f for f in fields if f != "total"]
+
+
+def reason(view: QueueView, entry: WaitingEntry, ahead: WaitingEntry | None) -> str:
+    """Why `entry` is not running now, in words, from what the view shows."""
+    next_model = view.loading or view.resident
+    swap = entry.model != next_model
+    if ahead is None:
+        if view.loading == entry.model:
+            return f"next: its model {entry.model} is loading"
+        if view.loading is not None:
+            return f"next: waits for the swap to {view.loading}, then a swap to {entry.model}"
+        if view.running:
+            where = f", then a swap to {entry.model}" if swap else ""
+            return f"next: waits for the running job{where}"
+        return f"next: waiting for a swap to {entry.model}" if swap else "next: about to start"
+    mine = msgspec.structs.asdict(entry.score)
+    theirs = msgspec.structs.asdict(ahead.score)
+    if theirs["total"] > mine["total"]:
+        # The term that opens the biggest gap is the one to name.
+        gaps = {k: theirs[k] - mine[k] for k in mine if k != "total"}
+        term = max(gaps, key=lambda k: gaps[k])
+        shown = _points(gaps[term])
+        if shown.strip("0.") == "":
+            # Only aging differs, by less than a hundredth: it simply came first.
+            text = "behind an equal score that arrived earlier"
+        else:
+            text = f"behind a higher score ({term} +{shown})"
+    else:
+        text = "behind an equal score that arrived earlier"
+    return text + (f"; needs a swap to {entry.model}" if swap else "")
+
+
+def queue_page(
+    view: QueueView, times: RunTimes, offset: int, limit: int, caller: str | None = None
+) -> dict[str, Any]:
+    """`limit` waiting rows from `offset` (0-based), and everything that runs; with
+    `caller` (a user key), only its rows, keeping the whole queue's positions and
+    each row's reason against the request truly ahead of it."""
+    indexes = [i for i, w in enumerate(view.waiting) if caller is None or w.caller == caller]
+    rows = []
+    for index in indexes[offset : offset + limit]:
+        entry = view.waiting[index]
+        ahead = view.waiting[index - 1] if index > 0 else None
+        rows.append(
+            {
+                "position": entry.position,
+                "request_id": entry.request_id,
+                "model": entry.model,
+                "caller": entry.caller,
+                "band": entry.band,
+                "priority": entry.priority,
+                "waited_s": entry.waited_s,
+                "estimated_start_at": entry.estimated_start_at,
+                "estimated_start_in_s": entry.estimated_start_in_s,
+                "score": msgspec.structs.asdict(entry.score),
+                "reason": reason(view, entry, ahead),
+            }
+        )
+    running = []
+    for run in view.running:
+        if caller is not None and run.caller != caller:
+            continue
+        expected = times.run(run.model) + (times.swap(run.model) if run.loading else 0.0)
+        running.append(
+            {
+                **msgspec.structs.asdict(run),
+                "expected_end_at": None if run.since is None else run.since + expected,
+            }
+        )
+    waiting_by_model: dict[str, int] = {}
+    for index in indexes:
+        entry = view.waiting[index]
+        waiting_by_model[entry.model] = waiting_by_model.get(entry.model, 0) + 1
+    return {
+        "live": True,
+        "as_of": view.as_of,
+        "scheduler": view.scheduler,
+        "resident": view.resident,
+        "loading": view.loading,
+        "terms": score_terms(view),
+        "total_waiting": len(indexes),
+        "waiting_by_model": waiting_by_model,
+        "offset": offset,
+        "limit": limit,
+        "running": running,
+        "waiting": rows,
+    }
+
+
+def _points(value: float) -> str:
+    return f"{value:g}" if isinstance(value, int) else f"{value:.2f}"

@@ -1,0 +1,59 @@
+"""`gpulane ui --db FILE`: the console over a database copied from another machine.
+
+The file is opened read-only (SQLite `mode=ro`); there is no scheduler, so the
+queue and the actions are absent and every page is drawn from the log. The
+story page's `/api/requests/{id}/explain` is answered here as of the log's end,
+the way `gpulane explain` tells it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import uvicorn
+from litestar import Litestar, Request, Response, get
+from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
+from sqlalchemy import Engine
+
+from app.report.explain import explain
+from app.store.engine import DatabaseError, open_readonly
+from app.web.console import console_routes
+from app.web.console.security import SECURITY_HEADERS
+from app.web.errors import EXCEPTION_HANDLERS, error_body
+
+
+def explain_route(engine: Engine) -> BaseRouteHandler:
+    @get("/api/requests/{request_id:str}/explain", response_headers=SECURITY_HEADERS)
+    async def explain_request(
+        request: Request[Any, Any, Any], request_id: FromPath[str]
+    ) -> Response[Any]:
+        story = await asyncio.to_thread(explain, engine, request_id)
+        if story is None:
+            body = error_body(404, f"no request {request_id!r}", "request_not_found")
+            return Response(body, status_code=404, media_type="application/json")
+        return Response(story)
+
+    return explain_request
+
+
+def readonly_app(engine: Engine) -> Litestar:
+    return Litestar(
+        route_handlers=[*console_routes(engine, None), explain_route(engine)],
+        exception_handlers=EXCEPTION_HANDLERS,
+        logging_config=None,
+        debug=False,
+    )
+
+
+def ui_command(db: str, host: str, port: int) -> int:
+    try:
+        engine = open_readonly(db)
+    except DatabaseError as exc:
+        print(f"gpulane: {exc}", file=sys.stderr)
+        return 1
+    print(f"gpulane ui: http://{host}:{port}/ui/ (read-only, {db})", flush=True)
+    uvicorn.run(readonly_app(engine), host=host, port=port, log_level="warning", access_log=False)
+    return 0

@@ -1,0 +1,63 @@
+"""What the console's responses promise the browser, and which console paths need no key.
+
+The content security policy allows only gpulane's own origin: every script,
+style and image is served from app/web/console/static/, nothing is inline, so
+an injected string in a model name or caller label can never run.
+
+The page shells and static files hold no data (everything comes from the
+`/ui/api/` and `/api/` routes, which do need a key), so they are served
+without one: that is how a browser with `apiKeys` configured gets the page
+that asks for the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from litestar.datastructures import ResponseHeader
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+
+SECURITY_HEADERS = [
+    ResponseHeader(name="Content-Security-Policy", value=CONTENT_SECURITY_POLICY),
+    ResponseHeader(name="X-Content-Type-Options", value="nosniff"),
+    ResponseHeader(name="X-Frame-Options", value="DENY"),
+    ResponseHeader(name="Referrer-Policy", value="no-referrer"),
+    ResponseHeader(name="Cross-Origin-Opener-Policy", value="same-origin"),
+    ResponseHeader(name="Cross-Origin-Resource-Policy", value="same-origin"),
+]
+
+PAGES = ("/ui/", "/ui/timeline", "/ui/models", "/ui/history")
+"""Page paths (plus /ui/requests/ID): each serves the same shell, which draws the page."""
+
+
+def is_open_console_path(path: str) -> bool:
+    """A path with no data behind it: `/`, the shells and the static assets."""
+    if path in ("/", "/ui") or path in PAGES or path.startswith("/ui/static/"):
+        return True
+    rest = path.removeprefix("/ui/requests/")
+    return rest != path and "/" not in rest
+
+
+def open_console_assets(
+    guard: Callable[[ASGIApp], ASGIApp],
+) -> Callable[[ASGIApp], ASGIApp]:
+    """Wrap a key-checking middleware so the console's shells and assets skip it."""
+
+    def factory(app: ASGIApp) -> ASGIApp:
+        guarded = guard(app)
+
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == ScopeType.HTTP and is_open_console_path(scope["path"]):
+                await app(scope, receive, send)
+            else:
+                await guarded(scope, receive, send)
+
+        return middleware
+
+    return factory

@@ -1,0 +1,66 @@
+// Models: state, median load time from the log, what waits for each, load and
+// unload (with confirmation), and the upstream's recent output. Polled.
+import { api } from "./api.js";
+import { confirmed, duration, flash, h, table } from "./dom.js";
+
+const POLL_MS = 2000;
+
+export async function render(main, info) {
+  const body = h("section", { id: "models" });
+  main.append(h("h1", {}, "Models"), body);
+
+  const unload = async (id) => {
+    if (!confirmed(`Unload ${id}? Its server process is stopped; a busy model is left running.`)) return;
+    try {
+      const done = await api("/api/models/unload/" + encodeURIComponent(id), { method: "POST" });
+      flash(done.unloaded.length ? `Unloading ${done.unloaded.join(", ")}.` : `${id} was not unloaded: it is busy or not loaded.`, !done.unloaded.length);
+    } catch (error) {
+      flash(`Not unloaded: ${error.message}`, true);
+    }
+    refresh();
+  };
+  const load = async (m) => {
+    if (!confirmed(`Load ${m.id}? The load queues like any request and may swap out the loaded model.`)) return;
+    flash(`Loading ${m.id}…`);
+    try {
+      // Through the proxy, as llama-swap's UI does: the scheduler queues it and records it.
+      await api("/upstream/" + encodeURIComponent(m.id) + m.check_endpoint);
+      flash(`${m.id} is loaded.`);
+    } catch (error) {
+      flash(`Not loaded: ${error.message}`, true);
+    }
+    refresh();
+  };
+
+  let timer = null;
+  async function refresh() {
+    clearTimeout(timer);
+    try {
+      const data = await api("/ui/api/models");
+      const rows = data.models.map((m) => h("tr", { "data-model": m.id },
+        h("td", {}, m.id, m.name ? h("span", { class: "muted" }, " " + m.name) : null),
+        h("td", {}, h("span", { class: "state state-" + (m.state || "unknown") }, m.state || "–")),
+        h("td", { class: "num" }, m.pid ?? "–"),
+        h("td", { class: "num" }, m.in_flight ?? "–"),
+        h("td", { class: "num" }, m.waiting ?? "–"),
+        h("td", { class: "num" }, duration(m.median_load_s)),
+        h("td", { class: "num" }, duration(m.median_run_s)),
+        h("td", {}, data.live ? [
+          h("button", { onclick: () => load(m), disabled: m.state !== "stopped" }, "Load"), " ",
+          h("button", { class: "danger", onclick: () => unload(m.id), disabled: m.state !== "ready" }, "Unload"),
+        ] : null),
+      ));
+      const outputs = data.models.filter((m) => m.output && m.output.length).map((m) =>
+        h("details", { open: true }, h("summary", {}, `Recent output of ${m.id}`), h("pre", { class: "output" }, m.output.join("\n"))));
+      body.replaceChildren(
+        table(["model", "state", "pid", "running", "waiting", "median load", "median run", ""], rows),
+        data.live ? "" : h("p", { class: "muted" }, "Read-only: models seen in the log, with their median load time."),
+        ...outputs,
+      );
+    } catch (error) {
+      flash(`Models not updated: ${error.message}`, true);
+    }
+    if (info.live) timer = setTimeout(refresh, POLL_MS);
+  }
+  await refresh();
+}

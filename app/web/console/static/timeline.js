@@ -1,0 +1,117 @@
+// GPU timeline: one lane of time; a bar per request coloured by band, swaps
+// (model loads) hatched, idle time left empty. Hover tells, click opens the story.
+import { api } from "./api.js";
+import { clock, duration, h, s, stamp } from "./dom.js";
+
+const WIDTH = 1200;
+const LANE_Y = 24;
+const LANE_H = 56;
+const WINDOWS = [["0.25", "last 15 min"], ["1", "last hour"], ["6", "last 6 hours"], ["24", "last day"], ["whole", "whole log"], ["custom", "custom…"]];
+
+function localInput(unix) {
+  const d = new Date(unix * 1000 - new Date().getTimezoneOffset() * 60000);
+  return d.toISOString().slice(0, 16);
+}
+
+export async function render(main) {
+  const choice = h("select", { id: "window" }, WINDOWS.map(([v, t]) => h("option", { value: v, selected: v === "1" }, t)));
+  const from = h("input", { type: "datetime-local", id: "from", hidden: true });
+  const to = h("input", { type: "datetime-local", id: "to", hidden: true });
+  const refresh = h("button", { type: "submit" }, "Show");
+  const controls = h("form", { class: "controls" }, "Window ", choice, from, to, refresh);
+  const chart = h("div", { id: "timeline" });
+  const hover = h("p", { id: "hover", class: "muted" }, "Hover a bar to see the request; click it to open its story.");
+  const summary = h("p", { id: "summary" });
+  main.append(h("h1", {}, "GPU timeline"), controls, summary, chart, hover, legend());
+
+  choice.addEventListener("change", () => {
+    from.hidden = to.hidden = choice.value !== "custom";
+  });
+  controls.addEventListener("submit", (event) => {
+    event.preventDefault();
+    load();
+  });
+
+  async function load() {
+    let query;
+    if (choice.value === "custom" && from.value && to.value) {
+      query = `since=${Date.parse(from.value) / 1000}&until=${Date.parse(to.value) / 1000}`;
+    } else if (choice.value === "whole") {
+      query = "whole=true";
+    } else {
+      query = `hours=${choice.value === "custom" ? 1 : choice.value}`;
+    }
+    const data = await api("/ui/api/timeline?" + query);
+    if (choice.value !== "custom") {
+      from.value = localInput(data.since);
+      to.value = localInput(data.until);
+    }
+    draw(data);
+  }
+
+  function draw(data) {
+    const span = Math.max(1e-6, data.until - data.since);
+    const x = (t) => ((Math.min(Math.max(t, data.since), data.until) - data.since) / span) * WIDTH;
+    const bars = [];
+    let busy = 0;
+    for (const sw of data.swaps) {
+      const x0 = x(sw.started_at);
+      const x1 = x(sw.finished_at ?? data.now);
+      busy += Math.max(0, Math.min(sw.finished_at ?? data.now, data.until) - Math.max(sw.started_at, data.since));
+      const rect = s("rect", {
+        class: "bar swap" + (sw.error ? " failed" : ""), x: x0, y: LANE_Y, width: Math.max(1, x1 - x0), height: LANE_H,
+      }, s("title", {}, `load ${sw.to_model}` + (sw.error ? ` failed: ${sw.error}` : "")));
+      rect.addEventListener("mouseenter", () => {
+        hover.textContent = `Swap ${sw.from_model || "nothing"} → ${sw.to_model}, ${duration(sw.duration_ms / 1000)} from ${clock(sw.started_at)}` +
+          (sw.request_id ? `, caused by ${sw.request_id}` : ", a preload") + (sw.error ? ` (failed: ${sw.error})` : "");
+      });
+      bars.push(rect);
+    }
+    for (const r of data.requests) {
+      const start = r.started_at ?? r.dispatched_at;
+      const end = r.finished_at ?? data.now;
+      const x0 = x(start);
+      const x1 = x(end);
+      busy += Math.min(end, data.until) - Math.max(start, data.since);
+      const label = `${r.id} · ${r.model} · ${r.band} (${r.priority}) · ${r.caller || "anonymous"} · ${r.status}`;
+      const rect = s("rect", {
+        class: `bar req band-${r.band} status-${r.status}`, "data-id": r.id, x: x0, y: LANE_Y + 6, width: Math.max(2, x1 - x0), height: LANE_H - 12,
+        tabindex: 0, role: "link", "aria-label": label,
+      }, s("title", {}, label));
+      rect.addEventListener("mouseenter", () => {
+        hover.textContent = `${label} · waited ${duration((r.queue_wait_ms ?? 0) / 1000)} · ran ${clock(start)}–${r.finished_at ? clock(end) : "now"} (${duration(end - start)})`;
+      });
+      const open = () => { location.href = "/ui/requests/" + encodeURIComponent(r.id); };
+      rect.addEventListener("click", open);
+      rect.addEventListener("keydown", (event) => { if (event.key === "Enter") open(); });
+      bars.push(rect);
+    }
+    const ticks = [];
+    for (let i = 0; i <= 6; i++) {
+      const t = data.since + (span * i) / 6;
+      const tx = (WIDTH * i) / 6;
+      ticks.push(s("line", { class: "tick", x1: tx, x2: tx, y1: LANE_Y, y2: LANE_Y + LANE_H + 4 }));
+      ticks.push(s("text", { class: "tick-label", x: Math.min(Math.max(tx, 30), WIDTH - 30), y: LANE_Y + LANE_H + 18 }, clock(t)));
+    }
+    chart.replaceChildren(
+      s("svg", { viewBox: `0 0 ${WIDTH} ${LANE_Y + LANE_H + 24}`, class: "lane", role: "img", "aria-label": "GPU timeline" },
+        s("defs", {}, s("pattern", { id: "hatch", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" },
+          s("rect", { class: "hatch-bg", width: 6, height: 6 }), s("line", { class: "hatch-line", x1: 0, y1: 0, x2: 0, y2: 6 }))),
+        s("rect", { class: "idle", x: 0, y: LANE_Y, width: WIDTH, height: LANE_H }),
+        ticks, bars),
+    );
+    busy = Math.min(busy, span);
+    const idle = span - busy;
+    summary.textContent = `${stamp(data.since)} – ${stamp(data.until)}: ${data.requests.length} requests, ${data.swaps.length} swaps; ` +
+      `busy ${duration(busy)}, idle ${duration(idle)} (${Math.round((100 * idle) / span)}%)` +
+      (data.truncated ? " · too many requests: showing the first ones, narrow the window" : "");
+  }
+
+  function legend() {
+    const item = (cls, text) => h("span", { class: "legend-item" }, s("svg", { width: 14, height: 14 }, s("rect", { class: cls, width: 14, height: 14 })), " ", text);
+    return h("p", { class: "legend" }, item("key band-interactive", "interactive"), item("key band-normal", "normal"),
+      item("key band-batch", "batch"), item("key swap-key", "swap / load"), item("key idle", "idle"));
+  }
+
+  await load();
+}
