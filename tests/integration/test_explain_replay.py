@@ -328,3 +328,63 @@ def test_a_fifo_log_replays_with_the_priorities_and_limits_it_records(tmp_path: 
     assert assert_log_replays(db) > 200
     without = [msgspec.structs.replace(started, model_priority={}), *events[1:]]
     assert verify(enumerate(without, 1)).divergence is not None
+
+
+# -- the replay report on a generated two-callers log ------------------------------------
+
+
+def test_the_fair_scenario_replayed_with_fair_share_serves_the_second_caller_early(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tools.replay.cli import replay_command
+
+    db = tmp_path / "fair.db"
+    assert replay_command(["generate", "fair", "--out", str(db), "--seed", "1"]) == 0
+    capsys.readouterr()
+    args = [str(db), "--sweep", "fair=0,20", "--shake", "2", "--jobs", "2", "--no-reference"]
+    assert replay_command([*args, "--json"]) == 0
+    out = msgspec.json.decode(capsys.readouterr().out)
+    runs = {r["label"]: r for r in out["runs"]}
+    assert list(runs) == ["recorded", "aging=60s bonus=10 (recorded)", "aging=60s bonus=10 fair=20"]
+    off = runs["aging=60s bonus=10 (recorded)"]["callers"]["member-b"]
+    on = runs["aging=60s bonus=10 fair=20"]["callers"]["member-b"]
+    assert on["first_start_s"] < 600 < 12 * 3600 < off["first_start_s"]
+    assert on["last_finish_s"] < off["last_finish_s"]
+    # Generated with the recorded parameters, the log is what the simulation does.
+    assert out["simulation_error"]["batch"] == {
+        "wait_p95_s": 0.0,
+        "wait_max_s": 0.0,
+        "left": 0.0,
+        "fairness": 0.0,
+    }
+    assert out["patience_s"] == {"interactive": None, "normal": None, "batch": None}
+    assert replay_command([*args, "--by", "caller"]) == 0
+    text = capsys.readouterr().out
+    assert "member-b" in text and "first start" in text and "simulation error" in text
+
+
+def test_replay_options_for_the_new_terms_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tools.replay.cli import replay_command
+
+    db = tmp_path / "fair.db"
+    assert replay_command(["generate", "fair", "--out", str(db), "--fair-share-bonus", "20"]) == 0
+    capsys.readouterr()
+    assert replay_command([str(db), "--json", "--no-reference", "--short-job-bonus", "5"]) == 0
+    out = msgspec.json.decode(capsys.readouterr().out)
+    assert out["recorded"]["fair_share_bonus"] == 20
+    assert [r["label"] for r in out["runs"]][1:] == [
+        "aging=60s bonus=10 fair=20 (recorded)",
+        "aging=60s bonus=10 fair=20 short=5",
+    ]
+    for bad in (
+        ["--patience", "vip=1m"],
+        ["--sweep", "fair=0,20", "--fair-share-bonus", "10"],
+        ["--fair-share-bonus", "50", "--short-job-bonus", "50"],
+        ["--by", "colour"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            replay_command([str(db), *bad])
+        assert exit_info.value.code == 2
+        assert "error:" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from app.core import events as ev
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import FIFO
 from tools.replay.generate import FilmSwapCost, film, generate_events
-from tools.replay.report import figures, starvation_bound_ns
+from tools.replay.report import figures
 from tools.replay.simulate import Policy, shaken, simulate
 from tools.replay.sweep import GridError, parse_grid
 from tools.replay.verify import verify
@@ -197,12 +197,6 @@ def test_percentiles_and_bounded_slowdown() -> None:
     assert (band["wait_p50_s"], band["wait_p95_s"], band["wait_max_s"]) == (9.0, 18.0, 19.0)
     # (wait + 1 s) / 10 s on average: (0.1 + ... + 2.0) / 20
     assert band["slowdown"] == pytest.approx(1.05)
-
-
-def test_starvation_bound_is_priority_span_plus_bonus_times_divisor_plus_a_run_and_swap() -> None:
-    w = workload(req("a", "A", 0, 30, 100), req("b", "B", 0, 10, -100), load_s=5, unload_s=1)
-    assert starvation_bound_ns(w, ScoringParams(60 * S, 10)) == (210 * 60 + 30 + 6) * S
-    assert starvation_bound_ns(w, ScoringParams(0, 10)) is None
 
 
 def test_shake_is_seeded() -> None:

@@ -1,11 +1,14 @@
 """Command line: `python -m tools.replay ...`, also `gpulane replay ...` (`replay_command`).
 
     replay DB [--verify] [--aging-divisor S] [--swap-affinity-bonus N]
-              [--sweep aging=0,30,60,120 bonus=0,5,10,20] [--shake N [--noise F] [--seed N]]
-              [--json | --csv] [--plot FILE.png] [--jobs N] [--fifo-concurrency N]
-              [--chain-gap S] [--no-reference]
+              [--fair-share-bonus N] [--short-job-bonus N]
+              [--sweep aging=0,30,60,120 bonus=0,5,10,20 fair=0,20 short=0,20]
+              [--shake N [--noise F] [--seed N]] [--patience auto|none|BAND=DUR,...]
+              [--json | --csv] [--by caller,model] [--plot FILE.png] [--jobs N]
+              [--fifo-concurrency N] [--chain-gap S] [--no-reference]
     replay generate SCENARIO --out DB [--seed N] [--days N] [--aging-divisor S]
-              [--swap-affinity-bonus N] [--force]
+              [--swap-affinity-bonus N] [--fair-share-bonus N] [--short-job-bonus N]
+              [--force]
 
 Exit status: 0 ok, 1 a failed --verify or an unusable database, 2 bad arguments.
 """
@@ -19,12 +22,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.core.scoring import ScoringParams
+from app.core.state import SERIAL
 from app.store.engine import DatabaseError
 from tools.replay import report
+from tools.replay.patience import (
+    PatienceError,
+    PatienceModel,
+    band_patience,
+    parse_patience,
+    with_patience,
+)
 from tools.replay.simulate import Policy, reference_policies, simulate
 from tools.replay.sweep import (
     GridError,
     Shake,
+    checked,
     label_of,
     parse_bonus,
     parse_grid,
@@ -40,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Replay a gpulane log: verify its decisions, or re-run its workload under "
-        "other agingDivisor / swapAffinityBonus values and compare. The database is opened "
-        "read-only. `%(prog)s generate SCENARIO --out DB` writes a synthetic log instead.",
+        "other agingDivisor / swapAffinityBonus / fairShareBonus / shortJobBonus values and "
+        "compare. The database is opened read-only. `%(prog)s generate SCENARIO --out DB` "
+        "writes a synthetic log instead.",
     )
     p.add_argument("db", help="gpulane SQLite database (read-only)")
     p.add_argument(
@@ -52,11 +65,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--aging-divisor", metavar="S", help="one run with this agingDivisor (seconds)")
     p.add_argument("--swap-affinity-bonus", metavar="N", help="one run with this bonus (0..99)")
+    p.add_argument("--fair-share-bonus", metavar="N", help="one run with this fairShareBonus")
+    p.add_argument("--short-job-bonus", metavar="N", help="one run with this shortJobBonus")
     p.add_argument(
         "--sweep",
         nargs="+",
         metavar="AXIS=V,...",
-        help="a grid: aging=0,30,60,120 bonus=0,5,10,20 (seconds, points)",
+        help="a grid: aging=0,30,60,120 bonus=0,5,10,20 fair=0,10,20 short=0,10,20 "
+        "(seconds, points; bonus + fair + short + tier span 2 <= 99)",
+    )
+    p.add_argument(
+        "--patience",
+        default="auto",
+        metavar="MODEL",
+        help="how long a client served in the recorded run waits in a what-if run: auto "
+        "(the median recorded leaver of its band and model, else band; default), none "
+        "(forever), or "
+        "interactive=10m,normal=30m,batch=none; never less than its recorded wait. "
+        "Recorded leavers leave at their recorded patience, deadlines hold, durable jobs stay",
+    )
+    p.add_argument(
+        "--by",
+        default="",
+        metavar="caller,model",
+        help="table: add waits per caller (with first start, last finish) and/or per model",
     )
     p.add_argument("--shake", type=int, default=0, metavar="N", help="N perturbed re-runs: spread")
     p.add_argument(
@@ -111,6 +143,12 @@ def build_generate_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--swap-affinity-bonus", default="10", metavar="N", help="recorded bonus (default 10)"
     )
+    p.add_argument(
+        "--fair-share-bonus", default="0", metavar="N", help="recorded fairShareBonus (default 0)"
+    )
+    p.add_argument(
+        "--short-job-bonus", default="0", metavar="N", help="recorded shortJobBonus (default 0)"
+    )
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     return p
 
@@ -148,12 +186,17 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--shake must be >= 0, --fifo-concurrency and --jobs >= 1")
     if args.chain_gap < 0 or not 0 <= args.noise < 1:
         parser.error("--chain-gap must be >= 0 and --noise in [0, 1)")
+    by = [b.strip() for b in args.by.split(",") if b.strip()]
+    if any(b not in ("caller", "model") for b in by):
+        parser.error(f"--by {args.by!r}: expected caller, model or caller,model")
     try:
         _policies(Workload([], SwapTimes(), ScoringParams()), args)  # arguments first
-    except GridError as exc:
+        patience = parse_patience(args.patience)
+    except (GridError, PatienceError) as exc:
         parser.error(str(exc))
     t0 = time.perf_counter()
-    workload = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
+    extracted = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
+    workload = with_patience(extracted, patience)
     policies = _policies(workload, args)
     shake = Shake(args.shake, args.noise, args.seed)
     rows = run_policies(workload, policies, jobs=args.jobs, shake=shake, quantiles=bool(args.plot))
@@ -169,7 +212,15 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         quantiles=bool(args.plot),
     )
     rows = [first, *rows]
-    best = report.mark_best(rows)
+    # The baseline is the simulated run of what the log ran: a fifo log's is the
+    # fifo reference row (the grid's sets are serial).
+    baseline = (
+        _baseline_label(workload.params)
+        if workload.scheduler == SERIAL
+        else f"fifo (x{args.fifo_concurrency})"
+    )
+    error = report.judge(rows, baseline)
+    best = next((r for r in rows if r["best"]), None)
     meta = {
         "database": str(args.db),
         "requests": len(workload.requests),
@@ -178,7 +229,18 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "scheduler": workload.scheduler,
             "aging_divisor_s": workload.params.aging_divisor_ns / 1e9,
             "swap_affinity_bonus": workload.params.swap_affinity_bonus,
+            "fair_share_bonus": workload.params.fair_share_bonus,
+            "short_job_bonus": workload.params.short_job_bonus,
+            "caller_weights": workload.caller_weights,
+            "expected_run_times": workload.expected_recorded,
         },
+        "patience_s": {
+            b: None if ns is None else ns / 1e9
+            for b, ns in band_patience(extracted, patience).items()
+        }
+        if patience.auto
+        else None,
+        "simulation_error": error,
         "swap_times_s": {
             m: {
                 "load": workload.swap_times.load_ns.get(m, workload.swap_times.default_load_ns)
@@ -206,28 +268,44 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"{args.db}: {meta['requests']} requests, models {', '.join(workload.models)}; "
             f"recorded {workload.scheduler}, {label_of(workload.params)}"
             + (f"; spread over {args.shake} shaken runs (noise {args.noise})" if args.shake else "")
+            + f"\npatience of served clients: {_patience_text(extracted, patience)}"
         )
-        print(report.table(rows, header), end="")
+        print(report.table(rows, header, error=error, by=by), end="")
     return 0
+
+
+def _baseline_label(recorded: ScoringParams) -> str:
+    return label_of(recorded) + " (recorded)"
+
+
+def _patience_text(workload: Workload, model: PatienceModel) -> str:
+    return model.describe(band_patience(workload, model) if model.auto else {})
 
 
 def _policies(workload: Workload, args: argparse.Namespace) -> list[Policy]:
     recorded = workload.params
+    singles = (
+        args.aging_divisor,
+        args.swap_affinity_bonus,
+        args.fair_share_bonus,
+        args.short_job_bonus,
+    )
     if args.sweep:
         grid = parse_grid(args.sweep, recorded)
-        if args.aging_divisor is not None or args.swap_affinity_bonus is not None:
-            raise GridError("--sweep and --aging-divisor/--swap-affinity-bonus do not combine")
+        if any(v is not None for v in singles):
+            raise GridError(
+                "--sweep does not combine with --aging-divisor, --swap-affinity-bonus, "
+                "--fair-share-bonus or --short-job-bonus"
+            )
     else:
-        aging = recorded.aging_divisor_ns
-        bonus = recorded.swap_affinity_bonus
-        if args.aging_divisor is not None:
-            aging = seconds_to_ns(args.aging_divisor)
-        if args.swap_affinity_bonus is not None:
-            bonus = parse_bonus(args.swap_affinity_bonus)
-        grid = [ScoringParams(aging, bonus)]
+        grid = [_single(recorded, args)]
     if recorded not in grid:
         grid = [recorded, *grid]
-    policies = [Policy(label_of(p) + (" (recorded)" if p == recorded else ""), p) for p in grid]
+    weights = tuple(sorted(workload.caller_weights.items()))
+    policies = [
+        Policy(_baseline_label(p) if p == recorded else label_of(p), p, caller_weights=weights)
+        for p in grid
+    ]
     if not args.no_reference:
         policies += reference_policies(workload, recorded, args.fifo_concurrency)
     return policies
@@ -254,14 +332,30 @@ def _plot(
         print(f"warning: {exc}", file=sys.stderr)
 
 
+def _single(base: ScoringParams, args: argparse.Namespace) -> ScoringParams:
+    """`base` with whichever of the single-run options are given."""
+
+    def points(text: str | None, name: str, default: int) -> int:
+        return default if text is None else parse_bonus(text, name)
+
+    return checked(
+        ScoringParams(
+            base.aging_divisor_ns
+            if args.aging_divisor is None
+            else seconds_to_ns(args.aging_divisor),
+            points(args.swap_affinity_bonus, "bonus", base.swap_affinity_bonus),
+            points(args.fair_share_bonus, "fair-share bonus", base.fair_share_bonus),
+            points(args.short_job_bonus, "short-job bonus", base.short_job_bonus),
+        )
+    )
+
+
 def _generate(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     from tools.replay.generate import SCENARIOS, generate_events, write_log
 
     args = parser.parse_args(argv)
     try:
-        params = ScoringParams(
-            seconds_to_ns(args.aging_divisor), parse_bonus(args.swap_affinity_bonus)
-        )
+        params = _single(ScoringParams(), args)
     except GridError as exc:
         parser.error(str(exc))
     if args.days < 1:

@@ -17,6 +17,14 @@ Scenario `film` (the seeds' scenario), one working day per `--days`:
   after 10-30 min (chat) or 30-90 min (image, video) in the queue;
 - loads are warm (page cache) for the two most recently loaded models and 2-3x
   slower cold; every time jitters by 10%.
+
+Scenario `fair` (two callers, one model), one burst per `--days`: member A submits
+200 batch shots of 3-5 minutes at once (durable jobs, caller `member-a`), member B
+20 such shots one minute later (`member-b`). Within a band the order is arrival
+order, so without the fair-share term B waits behind all of A's work.
+
+Every enqueue carries its caller and the expected run time the server would have
+recorded (learnt from the run's own completed runs, see `tools.replay.simulate`).
 """
 
 from __future__ import annotations
@@ -193,7 +201,45 @@ def film(seed: int, days: int = 1, limit: int | None = None) -> Scenario:
     return Scenario(workload, FilmSwapCost(seed))
 
 
-SCENARIOS: dict[str, Callable[..., Scenario]] = {"film": film}
+FAIR_A_SHOTS = 200
+FAIR_B_SHOTS = 20
+FAIR_B_DELAY = 1 * MIN
+
+
+def fair(seed: int, days: int = 1, limit: int | None = None) -> Scenario:
+    """Two callers' batch work on one model: A's big burst, then B's small one."""
+    rng = random.Random(seed)
+    requests: list[Request] = []
+    for day in range(days):
+        day0 = T0 + day * DAY
+        for caller, shots, at in (
+            ("member-a", FAIR_A_SHOTS, day0),
+            ("member-b", FAIR_B_SHOTS, day0 + FAIR_B_DELAY),
+        ):
+            for k in range(shots):
+                requests.append(
+                    Request(
+                        f"{seed:08x}{len(requests) + 1:024x}",
+                        VIDEO,
+                        -100,
+                        at + k * 1_000_000,  # one submission a millisecond: "at once"
+                        round(rng.uniform(180.0, 300.0) * NS_PER_S),
+                        endpoint="/v1/video/generations",
+                        caller=caller,
+                        durable=True,
+                    )
+                )
+    if limit is not None:
+        requests = requests[:limit]
+    workload = Workload(
+        requests=requests,
+        swap_times=SwapTimes(load_ns={VIDEO: round(WARM_LOAD_S[VIDEO] * NS_PER_S)}),
+        params=ScoringParams(),
+    )
+    return Scenario(workload, FilmSwapCost(seed))
+
+
+SCENARIOS: dict[str, Callable[..., Scenario]] = {"film": film, "fair": fair}
 
 
 def generate_events(

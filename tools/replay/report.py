@@ -1,13 +1,28 @@
-"""Figures of a run, and the table / JSON / CSV that compare runs side by side.
+"""Figures of a run, how far the simulation is from the log, and the table / JSON /
+CSV that compare runs side by side.
 
 Wait is from arrival to the moment the request starts on a loaded model (its queue
 wait plus the swap it caused, if any). Per band: count, clients that left while
-waiting, wait p50/p95/p99/max (nearest rank) and mean bounded slowdown
-(wait + run) / max(run, 10 s) over the requests that ran. Overall: swaps, time spent
-swapping, GPU idle time (nothing loading or running between the first arrival and the
-last end), makespan, reorders by reason, and the worst wait against the starvation
-bound aging guarantees: (priority span + bonus) x agingDivisor plus one run and one
-swap (the span is 200 for the plain bands).
+waiting, wait p50/p95/p99/max (nearest rank), mean bounded slowdown
+(wait + run) / max(run, 10 s) over the requests that ran, and fairness: Jain's index
+of the per-caller mean slowdowns, (sum x)^2 / (n sum x^2), 1 when every caller of
+the band is slowed down alike, 1/n when one caller takes all of it. Per caller and
+per model: count, left, wait p50/p95/max; per caller also its first start and last
+finish, counted from its first arrival. Chains: how long each chain took, from its
+first request's arrival to its last request's end. Overall: swaps, time spent
+swapping, GPU idle time (nothing loading or running between the first arrival and
+the last end), makespan and reorders by reason.
+
+There is no starvation bound: the one printed before left out the backlog with
+higher keys and the swaps ahead (docs/replay.md shows a trace far beyond it).
+
+`judge` compares the simulated parameter sets with the simulated run of the recorded
+parameters (the baseline). The simulation's error is how far that baseline is from
+the recorded run, per band (p95 and worst wait, left, fairness); a parameter set gets
+`*` only when on some of those figures it beats the baseline by more than both the
+error and the shake spread (max - min over the shaken copies, its own or the
+baseline's, whichever is wider), is worse beyond them on none, and is the best such
+set by `objective`. Without --shake the spread is unknown and nothing is marked.
 """
 
 from __future__ import annotations
@@ -17,15 +32,59 @@ import io
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from app.core.policy import REORDER_REASONS
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S, ScoringParams
 from tools.replay.workload import RunResult, Workload
 
 BANDS = ("interactive", "normal", "batch")
 SLOWDOWN_FLOOR_NS = 10 * NS_PER_S
+NO_CALLER = "(none)"
+"""How a request without a caller label is grouped."""
 Figures = dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Groups:
+    """Request indices by band, caller and model, and the chains (kept for the last
+    workload seen, since a sweep computes figures of many runs of one workload)."""
+
+    bands: dict[str, list[int]]
+    band_callers: dict[str, dict[str, list[int]]]
+    callers: dict[str, list[int]]
+    models: dict[str, list[int]]
+    chains: list[list[int]]
+    """Each chain's requests, first to last."""
+
+
+_GROUPS: list[tuple[Workload, _Groups]] = []
+
+
+def _groups(workload: Workload) -> _Groups:
+    if _GROUPS and _GROUPS[0][0] is workload:
+        return _GROUPS[0][1]
+    g = _Groups({b: [] for b in BANDS}, {b: {} for b in BANDS}, {}, {}, [])
+    succ: dict[int, int] = {}
+    for i, r in enumerate(workload.requests):
+        band = band_of(r.priority)
+        caller = r.caller or NO_CALLER
+        g.bands[band].append(i)
+        g.band_callers[band].setdefault(caller, []).append(i)
+        g.callers.setdefault(caller, []).append(i)
+        g.models.setdefault(r.model, []).append(i)
+        if r.after >= 0:
+            succ[r.after] = i
+    for i, r in enumerate(workload.requests):
+        if r.after < 0 and i in succ:
+            chain = [i]
+            while chain[-1] in succ:
+                chain.append(succ[chain[-1]])
+            g.chains.append(chain)
+    _GROUPS[:] = [(workload, g)]
+    return g
 
 
 def figures(
@@ -41,54 +100,85 @@ def figures(
     """Every figure of one run, as plain JSON-able values (seconds). `quantiles` adds
     each band's wait at every percentile 0..100 (for plots)."""
     start = result.start_ns
+    end = result.end_ns
     arrival = result.arrival_ns
-    waits: dict[str, list[int]] = {}
-    slow: dict[str, float] = {}
-    left: dict[str, int] = {}
-    count: dict[str, int] = {}
-    worst = -1
-    worst_band = ""
-    for band, (members, runs) in _band_members(workload).items():
-        served = [
-            (start[i] - arrival[i], run)
-            for i, run in zip(members, runs, strict=True)
-            if start[i] >= 0
-        ]
-        count[band] = len(members)
-        left[band] = len(members) - len(served)
-        waits[band] = [w for w, _ in served]
-        slow[band] = sum((w + run) / max(run, SLOWDOWN_FLOOR_NS) for w, run in served)
-        top = max(waits[band], default=-1)
-        if top > worst:
-            worst, worst_band = top, band
+    reqs = workload.requests
+    g = _groups(workload)
+    wait = [s - a if s >= 0 else -1 for s, a in zip(start, arrival, strict=True)]
+    slow = [
+        (w + r.run_ns) / max(r.run_ns, SLOWDOWN_FLOOR_NS) if w >= 0 else -1.0
+        for w, r in zip(wait, reqs, strict=True)
+    ]
+
+    def waits_of(members: list[int]) -> list[int]:
+        return sorted(w for i in members if (w := wait[i]) >= 0)
+
+    def mean_slowdown(members: list[int]) -> float | None:
+        xs = [x for i in members if (x := slow[i]) >= 0]
+        return sum(xs) / len(xs) if xs else None
+
     bands: dict[str, Any] = {}
     curves: dict[str, list[float | None]] = {}
+    worst, worst_band = -1, ""
     for band in BANDS:
-        ws = sorted(waits[band])
+        members = g.bands[band]
+        ws = waits_of(members)
         if quantiles and ws:
             curves[band] = [_s(ws[0]), *(_s(_pct(ws, p)) for p in range(1, 101))]
+        sd = mean_slowdown(members)
+        per_caller = [mean_slowdown(m) for m in g.band_callers[band].values()]
         bands[band] = {
-            "count": count[band],
-            "left": left[band],
-            "wait_p50_s": _s(_pct(ws, 50)),
-            "wait_p95_s": _s(_pct(ws, 95)),
-            "wait_p99_s": _s(_pct(ws, 99)),
-            "wait_max_s": _s(ws[-1] if ws else None),
-            "slowdown": round(slow[band] / len(ws), 3) if ws else None,
+            "count": len(members),
+            "left": len(members) - len(ws),
+            **_wait_figures(ws, p99=True),
+            "slowdown": None if sd is None else round(sd, 3),
+            "fairness": _jain([x for x in per_caller if x is not None]),
         }
-    makespan = max(0, result.last_ns - result.first_ns)
-    bound = (
-        starvation_bound_ns(workload, params)
-        if params is not None and kind != "reference"
-        else None
+        if ws and ws[-1] > worst:
+            worst, worst_band = ws[-1], band
+    callers: dict[str, Any] = {}
+    for caller, members in sorted(g.callers.items()):
+        ws = waits_of(members)
+        first = min(arrival[i] for i in members)
+        starts = [start[i] for i in members if start[i] >= 0]
+        ends = [end[i] for i in members if end[i] >= 0]
+        sd = mean_slowdown(members)
+        callers[caller] = {
+            "count": len(members),
+            "left": len(members) - len(ws),
+            **_wait_figures(ws),
+            "slowdown": None if sd is None else round(sd, 3),
+            "first_start_s": _s(min(starts) - first if starts else None),
+            "last_finish_s": _s(max(ends) - first if ends else None),
+        }
+    models: dict[str, Any] = {}
+    for model, members in sorted(g.models.items()):
+        ws = waits_of(members)
+        models[model] = {"count": len(members), "left": len(members) - len(ws), **_wait_figures(ws)}
+    took = sorted(
+        max(ends) - arrival[chain[0]]
+        for chain in g.chains
+        if (ends := [end[i] for i in chain if end[i] >= 0])
     )
+    chains = {
+        "count": len(g.chains),
+        "requests": sum(len(c) for c in g.chains),
+        "completion_p50_s": _s(_pct(took, 50)),
+        "completion_max_s": _s(took[-1] if took else None),
+    }
+    makespan = max(0, result.last_ns - result.first_ns)
     row: Figures = {
         "label": label,
         "kind": kind,
         "scheduler": scheduler,
         "aging_divisor_s": None if params is None else params.aging_divisor_ns / NS_PER_S,
         "swap_affinity_bonus": None if params is None else params.swap_affinity_bonus,
+        "fair_share_bonus": None if params is None else params.fair_share_bonus,
+        "short_job_bonus": None if params is None else params.short_job_bonus,
         "bands": bands,
+        "callers": callers,
+        "models": models,
+        "chains": chains,
         "swaps": result.swaps,
         "swap_s": _s(result.swap_ns),
         "idle_s": _s(max(0, makespan - result.busy_ns)),
@@ -96,8 +186,6 @@ def figures(
         "reorders": dict(result.reorders),
         "worst_wait_s": _s(worst if worst >= 0 else None),
         "worst_wait_band": worst_band or None,
-        "bound_s": _s(bound),
-        "within_bound": None if bound is None or worst < 0 else worst <= bound,
         "best": False,
     }
     if quantiles:
@@ -105,38 +193,20 @@ def figures(
     return row
 
 
-_MEMBERS: list[tuple[Workload, dict[str, tuple[list[int], list[int]]]]] = []
+def _wait_figures(ws: list[int], p99: bool = False) -> dict[str, float | None]:
+    out = {"wait_p50_s": _s(_pct(ws, 50)), "wait_p95_s": _s(_pct(ws, 95))}
+    if p99:
+        out["wait_p99_s"] = _s(_pct(ws, 99))
+    out["wait_max_s"] = _s(ws[-1] if ws else None)
+    return out
 
 
-def _band_members(workload: Workload) -> dict[str, tuple[list[int], list[int]]]:
-    """Per band: request indices and their run times (kept for the last workload seen,
-    since a sweep computes figures of many runs of one workload)."""
-    if _MEMBERS and _MEMBERS[0][0] is workload:
-        return _MEMBERS[0][1]
-    groups: dict[str, tuple[list[int], list[int]]] = {b: ([], []) for b in BANDS}
-    for i, r in enumerate(workload.requests):
-        members, runs = groups[band_of(r.priority)]
-        members.append(i)
-        runs.append(r.run_ns)
-    _MEMBERS[:] = [(workload, groups)]
-    return groups
-
-
-def starvation_bound_ns(workload: Workload, params: ScoringParams) -> int | None:
-    """(priority span + bonus) x agingDivisor + the longest run + the longest swap; None
-    without aging (no bound)."""
-    if params.aging_divisor_ns == 0 or not workload.requests:
+def _jain(xs: list[float]) -> float | None:
+    """Jain's fairness index of `xs`: 1 when all equal, 1/n when one takes all."""
+    if not xs:
         return None
-    priorities = [r.priority for r in workload.requests]
-    span = max(priorities) - min(priorities)
-    st = workload.swap_times
-    longest_swap = max(st.unload_ns.values(), default=st.default_unload_ns) + max(
-        st.load_ns.values(), default=st.default_load_ns
-    )
-    longest_run = max(r.run_ns for r in workload.requests)
-    return (
-        (span + params.swap_affinity_bonus) * params.aging_divisor_ns + longest_run + longest_swap
-    )
+    square = sum(x * x for x in xs)
+    return round(sum(xs) ** 2 / (len(xs) * square), 3) if square else 1.0
 
 
 def _pct(sorted_values: Sequence[int], p: float) -> int | None:
@@ -150,40 +220,91 @@ def _s(ns: int | None) -> float | None:
     return None if ns is None else round(ns / NS_PER_S, 3)
 
 
-# -- choosing the best candidate ------------------------------------------------
+# -- the simulation's error, and choosing the best candidate -------------------------
+
+JUDGED = ("wait_p95_s", "wait_max_s", "left", "fairness")
+"""The per-band figures the error is shown for and gains are measured on."""
+HIGHER_IS_BETTER = frozenset({"fairness"})
 
 
 def objective(row: Figures) -> tuple[float, float, float]:
     """Lower is better: interactive p95 wait, then worst batch wait, then mean slowdown.
     With --shake, each is its mean over the trace and its perturbed copies."""
     bands = row["bands"]
-    means = row.get("spread", {}).get("bands", {})
-
-    def value(band: str, key: str) -> float:
-        mean = (means.get(band, {}).get(key) or {}).get("mean")
-        v = mean if mean is not None else bands[band][key]
-        return float(v) if v is not None else 0.0
-
     served = {b: f["count"] - f["left"] for b, f in bands.items()}
     total = sum(served.values()) or 1
-    slow = sum(value(b, "slowdown") * n for b, n in served.items()) / total
-    return (value("interactive", "wait_p95_s"), value("batch", "wait_max_s"), slow)
+    slow = sum((_value(row, b, "slowdown") or 0.0) * n for b, n in served.items()) / total
+    return (
+        _value(row, "interactive", "wait_p95_s") or 0.0,
+        _value(row, "batch", "wait_max_s") or 0.0,
+        slow,
+    )
 
 
-def mark_best(rows: list[Figures]) -> Figures | None:
-    """Flag the best parameter set: lowest objective among simulated runs that have a
-    starvation bound and stay within it (any simulated run if none does)."""
-    sims = [r for r in rows if r["kind"] == "simulated"]
-    safe = [r for r in sims if r["within_bound"]]
-    pool = safe or sims
-    if not pool:
-        return None
-    best = min(pool, key=objective)
-    best["best"] = True
-    return best
+def _value(row: Figures, band: str, key: str) -> float | None:
+    """A band's figure: its mean over the shaken copies when there are some."""
+    mean = (row.get("spread", {}).get("bands", {}).get(band, {}).get(key) or {}).get("mean")
+    v = mean if mean is not None else row["bands"][band][key]
+    return None if v is None else float(v)
+
+
+def _width(row: Figures, band: str, key: str) -> float:
+    sp = row.get("spread", {}).get("bands", {}).get(band, {}).get(key) or {}
+    return float(sp["max"] - sp["min"]) if "min" in sp else 0.0
+
+
+def simulation_error(recorded: Figures, baseline: Figures) -> dict[str, dict[str, float]]:
+    """Per band with requests: |simulated with the recorded parameters - recorded|."""
+    out: dict[str, dict[str, float]] = {}
+    for band in BANDS:
+        if recorded["bands"][band]["count"] == 0:
+            continue
+        figs = {}
+        for key in JUDGED:
+            a, b = recorded["bands"][band][key], baseline["bands"][band][key]
+            figs[key] = round(abs(a - b), 3) if a is not None and b is not None else 0.0
+        out[band] = figs
+    return out
+
+
+def judge(rows: list[Figures], baseline_label: str) -> dict[str, Any]:
+    """The simulation's error (against the `recorded` row) and each simulated row's
+    gains over the baseline; marks the best row whose gain beats the noise. Returns
+    the error (empty without a recorded row)."""
+    recorded = next((r for r in rows if r["kind"] == "recorded"), None)
+    baseline = next((r for r in rows if r["label"] == baseline_label), None)
+    if recorded is None or baseline is None:
+        return {}
+    error = simulation_error(recorded, baseline)
+    shaken = "spread" in baseline
+    winners = []
+    for row in rows:
+        if row["kind"] != "simulated" or row is baseline:
+            continue
+        better, worse = [], []
+        for band, figs in error.items():
+            for key in JUDGED:
+                mine, base = _value(row, band, key), _value(baseline, band, key)
+                if mine is None or base is None:
+                    continue
+                gain = (mine - base) if key in HIGHER_IS_BETTER else (base - mine)
+                noise = max(figs[key], _width(row, band, key), _width(baseline, band, key))
+                if gain > noise:
+                    better.append(f"{band} {key}")
+                elif -gain > noise:
+                    worse.append(f"{band} {key}")
+        row["beyond_noise"] = {"better": better, "worse": worse}
+        if shaken and better and not worse:
+            winners.append(row)
+    if winners:
+        min(winners, key=objective)["best"] = True
+    return error
 
 
 # -- --shake spread ---------------------------------------------------------------
+
+
+_NOT_SPREAD = frozenset({"label", "kind", "quantiles", "beyond_noise"})
 
 
 def spread(samples: list[Figures]) -> dict[str, Any]:
@@ -192,7 +313,7 @@ def spread(samples: list[Figures]) -> dict[str, Any]:
     def walk(values: list[Any]) -> Any:
         first = values[0]
         if isinstance(first, dict):
-            return {k: walk([v[k] for v in values]) for k in first if k not in ("label", "kind")}
+            return {k: walk([v[k] for v in values]) for k in first if k not in _NOT_SPREAD}
         nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
         if not nums:
             return None
@@ -227,17 +348,27 @@ def _cell(value: Any, spread_of: Any, fmt: Callable[[Any], str]) -> str:
     return text
 
 
-def table(rows: list[Figures], header: str = "") -> str:
+def table(
+    rows: list[Figures],
+    header: str = "",
+    *,
+    error: dict[str, dict[str, float]] | None = None,
+    by: Sequence[str] = (),
+) -> str:
+    """The side-by-side report; `by` adds per-"caller" and per-"model" sections."""
     out = io.StringIO()
     if header:
         out.write(header + "\n\n")
     name_w = max([len(r["label"]) + 2 for r in rows] + [10])
-    out.write("wait = arrival to start on a loaded model; left = clients that gave up waiting\n")
-    cols = ("count", "left", "p50", "p95", "p99", "max", "slowdown")
+    out.write(
+        "wait = arrival to start on a loaded model; left = clients that gave up waiting or "
+        "reached their deadline; fair = Jain's index of per-caller mean slowdown (1 = even)\n"
+    )
+    cols = ("count", "left", "p50", "p95", "p99", "max", "slowdown", "fair")
     band_rows: list[list[str]] = []
     for r in rows:
         sp = r.get("spread", {}).get("bands", {})
-        name = ("* " if r["best"] else "  ") + r["label"]
+        name = _name(r)
         first = len(band_rows)
         for band in BANDS:
             b = r["bands"][band]
@@ -249,17 +380,18 @@ def table(rows: list[Figures], header: str = "") -> str:
                     name,
                     band,
                     str(b["count"]),
-                    str(b["left"]),
+                    _cell(b["left"], bs.get("left"), str),
                     *(
                         _cell(b[k], bs.get(k), duration)
                         for k in ("wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s")
                     ),
                     _cell(b["slowdown"], bs.get("slowdown"), _ratio),
+                    _cell(b["fairness"], bs.get("fairness"), _ratio),
                 ]
             )
             name = ""
         if len(band_rows) > first:
-            band_rows.append([""] * 9)  # a blank line between runs
+            band_rows.append([""] * (2 + len(cols)))  # a blank line between runs
     if band_rows:
         _grid(out, ["run", "band", *cols], band_rows[:-1], name_w)
     else:
@@ -272,35 +404,103 @@ def table(rows: list[Figures], header: str = "") -> str:
         worst = _cell(r["worst_wait_s"], sp.get("worst_wait_s"), duration)
         if r["worst_wait_band"]:
             worst += f" ({r['worst_wait_band']})"
-        if r["bound_s"] is None:
-            bound = "none"
-        else:
-            bound = duration(r["bound_s"]) + ("" if r["within_bound"] else " EXCEEDED")
+        ch = r["chains"]
         overall.append(
             [
-                ("* " if r["best"] else "  ") + r["label"],
+                _name(r),
                 _cell(r["swaps"], sp.get("swaps"), str),
                 _cell(r["swap_s"], sp.get("swap_s"), duration),
                 _cell(r["idle_s"], sp.get("idle_s"), duration),
                 _cell(r["makespan_s"], sp.get("makespan_s"), duration),
-                f"{ro.get('aging', 0)}/{ro.get('swap_affinity', 0)}",
+                "/".join(str(ro.get(k, 0)) for k in REORDER_REASONS),
                 worst,
-                bound,
+                "-"
+                if not ch["count"]
+                else _cell(
+                    ch["completion_max_s"], sp.get("chains", {}).get("completion_max_s"), duration
+                ),
             ]
         )
     _grid(
         out,
-        ["run", "swaps", "swapping", "idle", "makespan", "reorders age/aff", "worst wait", "bound"],
+        [
+            "run",
+            "swaps",
+            "swapping",
+            "idle",
+            "makespan",
+            "reorders age/aff/fair/short",
+            "worst wait",
+            "longest chain",
+        ],
         overall,
         name_w,
     )
+    for section in by:
+        out.write("\n")
+        _by_table(out, rows, section, name_w)
+    if error:
+        out.write(
+            "\nsimulation error (the recorded parameters simulated vs the recorded run): "
+            + "; ".join(
+                f"{band} p95 {duration(e['wait_p95_s'])}, max {duration(e['wait_max_s'])}, "
+                f"left {e['left']:g}, fair {e['fairness']:.2f}"
+                for band, e in error.items()
+            )
+            + "\n"
+        )
+    shaken = any("spread" in r for r in rows)
     if any(r["best"] for r in rows):
         out.write(
-            "\n* best: lowest interactive p95 wait, then worst batch wait, then slowdown"
-            " (means over the shaken runs, if any), among parameter sets within their"
-            " starvation bound\n"
+            "\n* best: beats the recorded parameters' simulation on some band's p95 wait, "
+            "worst wait, left or fairness by more than both the simulation error and the "
+            "shake spread, is worse beyond them on none, and has the lowest interactive p95 "
+            "wait, then worst batch wait, then slowdown (means over the shaken runs)\n"
+        )
+    elif error and any(r["kind"] == "simulated" for r in rows):
+        out.write(
+            "\nno * : no parameter set beats the recorded parameters by more than the "
+            "simulation error and the shake spread"
+            + ("" if shaken else " (the spread needs --shake N; without it nothing is marked)")
+            + "\n"
         )
     return out.getvalue()
+
+
+def _name(row: Figures) -> str:
+    return ("* " if row["best"] else "  ") + str(row["label"])
+
+
+def _by_table(out: io.StringIO, rows: list[Figures], section: str, name_w: int) -> None:
+    """One line per run and caller (or model)."""
+    key = {"caller": "callers", "model": "models"}[section]
+    head = ["run", section, "count", "left", "p50", "p95", "max"]
+    if section == "caller":
+        head += ["first start", "last finish"]
+    lines: list[list[str]] = []
+    for r in rows:
+        sp = r.get("spread", {}).get(key, {})
+        name = _name(r)
+        for group, f in r[key].items():
+            gs = sp.get(group, {})
+            line = [
+                name,
+                group,
+                str(f["count"]),
+                _cell(f["left"], gs.get("left"), str),
+                *(
+                    _cell(f[k], gs.get(k), duration)
+                    for k in ("wait_p50_s", "wait_p95_s", "wait_max_s")
+                ),
+            ]
+            if section == "caller":
+                line += [
+                    _cell(f[k], gs.get(k), duration) for k in ("first_start_s", "last_finish_s")
+                ]
+            lines.append(line)
+            name = ""
+        lines.append([""] * len(head))
+    _grid(out, head, lines[:-1], name_w)
 
 
 def _ratio(value: float | None) -> str:
@@ -351,6 +551,8 @@ def _flatten(row: Figures, prefix: str = "") -> dict[str, Any]:
                 flat.update(_flatten(figs, f"{prefix}{band}_"))
         elif isinstance(v, dict):
             flat.update(_flatten(v, f"{key}_"))
+        elif isinstance(v, list):
+            flat[key] = ";".join(map(str, v))
         else:
             flat[key] = v
     return flat

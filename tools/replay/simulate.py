@@ -6,6 +6,13 @@ with `app.core.state.apply`, and every dispatch is whatever `app.core.policy.dec
 returns at that moment. Nothing here scores or orders requests; that is what makes a
 replay honest.
 
+Every enqueue carries what the live server's would: the request's caller, and its
+expected run time, the recorded one when the log has them, else what a
+`RunEstimates` fed with this run's own completed runs expects at that moment (how
+the server learns it). A client leaves the queue at its patience (`patience_ns`,
+see `tools.replay.patience`) and the server cancels a request at its deadline
+(`max_wait_ns`, reason `deadline`), whichever comes first.
+
 The GPU: a request holds it for its measured run time once its model is loaded; a
 swap from A to B costs unload[A] + load[B] (measured medians). Under the `fifo`
 scheduler several requests of one model may be in flight; they share the GPU
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from app.core import events as ev
 from app.core.policy import decide, reorder_reasons
 from app.core.priority import band_of
+from app.core.run_estimate import RunEstimates
 from app.core.scoring import ScoringParams
 from app.core.state import FIFO, SERIAL, SchedulerState, apply
 from tools.replay.workload import Request, RunResult, Workload
@@ -36,8 +44,10 @@ SwapCost = Callable[[str | None, str], tuple[int, int]]
 """(from_model, to_model) -> (unload_ns, load_ns)."""
 
 _INF = 1 << 126
-_CANCEL = 0
-_ARRIVAL = 1
+# Kinds of pending steps; at the same moment they happen in this order.
+_DEADLINE = 0
+_CANCEL = 1
+_ARRIVAL = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +65,8 @@ class Policy:
     """fifo: per-model queue priority added to the header's."""
     kind: str = "simulated"
     """'simulated' (a parameter set) or 'reference' (a policy to compare against)."""
+    caller_weights: tuple[tuple[str, int], ...] = ()
+    """Fair-share weight of each caller (absent: 1), as `server_started` carries them."""
 
 
 def simulate(
@@ -97,7 +109,31 @@ def started_event(
         model_priority=dict(policy.model_priority),
         concurrency=dict.fromkeys(sorted(models), limit),
         log_format=ev.LOG_FORMAT,
+        fair_share_bonus=policy.params.fair_share_bonus,
+        short_job_bonus=policy.params.short_job_bonus,
+        caller_weights=dict(policy.caller_weights),
     )
+
+
+class _Learnt:
+    """`RunEstimates` with each (model, endpoint)'s answer kept until its next run:
+    arrivals outnumber completions, and the median sorts its window."""
+
+    def __init__(self) -> None:
+        self.estimates = RunEstimates()
+        self.known: dict[tuple[str, str], int | None] = {}
+
+    def observe(self, model: str, endpoint: str, run_ns: int) -> None:
+        """Fed as the server feeds it: `int(run_ms * 1e6)` of the completion."""
+        self.estimates.observe(model, endpoint, run_ns)
+        self.known.pop((model, endpoint), None)
+
+    def expected(self, model: str, endpoint: str) -> int | None:
+        key = (model, endpoint)
+        if key in self.known:
+            return self.known[key]
+        value = self.known[key] = self.estimates.expected(model, endpoint)
+        return value
 
 
 class _Sim:
@@ -122,6 +158,7 @@ class _Sim:
         n = len(self.reqs)
         self.result = RunResult(
             start_ns=[-1] * n,
+            end_ns=[-1] * n,
             arrival_ns=[r.arrival_ns for r in self.reqs],
             order=[],
             timeline=[] if timeline else None,
@@ -147,6 +184,8 @@ class _Sim:
         self.gpu_next = _INF
         self.pids: dict[str, int] = {}
         self.next_pid = 40_000
+        # Expected run times: recorded, else learnt from this run's completions.
+        self.estimates = None if workload.expected_recorded else _Learnt()
 
     def run(self) -> RunResult:
         res = self.result
@@ -180,6 +219,8 @@ class _Sim:
         root_t = [reqs[i].arrival_ns for i in roots]
         n_roots = len(roots)
         ignore_priority = self.ignore_priority
+        estimates = self.estimates
+        end_ns = res.end_ns
         enqueued = ev.RequestEnqueued
         completed = ev.RequestCompleted
         heappush = heapq.heappush
@@ -213,13 +254,18 @@ class _Sim:
             if run_end == now:
                 run_end = _INF
                 r = reqs[run_i]
+                end_ns[run_i] = now
                 if r.outcome == "completed":
+                    run_ms = r.run_ns / 1e6
                     event: ev.AnyEvent = completed(
-                        at=now, request_id=r.request_id, http_status=200, run_ms=r.run_ns / 1e6
+                        at=now, request_id=r.request_id, http_status=200, run_ms=run_ms
                     )
                     apply(state, event)
                     if record is not None:
                         record.append(event)
+                    if estimates is not None:
+                        # As the server learns it: from the completion's run_ms.
+                        estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
                 else:
                     self._finish(run_i, now)
                 nxt = succ.get(run_i)
@@ -231,7 +277,7 @@ class _Sim:
                     if kind == _ARRIVAL:
                         self._arrive(i, now)
                     else:
-                        self._cancel(i, now)
+                        self._cancel(i, now, kind)
                 elif k < n_roots and root_t[k] == now:
                     # self._arrive(roots[k], now), inlined: the most frequent step.
                     i = roots[k]
@@ -245,13 +291,20 @@ class _Sim:
                         endpoint=r.endpoint,
                         priority=0 if ignore_priority else r.priority,
                         band=band_of(r.priority),
+                        durable=r.durable,
                         caller=r.caller,
+                        expected_run_ns=r.expected_run_ns
+                        if estimates is None
+                        else estimates.expected(r.model, r.endpoint),
+                        max_wait_ns=r.max_wait_ns,
                     )
                     apply(state, event)
                     if record is not None:
                         record.append(event)
                     if r.patience_ns is not None:
                         heappush(pending, (now + r.patience_ns, _CANCEL, i))
+                    if r.max_wait_ns is not None:
+                        heappush(pending, (now + r.max_wait_ns, _DEADLINE, i))
                 else:
                     break
             # While the GPU is taken decide() returns nothing: skip the call.
@@ -262,7 +315,12 @@ class _Sim:
                 continue
             scores, dispatched = decision.scores, decision.dispatched
             winner = scores.request_id
-            if scores.without_aging_id != winner or scores.without_affinity_id != winner:
+            if (
+                scores.without_aging_id != winner
+                or scores.without_affinity_id != winner
+                or scores.without_fair_share_id not in (None, winner)
+                or scores.without_short_job_id not in (None, winner)
+            ):
                 for reason in reorder_reasons(scores):
                     reorders[reason] += 1
             if record is not None:
@@ -319,7 +377,7 @@ class _Sim:
                     if kind == _ARRIVAL:
                         self._arrive(i, now)
                     else:
-                        self._cancel(i, now)
+                        self._cancel(i, now, kind)
                 elif k < n_roots and root_t[k] == now:
                     self._arrive(roots[k], now)
                     k += 1
@@ -358,6 +416,7 @@ class _Sim:
             del active[i]
             self._finish(i, now)
             res = self.result
+            res.end_ns[i] = now
             if res.timeline is not None:
                 res.timeline.append((res.start_ns[i], now, self.reqs[i].model, "run"))
             self._chain(i, now)
@@ -399,6 +458,7 @@ class _Sim:
     def _arrive(self, i: int, now: int) -> None:
         r = self.reqs[i]
         self.result.arrival_ns[i] = now
+        estimates = self.estimates
         event = ev.RequestEnqueued(
             at=now,
             request_id=r.request_id,
@@ -407,19 +467,27 @@ class _Sim:
             endpoint=r.endpoint,
             priority=0 if self.ignore_priority else r.priority,
             band=band_of(r.priority),
+            durable=r.durable,
             caller=r.caller,
+            expected_run_ns=r.expected_run_ns
+            if estimates is None
+            else estimates.expected(r.model, r.endpoint),
+            max_wait_ns=r.max_wait_ns,
         )
         apply(self.state, event)
         if self.record is not None:
             self.record.append(event)
         if r.patience_ns is not None:
             heapq.heappush(self.pending, (now + r.patience_ns, _CANCEL, i))
+        if r.max_wait_ns is not None:
+            heapq.heappush(self.pending, (now + r.max_wait_ns, _DEADLINE, i))
 
-    def _cancel(self, i: int, now: int) -> None:
+    def _cancel(self, i: int, now: int, kind: int) -> None:
         r = self.reqs[i]
         if r.request_id not in self.state.queue:
-            return  # dispatched before its client would have left
-        event = ev.RequestCancelled(at=now, request_id=r.request_id, reason="client_gone")
+            return  # dispatched before its client would have left, or already gone
+        reason: ev.CancelReason = "deadline" if kind == _DEADLINE else "client_gone"
+        event = ev.RequestCancelled(at=now, request_id=r.request_id, reason=reason)
         apply(self.state, event)
         if self.record is not None:
             self.record.append(event)
@@ -486,9 +554,10 @@ class _Sim:
         elif r.outcome in ("cancelled", "abandoned"):
             event = ev.RequestCancelled(at=now, request_id=rid, reason="client_gone")
         else:
-            event = ev.RequestCompleted(
-                at=now, request_id=rid, http_status=200, run_ms=r.run_ns / 1e6
-            )
+            run_ms = r.run_ns / 1e6
+            event = ev.RequestCompleted(at=now, request_id=rid, http_status=200, run_ms=run_ms)
+            if self.estimates is not None:
+                self.estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
         apply(self.state, event)
         if self.record is not None:
             self.record.append(event)

@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from multiprocessing.context import BaseContext
 
+from app.core.priority import BAND_STEP, DEFAULT_TIER_SPAN, band_lift_error
 from app.core.scoring import NS_PER_S, ScoringParams
 from tools.replay.report import Figures, figures, spread
 from tools.replay.simulate import Policy, shaken, simulate
 from tools.replay.workload import Workload
 
-AXES = {"aging": "aging divisor (seconds)", "bonus": "swap affinity bonus (0..99)"}
+AXES = {
+    "aging": "aging divisor (seconds)",
+    "bonus": "swap affinity bonus (points)",
+    "fair": "fair-share bonus (points)",
+    "short": "short-job bonus (points)",
+}
+MAX_BOUNDED_POINTS = BAND_STEP - 1
+"""One bounded term's most points (together they must stay below a band, `checked`)."""
 
 
 class GridError(ValueError):
@@ -39,26 +47,52 @@ def seconds_to_ns(text: str) -> int:
     return int(value * NS_PER_S)
 
 
-def parse_bonus(text: str) -> int:
+def parse_bonus(text: str, name: str = "bonus") -> int:
     try:
         bonus = int(text)
     except ValueError:
-        raise GridError(f"{text!r} is not an integer bonus") from None
-    if not 0 <= bonus <= 99:
-        raise GridError(f"bonus {bonus}: must be 0..99 (it must never cross a band)")
+        raise GridError(f"{text!r} is not an integer {name}") from None
+    if not 0 <= bonus <= MAX_BOUNDED_POINTS:
+        raise GridError(
+            f"{name} {bonus}: must be 0..{MAX_BOUNDED_POINTS} (it must never cross a band)"
+        )
     return bonus
 
 
-def parse_grid(specs: list[str], base: ScoringParams) -> list[ScoringParams]:
-    """`aging=0,30,60 bonus=0,10` -> every combination; a missing axis keeps `base`'s value."""
-    aging = [base.aging_divisor_ns]
-    bonus = [base.swap_affinity_bonus]
+def checked(params: ScoringParams, tier_span: int = DEFAULT_TIER_SPAN) -> ScoringParams:
+    """`params`, refused as the config refuses it when its bounded terms with tier
+    offsets up to `tier_span` (the config's default) could lift a request into the
+    next band (aging is the only term allowed to cross)."""
+    error = band_lift_error(
+        {
+            "swapAffinityBonus": params.swap_affinity_bonus,
+            "fairShareBonus": params.fair_share_bonus,
+            "shortJobBonus": params.short_job_bonus,
+        },
+        tier_span,
+    )
+    if error is not None:
+        raise GridError(f"{label_of(params)}: {error}")
+    return params
+
+
+def parse_grid(
+    specs: list[str], base: ScoringParams, tier_span: int = DEFAULT_TIER_SPAN
+) -> list[ScoringParams]:
+    """`aging=0,30,60 bonus=0,10 fair=0,20 short=0,10` -> every combination; a missing
+    axis keeps `base`'s value."""
+    axes: dict[str, list[int]] = {
+        "aging": [base.aging_divisor_ns],
+        "bonus": [base.swap_affinity_bonus],
+        "fair": [base.fair_share_bonus],
+        "short": [base.short_job_bonus],
+    }
     seen = set()
     for spec in specs:
         name, sep, values = spec.partition("=")
         name = name.strip()
         if not sep or name not in AXES:
-            raise GridError(f"{spec!r}: expected aging=S1,S2,... or bonus=N1,N2,...")
+            raise GridError(f"{spec!r}: expected AXIS=V1,V2,... with AXIS one of {', '.join(AXES)}")
         if name in seen:
             raise GridError(f"{name} is given twice")
         seen.add(name)
@@ -66,14 +100,25 @@ def parse_grid(specs: list[str], base: ScoringParams) -> list[ScoringParams]:
         if not items:
             raise GridError(f"{spec!r}: no values")
         if name == "aging":
-            aging = list(dict.fromkeys(seconds_to_ns(v) for v in items))
+            axes[name] = list(dict.fromkeys(seconds_to_ns(v) for v in items))
         else:
-            bonus = list(dict.fromkeys(parse_bonus(v) for v in items))
-    return [ScoringParams(a, b) for a, b in itertools.product(aging, bonus)]
+            axes[name] = list(dict.fromkeys(parse_bonus(v, name) for v in items))
+    return [
+        checked(ScoringParams(a, b, f, s), tier_span)
+        for a, b, f, s in itertools.product(
+            axes["aging"], axes["bonus"], axes["fair"], axes["short"]
+        )
+    ]
 
 
 def label_of(params: ScoringParams) -> str:
-    return f"aging={_secs(params.aging_divisor_ns)} bonus={params.swap_affinity_bonus}"
+    """`aging=60s bonus=10`, with `fair=N short=N` when those terms are on."""
+    text = f"aging={_secs(params.aging_divisor_ns)} bonus={params.swap_affinity_bonus}"
+    if params.fair_share_bonus:
+        text += f" fair={params.fair_share_bonus}"
+    if params.short_job_bonus:
+        text += f" short={params.short_job_bonus}"
+    return text
 
 
 def _secs(ns: int) -> str:

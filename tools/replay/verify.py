@@ -67,9 +67,12 @@ class VerifyResult:
 def _fmt(b: Breakdown | None) -> str:
     if b is None:
         return ""
-    return (
-        f"score {b.total:.6f} = priority {b.priority} + affinity {b.affinity} + aging {b.aging:.6f}"
-    )
+    text = f"score {b.total:.6f} = priority {b.priority} + affinity {b.affinity}"
+    if b.fair_share:
+        text += f" + fair share {b.fair_share:.6f}"
+    if b.short_job:
+        text += f" + short job {b.short_job:.6f}"
+    return text + f" + aging {b.aging:.6f}"
 
 
 def verify(events: Iterable[tuple[int, ev.AnyEvent]]) -> VerifyResult:
@@ -132,6 +135,8 @@ def _started_as_recorded(scores: ev.ScoresComputed, at: int) -> ev.ServerStarted
         scheduler=scores.scheduler,
         aging_divisor_ns=scores.aging_divisor_ns,
         swap_affinity_bonus=scores.swap_affinity_bonus,
+        fair_share_bonus=scores.fair_share_bonus,
+        short_job_bonus=scores.short_job_bonus,
         log_format=ev.LOG_FORMAT,
     )
 
@@ -160,9 +165,7 @@ def _divergence(
     queued = state.queue.get(scores.request_id)
     as_sim = None
     if queued is not None:
-        as_sim = state.queue.params.breakdown(
-            queued.priority, queued.enqueued_ns, at, queued.model == state.resident
-        )
+        as_sim = state.score(queued, at)
     return Divergence(
         seq=seq,
         at=at,

@@ -2,8 +2,10 @@
 
 `extract(path)` reads a gpulane database read-only, in one pass over `events`:
 
-- per request: arrival (first enqueue), priority, model, the GPU time it held once
-  started (`run_ms` of its completion, else started -> end), and, for a request
+- per request: arrival (first enqueue), priority, model, endpoint, caller, whether
+  it is a durable job, the expected run time and deadline its enqueue recorded, the
+  GPU time it held once started (`run_ms` of its completion, else started -> end),
+  how long it waited for its dispatch if it was dispatched, and, for a request
   cancelled or abandoned while waiting, how long its client waited before leaving;
 - per model: the measured load time, and the unload time of a model a swap evicted
   (medians when there are several);
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core import events as ev
-from app.core.policy import reorder_reasons
+from app.core.policy import REORDER_REASONS, reorder_reasons
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL
 from app.store.engine import open_readonly
@@ -55,6 +57,17 @@ class Request:
     run_estimated: bool = False
     """Never ran in the log (its client left first): `run_ns` is the model's median."""
     caller: str | None = None
+    durable: bool = False
+    """A durable job (`Prefer: respond-async`): nobody waits on a connection for it."""
+    expected_run_ns: int | None = None
+    """What its enqueue recorded as its expected run time (None: no history then)."""
+    max_wait_ns: int | None = None
+    """Its caller's deadline (`X-Gpulane-Max-Wait`): the server cancels it then."""
+    waited_ns: int | None = None
+    """In the recorded run: arrival to dispatch, when it was dispatched. Its client
+    was still there then, so its patience was at least this."""
+    left_by: str | None = None
+    """How it left the queue in the recorded run: a cancel reason or 'abandoned'."""
 
 
 @dataclass(slots=True)
@@ -78,6 +91,8 @@ class RunResult:
 
     start_ns: list[int]
     """Per request index: when it started on a loaded model; -1 if it never did."""
+    end_ns: list[int]
+    """Per request index: when it ended after starting; -1 if it never started."""
     arrival_ns: list[int]
     """Per request index: its arrival in this run (chains move with their predecessor)."""
     order: list[int]
@@ -88,7 +103,7 @@ class RunResult:
     """Time the GPU was loading or running something."""
     first_ns: int = 0
     last_ns: int = 0
-    reorders: dict[str, int] = field(default_factory=lambda: {"aging": 0, "swap_affinity": 0})
+    reorders: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REORDER_REASONS, 0))
     timeline: list[tuple[int, int, str, str]] | None = None
     """(start, end, model, 'swap' | 'run') spans, when asked for (plots)."""
 
@@ -104,6 +119,15 @@ class Workload:
     recorded: RunResult | None = None
     model_priority: dict[str, int] = field(default_factory=dict)
     """fifo: per-model queue priority, as the last `server_started` records it."""
+    caller_weights: dict[str, int] = field(default_factory=dict)
+    """Fair-share weights, as the last `server_started` records them."""
+
+    @property
+    def expected_recorded(self) -> bool:
+        """Whether the log recorded expected run times at enqueue (a log written
+        before they existed, or a generated trace, did not: a simulation then
+        learns them from its own completed runs, as the live server does)."""
+        return any(r.expected_run_ns is not None for r in self.requests)
 
     @property
     def models(self) -> list[str]:
@@ -136,6 +160,7 @@ class _Seen:
     ended_ns: int = -1
     run_ns: int | None = None
     outcome: str = "open"
+    left_by: str | None = None
 
 
 def extract_events(
@@ -144,13 +169,14 @@ def extract_events(
     requests: list[Request] = []
     seen: dict[str, _Seen] = {}
     order: list[int] = []
-    reorders = {"aging": 0, "swap_affinity": 0}
+    reorders = dict.fromkeys(REORDER_REASONS, 0)
     params = ScoringParams()
     scheduler = SERIAL
     have_params = False
     loads: dict[str, list[int]] = {}
     unloads: dict[str, list[int]] = {}
     model_priority: dict[str, int] = {}
+    caller_weights: dict[str, int] = {}
     open_swap: dict[str, tuple[int, str | None, int]] = {}  # to_model -> (start, from, unload)
     swaps = 0
     swap_ns = 0
@@ -161,9 +187,10 @@ def extract_events(
     for _seq, e in events:
         match e:
             case ev.ServerStarted():
-                params = ScoringParams(e.aging_divisor_ns, e.swap_affinity_bonus)
+                params = _params_of(e)
                 scheduler = e.scheduler
                 model_priority = dict(e.model_priority)
+                caller_weights = dict(e.caller_weights)
                 have_params = True
             case ev.RequestEnqueued():
                 if e.request_id in seen:
@@ -179,12 +206,15 @@ def extract_events(
                         0,
                         endpoint=e.endpoint,
                         caller=e.caller,
+                        durable=e.durable,
+                        expected_run_ns=e.expected_run_ns,
+                        max_wait_ns=e.max_wait_ns,
                     )
                 )
                 first_ns = arrival if first_ns is None else min(first_ns, arrival)
             case ev.ScoresComputed():
                 if not have_params:  # a log without server_started (synthetic, truncated)
-                    params = ScoringParams(e.aging_divisor_ns, e.swap_affinity_bonus)
+                    params = _params_of(e)
                     scheduler = e.scheduler
                     have_params = True
                 for reason in reorder_reasons(e):
@@ -228,6 +258,10 @@ def extract_events(
                 s.ended_ns = e.at
                 last_ns = max(last_ns, e.at)
                 s.outcome = ev.type_name(e).removeprefix("request_")
+                if isinstance(e, ev.RequestCancelled):
+                    s.left_by = e.reason
+                elif isinstance(e, ev.RequestAbandoned):
+                    s.left_by = "abandoned"
                 if isinstance(e, ev.RequestCompleted) and e.run_ms is not None:
                     s.run_ns = round(e.run_ms * NS_PER_MS)
                 elif s.started_ns >= 0:
@@ -238,16 +272,21 @@ def extract_events(
                 pass
 
     start_ns = [-1] * len(requests)
+    end_ns = [-1] * len(requests)
     busy: list[tuple[int, int]] = [(a, b) for a, b, _, _ in spans]
     for s in seen.values():
         r = requests[s.index]
         r.outcome = s.outcome
         if s.started_ns >= 0:
             start_ns[s.index] = s.started_ns
+            end_ns[s.index] = s.ended_ns
         if s.run_ns is not None:
             r.run_ns = s.run_ns
-        if s.dispatched_ns < 0 and s.ended_ns >= 0:
+        if s.dispatched_ns >= 0:
+            r.waited_ns = s.dispatched_ns - r.arrival_ns
+        elif s.ended_ns >= 0:
             r.patience_ns = s.ended_ns - r.arrival_ns
+            r.left_by = s.left_by
         if s.started_ns >= 0 and s.ended_ns >= 0:
             spans.append((s.started_ns, s.ended_ns, r.model, "run"))
         if s.dispatched_ns >= 0:
@@ -256,6 +295,7 @@ def extract_events(
     _link_chains(requests, seen, chain_gap_ns)
     recorded = RunResult(
         start_ns=start_ns,
+        end_ns=end_ns,
         arrival_ns=[r.arrival_ns for r in requests],
         order=order,
         swaps=swaps,
@@ -273,6 +313,13 @@ def extract_events(
         scheduler=scheduler,
         recorded=recorded,
         model_priority=model_priority,
+        caller_weights=caller_weights,
+    )
+
+
+def _params_of(e: ev.ServerStarted | ev.ScoresComputed) -> ScoringParams:
+    return ScoringParams(
+        e.aging_divisor_ns, e.swap_affinity_bonus, e.fair_share_bonus, e.short_job_bonus
     )
 
 
