@@ -4,7 +4,10 @@
 
 For each queue size, builds a queue of that many requests over 3 models (priorities drawn
 from the bands and their tier offsets, enqueue times one millisecond apart), then times
-`--ops` single operations of each kind, keeping the size steady:
+`--ops` single operations of each kind, keeping the size steady, twice: with the
+designed score, and with every term on (fairShareBonus 20 over 8 callers whose
+fair-share terms move at every pick, as charging moves them, and shortJobBonus 20
+with expected run times of 6 s to 16 min):
 
 - enqueue: `push` of a new request (then an untimed cancel of a random one);
 - pick:    `pick` plus `remove` of the winner, i.e. one dispatch (then an untimed push);
@@ -31,14 +34,20 @@ MODELS = ("llama-8b", "qwen-32b", "flux-dev")
 PRIORITIES = (102, 101, 100, 2, 1, 0, 0, 0, -98, -99, -100, -100)
 STEP_NS = 1_000_000  # one enqueue per millisecond
 PARAMS = ScoringParams(aging_divisor_ns=60 * NS_PER_S, swap_affinity_bonus=10)
+ALL_TERMS = ScoringParams(
+    aging_divisor_ns=60 * NS_PER_S, swap_affinity_bonus=10, fair_share_bonus=20, short_job_bonus=20
+)
+CALLERS = tuple(f"member-{i}" for i in range(8))
+RUNS_NS = tuple(s * NS_PER_S for s in (6, 6, 6, 30, 240, 960))
 
 
 class Workload:
     """A queue plus the ids it holds, so a random queued id is O(1) to find and drop."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, params: ScoringParams = PARAMS) -> None:
         self.rng = random.Random(seed)
-        self.queue = ScoreQueue(PARAMS)
+        self.terms = params.fair_share_bonus != 0
+        self.queue = ScoreQueue(params)
         self.ids: list[str] = []
         self.slot: dict[str, int] = {}
         self.order = 0
@@ -52,7 +61,16 @@ class Workload:
             priority=self.rng.choice(PRIORITIES),
             enqueued_ns=1_700_000_000 * NS_PER_S + n * STEP_NS,
             order=n,
+            caller=self.rng.choice(CALLERS) if self.terms else None,
+            expected_run_ns=self.rng.choice(RUNS_NS) if self.terms else None,
         )
+
+    def fair(self) -> dict[str | None, int]:
+        """Each caller's fair-share term, moved at random as charging moves it."""
+        if not self.terms:
+            return {}
+        full = ALL_TERMS.fair_share_bonus * ALL_TERMS.scale
+        return {c: full * self.rng.randrange(101) // 100 for c in CALLERS}
 
     def track(self, request_id: str) -> None:
         self.slot[request_id] = len(self.ids)
@@ -86,8 +104,10 @@ def _time(ops: int, setup: Callable[[], object], op: Callable[[object], object])
     return samples
 
 
-def bench_ops(n: int, ops: int, resident: str) -> dict[str, list[int]]:
-    w = Workload(seed=n)
+def bench_ops(
+    n: int, ops: int, resident: str, params: ScoringParams = PARAMS
+) -> dict[str, list[int]]:
+    w = Workload(seed=n, params=params)
     w.fill(n)
     q = w.queue
     out: dict[str, list[int]] = {}
@@ -114,18 +134,20 @@ def bench_ops(n: int, ops: int, resident: str) -> dict[str, list[int]]:
     # pick: one dispatch = pick + remove of the winner, then push (untimed) to stay at n.
     winners: list[str] = []
 
-    def pick_op(_: object) -> None:
-        p = q.pick(resident)
+    def pick_op(fair: object) -> None:
+        assert isinstance(fair, dict)
+        p = q.pick(resident, fair)
         assert p is not None
         q.remove(p.winner.request_id)
         winners.append(p.winner.request_id)
 
-    def pick_setup() -> None:
+    def pick_setup() -> dict[str | None, int]:
         while winners:
             w.untrack(winners.pop())
             item = w.new_item()
             q.push(item)
             w.track(item.request_id)
+        return w.fair()
 
     out["pick"] = _time(ops, pick_setup, pick_op)
     pick_setup()
@@ -184,16 +206,17 @@ def main() -> None:
         f"bonus {PARAMS.swap_affinity_bonus}, {args.ops} timed ops per cell"
     )
     print("median (p99) microseconds per operation")
-    print(f"{'queued':>9} | {'enqueue':>18} | {'pick+remove':>18} | {'cancel':>18}")
+    print(f"{'queued':>9} {'terms':>5} | {'enqueue':>18} | {'pick+remove':>18} | {'cancel':>18}")
     for n in sizes:
-        res = bench_ops(n, args.ops, MODELS[0])
-        cells = []
-        for kind in ("enqueue", "pick", "cancel"):
-            s = sorted(res[kind])
-            p99 = s[min(len(s) - 1, int(len(s) * 0.99))]
-            cells.append(f"{_fmt_us(statistics.median(s))} ({_fmt_us(p99).strip():>7})")
-        print(f"{n:>9} | " + " | ".join(cells))
-        gc.collect()
+        for label, params in (("off", PARAMS), ("all", ALL_TERMS)):
+            res = bench_ops(n, args.ops, MODELS[0], params)
+            cells = []
+            for kind in ("enqueue", "pick", "cancel"):
+                s = sorted(res[kind])
+                p99 = s[min(len(s) - 1, int(len(s) * 0.99))]
+                cells.append(f"{_fmt_us(statistics.median(s))} ({_fmt_us(p99).strip():>7})")
+            print(f"{n:>9} {label:>5} | " + " | ".join(cells))
+            gc.collect()
 
     print("memory held per queued request (tracemalloc)")
     for n in [int(s) for s in args.memory_sizes.split(",") if s]:

@@ -58,11 +58,14 @@ _Entry = tuple[int, int, str]
 
 
 class _Lane:
-    __slots__ = ("aging", "caller", "model", "noshort", "plain")
+    __slots__ = ("aging", "caller", "live", "model", "noshort", "plain")
 
     def __init__(self, model: str, caller: str | None) -> None:
         self.model = model
         self.caller = caller
+        self.live = 0
+        """Live requests in it: an empty lane is dropped, so a pick scans only
+        the lanes of callers with waiting work."""
         self.aging: list[_Entry] = []
         self.plain: list[_Entry] = []
         self.noshort: list[_Entry] = []
@@ -100,18 +103,17 @@ class ScoreQueue:
         lane = self._lanes.get((item.model, caller))
         if lane is None:
             lane = self._lanes[(item.model, caller)] = _Lane(item.model, caller)
+        lane.live += 1
+        # base_key and plain_key, inlined: push is on every enqueue and replay step.
         params = self.params
-        run = item.expected_run_ns
-        heapq.heappush(
-            lane.aging,
-            (-params.base_key(item.priority, item.enqueued_ns, run), item.order, item.request_id),
-        )
-        heapq.heappush(
-            lane.plain, (-params.plain_key(item.priority, run), item.order, item.request_id)
-        )
+        short = params.short_job_key(item.expected_run_ns) if self._short else 0
+        plain = item.priority * params.scale + short
+        key = plain if params.aging_divisor_ns == 0 else plain - item.enqueued_ns
+        order, rid = item.order, item.request_id
+        heapq.heappush(lane.aging, (-key, order, rid))
+        heapq.heappush(lane.plain, (-plain, order, rid))
         if self._short:
-            key = params.base_key(item.priority, item.enqueued_ns)
-            heapq.heappush(lane.noshort, (-key, item.order, item.request_id))
+            heapq.heappush(lane.noshort, (short - key, order, rid))
 
     def remove(self, request_id: str) -> Queued | None:
         """Take a request out (cancel or dispatch); None when it is not queued."""
@@ -119,7 +121,15 @@ class ScoreQueue:
         if item is None:
             return None
         per_request = 3 if self._short else 2  # one entry in each heap
-        self._dead += per_request
+        lane_key = (item.model, item.caller if self._by_caller else None)
+        lane = self._lanes[lane_key]
+        lane.live -= 1
+        if lane.live == 0:
+            # Every entry left in it is dead: drop them with the lane.
+            del self._lanes[lane_key]
+            self._dead += per_request - len(lane.aging) - len(lane.plain) - len(lane.noshort)
+        else:
+            self._dead += per_request
         if self._dead > 2048 and self._dead > per_request * len(self._live):
             self._compact()
         return item
@@ -147,67 +157,77 @@ class ScoreQueue:
 
     def pick(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Pick | None:
         """The winner, the runner-up and the winners without each term."""
-        # One pass over the lanes answers every question; each candidate tuple is
-        # (negated key, arrival order, id), the smallest wins, exactly as `best`.
+        # One pass over the lanes answers every question. A candidate is (negated
+        # key, arrival order): the smallest wins, exactly as `best`; kept as two
+        # ints per question rather than tuples, since this loop runs per dispatch.
         bonus = self.params.affinity_key()
         short = self._short
-        fair = fair if self._by_caller else _NO_FAIR
+        by_caller = self._by_caller
+        live = self._live
+        top_of = self._top
+        big = 1 << 200  # beyond any key: "no candidate yet"
         tops: list[tuple[_Lane, int, _Entry]] = []
-        win: _Entry | None = None
+        win_k = aging_k = aff_k = fair_k = short_k = big
+        win_o = aging_o = aff_o = fair_o = short_o = 0
+        win_id = aging_id = aff_id = fair_id = short_id = ""
         win_lane: _Lane | None = None
-        no_aging: _Entry | None = None
-        no_affinity: _Entry | None = None
-        no_fair: _Entry | None = None
-        no_short: _Entry | None = None
         for lane in self._lanes.values():
-            top = self._top(lane.aging)
-            if top is None:
-                continue
-            plain = self._top(lane.plain)
-            assert plain is not None  # every heap of a lane holds the same live requests
+            heap = lane.aging
+            top = heap[0]
+            item = live.get(top[2])
+            if item is None or item.order != top[1]:
+                top = top_of(heap)
+                assert top is not None  # a lane with no live request is dropped
+            plain = lane.plain[0]
+            item = live.get(plain[2])
+            if item is None or item.order != plain[1]:
+                plain = top_of(lane.plain)
+                assert plain is not None  # every heap of a lane holds the same requests
             aff = bonus if lane.model == resident else 0
-            fair_key = fair.get(lane.caller, 0)
+            fair_key = fair.get(lane.caller, 0) if by_caller else 0
             adjust = aff + fair_key
-            cand = (top[0] - adjust, top[1], top[2])
-            tops.append((lane, adjust, cand))
-            if win is None or cand < win:
-                win, win_lane = cand, lane
-            entry = (plain[0] - adjust, plain[1], plain[2])
-            if no_aging is None or entry < no_aging:
-                no_aging = entry
-            entry = (top[0] - fair_key, top[1], top[2])
-            if no_affinity is None or entry < no_affinity:
-                no_affinity = entry
-            entry = (top[0] - aff, top[1], top[2])
-            if no_fair is None or entry < no_fair:
-                no_fair = entry
+            tops.append((lane, adjust, top))
+            key, order = top[0], top[1]
+            k = key - adjust
+            if k < win_k or (k == win_k and order < win_o):
+                win_k, win_o, win_id, win_lane = k, order, top[2], lane
+            k = key - fair_key
+            if k < aff_k or (k == aff_k and order < aff_o):
+                aff_k, aff_o, aff_id = k, order, top[2]
+            if by_caller:
+                k = key - aff
+                if k < fair_k or (k == fair_k and order < fair_o):
+                    fair_k, fair_o, fair_id = k, order, top[2]
+            k = plain[0] - adjust
+            if k < aging_k or (k == aging_k and plain[1] < aging_o):
+                aging_k, aging_o, aging_id = k, plain[1], plain[2]
             if short:
-                bare = self._top(lane.noshort)
-                assert bare is not None
-                entry = (bare[0] - adjust, bare[1], bare[2])
-                if no_short is None or entry < no_short:
-                    no_short = entry
-        if win is None:
+                bare = lane.noshort[0]
+                item = live.get(bare[2])
+                if item is None or item.order != bare[1]:
+                    bare = top_of(lane.noshort)
+                    assert bare is not None
+                k = bare[0] - adjust
+                if k < short_k or (k == short_k and bare[1] < short_o):
+                    short_k, short_o, short_id = k, bare[1], bare[2]
+        if win_lane is None:
             return None
-        assert no_aging is not None and no_affinity is not None and no_fair is not None
         runner: _Entry | None = None
-        for lane, adjust, cand in tops:
-            if lane is win_lane:
-                second = self._second(lane.aging)
-                if second is None:
-                    continue
-                cand = (second[0] - adjust, second[1], second[2])
+        for lane, adjust, top in tops:
+            entry = self._second(lane.aging) if lane is win_lane else top
+            if entry is None:
+                continue
+            cand = (entry[0] - adjust, entry[1], entry[2])
             if runner is None or cand < runner:
                 runner = cand
-        live = self._live
-        winner = live[win[2]]
+        winner = live[win_id]
         return Pick(
             winner=winner,
             runner_up=None if runner is None else live[runner[2]],
-            without_aging=live[no_aging[2]],
-            without_affinity=live[no_affinity[2]],
-            without_fair_share=live[no_fair[2]],
-            without_short_job=winner if no_short is None else live[no_short[2]],
+            without_aging=live[aging_id],
+            without_affinity=live[aff_id],
+            without_fair_share=live[fair_id] if by_caller else winner,
+            without_short_job=live[short_id] if short else winner,
         )
 
     def ranked(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> list[Queued]:

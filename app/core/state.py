@@ -109,7 +109,8 @@ class SchedulerState:
         self.next_order = 0
         self.caller_weights = dict(caller_weights or {})
         self.attained: dict[str | None, int] = {}
-        """Each caller's attained service: GPU time charged, in ns / its weight."""
+        """Each caller's attained service: GPU time charged, in ns / its weight
+        (kept only while fair share is on: nothing else reads it)."""
         self.open_by_caller: dict[str | None, int] = {}
         """Callers with queued or running requests (how many): the active ones."""
 
@@ -169,7 +170,7 @@ class SchedulerState:
         the least attained service of the active callers (or, when none is active,
         the most of any), so time spent idle is not banked as credit."""
         count = self.open_by_caller.get(caller, 0)
-        if count == 0:
+        if count == 0 and self.queue.params.fair_share_bonus:
             attained = self.attained
             if self.open_by_caller:
                 floor = min(attained[c] for c in self.open_by_caller)
@@ -181,7 +182,7 @@ class SchedulerState:
     def _charge(self, request: OpenRequest, at: int) -> None:
         """Charge a running request's caller the GPU time since its dispatch
         (run and any swap it caused), divided by the caller's weight."""
-        if request.dispatched_ns is None:
+        if request.dispatched_ns is None or not self.queue.params.fair_share_bonus:
             return
         weight = max(1, self.caller_weights.get(request.caller or "", 1))
         used = max(0, at - request.dispatched_ns)
