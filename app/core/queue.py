@@ -164,7 +164,7 @@ class ScoreQueue:
         short = self._short
         by_caller = self._by_caller
         live = self._live
-        top_of = self._top
+        top_of = self._live_top
         big = 1 << 200  # beyond any key: "no candidate yet"
         tops: list[tuple[_Lane, int, _Entry]] = []
         win_k = aging_k = aff_k = fair_k = short_k = big
@@ -176,13 +176,11 @@ class ScoreQueue:
             top = heap[0]
             item = live.get(top[2])
             if item is None or item.order != top[1]:
-                top = top_of(heap)
-                assert top is not None  # a lane with no live request is dropped
+                top = top_of(heap)  # a lane with no live request is dropped
             plain = lane.plain[0]
             item = live.get(plain[2])
             if item is None or item.order != plain[1]:
-                plain = top_of(lane.plain)
-                assert plain is not None  # every heap of a lane holds the same requests
+                plain = top_of(lane.plain)  # every heap of a lane holds the same requests
             aff = bonus if lane.model == resident else 0
             fair_key = fair.get(lane.caller, 0) if by_caller else 0
             adjust = aff + fair_key
@@ -206,7 +204,6 @@ class ScoreQueue:
                 item = live.get(bare[2])
                 if item is None or item.order != bare[1]:
                     bare = top_of(lane.noshort)
-                    assert bare is not None
                 k = bare[0] - adjust
                 if k < short_k or (k == short_k and bare[1] < short_o):
                     short_k, short_o, short_id = k, bare[1], bare[2]
@@ -263,6 +260,12 @@ class ScoreQueue:
             heapq.heappop(heap)
             self._dead -= 1
         return None
+
+    def _live_top(self, heap: list[_Entry]) -> _Entry:
+        """`_top` of a heap known to hold a live entry."""
+        top = self._top(heap)
+        assert top is not None
+        return top
 
     def _second(self, heap: list[_Entry]) -> _Entry | None:
         """Best live entry below the (live) top, searching past dead entries."""
