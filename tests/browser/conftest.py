@@ -26,8 +26,11 @@ def chromium_path() -> str | None:
     return os.environ.get("GPULANE_CHROMIUM") or shutil.which("chromium")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope, not session: Playwright's sync API runs an event loop on this
+    # thread while it is open, and pytest-asyncio cannot start one beside it, so it
+    # must be closed before any later async test runs.
     try:
         from playwright.sync_api import expect, sync_playwright
     except ImportError:
