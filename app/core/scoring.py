@@ -12,8 +12,8 @@ the state at the decision and are added to a heap's top, per model and caller
 - short_job = shortJobBonus x R / (R + expected run), R = 60 s: a 6 s chat gets
   0.91 of the bonus, a 4 min render 0.2, no history 0.
 - fair_share = fairShareBonus x (most - mine) / (most - least) over the attained
-  service of the callers with open work (`app.core.fair_share`): the least served
-  caller gets the whole bonus, the most served none.
+  service of the callers with open work (`SchedulerState.fair_keys`): the least
+  served caller gets the whole bonus, the most served none (all none when equal).
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ class ScoringParams(msgspec.Struct, frozen=True):
         service among active callers whose service spans `least`..`most`."""
         if self.fair_share_bonus == 0:
             return 0
-        full = self.fair_share_bonus * self.scale
         if most <= least:
-            return full
+            return 0  # nobody has had less: nobody is favoured
+        full = self.fair_share_bonus * self.scale
         return full * (most - attained) // (most - least)
 
     def breakdown(
