@@ -142,18 +142,22 @@ class ScoreQueue:
 
     def best(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Queued | None:
         """The request that would be dispatched now."""
-        best: _Entry | None = None
         bonus = self.params.affinity_key()
-        fair = fair if self._by_caller else _NO_FAIR
+        by_caller = self._by_caller
+        live = self._live
+        best_k, best_o, best_id = 1 << 200, 0, ""
         for lane in self._lanes.values():
-            top = self._top(lane.aging)
-            if top is None:
-                continue
-            adjust = (bonus if lane.model == resident else 0) + fair.get(lane.caller, 0)
-            cand = (top[0] - adjust, top[1], top[2])
-            if best is None or cand < best:
-                best = cand
-        return None if best is None else self._live[best[2]]
+            heap = lane.aging
+            top = heap[0]
+            item = live.get(top[2])
+            if item is None or item.order != top[1]:
+                top = self._live_top(heap)  # a lane with no live request is dropped
+            k = top[0] - (bonus if lane.model == resident else 0)
+            if by_caller:
+                k -= fair.get(lane.caller, 0)
+            if k < best_k or (k == best_k and top[1] < best_o):
+                best_k, best_o, best_id = k, top[1], top[2]
+        return live[best_id] if best_id else None
 
     def pick(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Pick | None:
         """The winner, the runner-up and the winners without each term."""
