@@ -231,6 +231,17 @@ class ScoreQueue:
             without_short_job=live[short_id] if short else winner,
         )
 
+    def lane_heaps(self) -> list[tuple[str, str | None, list[_Entry]]]:
+        """(model, caller, a heap of its live entries) per lane: a copy a reader may
+        pop to follow dispatch order without touching the queue (O(n))."""
+        live = self._live
+        out = []
+        for lane in self._lanes.values():
+            heap = [e for e in lane.aging if (q := live.get(e[2])) is not None and q.order == e[1]]
+            heapq.heapify(heap)
+            out.append((lane.model, lane.caller, heap))
+        return out
+
     def ranked(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> list[Queued]:
         """Every waiting request in dispatch order as of now (O(n log n), for reports)."""
         return sorted(self._live.values(), key=lambda q: self._rank_key(q, resident, fair))
@@ -244,6 +255,12 @@ class ScoreQueue:
             return None
         mine = self._rank_key(item, resident, fair)
         return sum(1 for q in self._live.values() if self._rank_key(q, resident, fair) < mine)
+
+    def leading(self, count: int, resident: str | None, fair: FairKeys = _NO_FAIR) -> list[Queued]:
+        """The first `count` of `ranked` (O(n log count))."""
+        return heapq.nsmallest(
+            count, self._live.values(), key=lambda q: self._rank_key(q, resident, fair)
+        )
 
     def _rank_key(self, q: Queued, resident: str | None, fair: FairKeys) -> tuple[int, int]:
         key = self.params.base_key(q.priority, q.enqueued_ns, q.expected_run_ns)

@@ -15,13 +15,13 @@ overtake; the estimate is for the queue as it stands.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Collection, Mapping
 
 import msgspec
 
 from app.core.policy import ahead_of, next_resident
 from app.core.priority import band_of
-from app.core.queue import ScoreQueue
 from app.core.scoring import NS_PER_S, Breakdown
 from app.core.state import SchedulerState
 from app.report.run_times import RunTimes
@@ -69,31 +69,53 @@ class QueueView(msgspec.Struct, frozen=True):
     waiting: list[WaitingEntry]
     fair_share_bonus: int = 0
     short_job_bonus: int = 0
+    total_waiting: int = 0
+    """Everyone waiting; `waiting` may list only a window of them."""
+    waiting_by_model: dict[str, int] = {}
 
 
 def estimate_starts(
-    state: SchedulerState, running_since: Mapping[str, int], now_ns: int, times: RunTimes
+    state: SchedulerState,
+    running_since: Mapping[str, int],
+    now_ns: int,
+    times: RunTimes,
+    wanted: Collection[str] | None = None,
 ) -> dict[str, int]:
-    """request id -> estimated start (unix ns) for every waiting request."""
+    """request id -> estimated start (unix ns) for every waiting request, or for
+    those dispatched up to the last of `wanted`: the queue is followed in dispatch
+    order (the resident model changing as it would), each request taking its
+    model's median run and a swap its median load."""
     busy_until = now_ns
     for request_id, model in state.running.items():
         expected = times.run(model) + (times.swap(model) if state.loading == model else 0.0)
         elapsed = (now_ns - running_since.get(request_id, now_ns)) / NS_PER_S
         busy_until = max(busy_until, now_ns + _ns(max(0.0, expected - elapsed)))
-    queue = ScoreQueue(state.queue.params)
-    for waiting in state.queue:
-        queue.push(waiting)
+    lanes = state.queue.lane_heaps()
+    bonus = state.queue.params.affinity_key()
     resident = next_resident(state)
     fair = state.fair_keys()  # as of now: charging later runs is beyond an estimate
+    left = None if wanted is None else {rid for rid in wanted if rid in state.queue}
     t = busy_until
     starts: dict[str, int] = {}
-    while (item := queue.best(resident, fair)) is not None:
-        if item.model != resident:
-            t += _ns(times.swap(item.model))
-            resident = item.model
-        starts[item.request_id] = t
-        t += _ns(times.run(item.model))
-        queue.remove(item.request_id)
+    while left is None or left:
+        # The queue's own pick (ScoreQueue.best) over the copied lanes.
+        best: tuple[int, int, int] | None = None
+        for i, (model, caller, heap) in enumerate(lanes):
+            if heap:
+                key = heap[0][0] - (bonus if model == resident else 0) - fair.get(caller, 0)
+                if best is None or (key, heap[0][1]) < best[:2]:
+                    best = (key, heap[0][1], i)
+        if best is None:
+            break
+        model, _, heap = lanes[best[2]]
+        request_id = heapq.heappop(heap)[2]
+        if model != resident:
+            t += _ns(times.swap(model))
+            resident = model
+        starts[request_id] = t
+        t += _ns(times.run(model))
+        if left is not None:
+            left.discard(request_id)
     return starts
 
 
@@ -108,18 +130,35 @@ def position_of(
     ahead = ahead_of(state, request_id)
     if ahead is None:
         return None
-    start = estimate_starts(state, running_since, now_ns, times)[request_id]
+    start = estimate_starts(state, running_since, now_ns, times, (request_id,))[request_id]
     return ahead + 1, len(state.queue), start
 
 
 def queue_view(
-    state: SchedulerState, running_since: Mapping[str, int], now_ns: int, times: RunTimes
+    state: SchedulerState,
+    running_since: Mapping[str, int],
+    now_ns: int,
+    times: RunTimes,
+    *,
+    first: int = 0,
+    count: int | None = None,
 ) -> QueueView:
+    """The live queue; with `count`, only positions `first`..`first + count - 1`
+    (0-based) are listed, for O(n log k) instead of O(n x lanes) work."""
     resident = next_resident(state)
     fair = state.fair_keys()
-    starts = estimate_starts(state, running_since, now_ns, times)
+    if count is None:
+        ranked = state.queue.ranked(resident, fair)[first:]
+        starts = estimate_starts(state, running_since, now_ns, times)
+    else:
+        ranked = state.queue.leading(first + count, resident, fair)[first:]
+        wanted = [q.request_id for q in ranked]
+        starts = estimate_starts(state, running_since, now_ns, times, wanted)
+    by_model: dict[str, int] = {}
+    for q in state.queue:
+        by_model[q.model] = by_model.get(q.model, 0) + 1
     waiting = []
-    for position, item in enumerate(state.queue.ranked(resident, fair), start=1):
+    for position, item in enumerate(ranked, start=first + 1):
         request = state.requests[item.request_id]
         header_priority = request.priority
         start = starts[item.request_id]
@@ -167,6 +206,8 @@ def queue_view(
         waiting=waiting,
         fair_share_bonus=state.params.fair_share_bonus,
         short_job_bonus=state.params.short_job_bonus,
+        total_waiting=len(state.queue),
+        waiting_by_model=by_model,
     )
 
 

@@ -30,7 +30,7 @@ from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.store import console_queries as q
 from app.web.access import identity, is_admin, may_see, only_caller
-from app.web.console.queue_page import queue_page
+from app.web.console.queue_page import page_window, queue_page
 from app.web.console.security import SECURITY_HEADERS
 from app.web.console.wait_percentiles import BANDS, wait_percentiles
 from app.web.errors import error_body
@@ -95,8 +95,12 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         offset, limit = max(0, offset), max(1, min(limit, MAX_PAGE))
         times = await asyncio.to_thread(run_times.get)
         state = live.scheduler.live()
-        view = queue_view(state.state, state.running_since, state.now_ns, times)
         caller = only_caller(identity(request.scope))
+        # On the event loop: an admin's page costs O(n log page), not the whole view.
+        first, count = page_window(offset, limit) if caller is None else (0, None)
+        view = queue_view(
+            state.state, state.running_since, state.now_ns, times, first=first, count=count
+        )
         return _json(queue_page(view, times, offset, limit, caller))
 
     @get("/ui/api/timeline", response_headers=SECURITY_HEADERS)

@@ -7,6 +7,7 @@ Score terms are read off the `Breakdown` struct's fields (every field but
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -60,9 +61,20 @@ def queue_page(
     """`limit` waiting rows from `offset` (0-based), and everything that runs; with
     `caller` (a user key), only its rows, keeping the whole queue's positions and
     each row's reason against the request truly ahead of it."""
-    indexes = [i for i, w in enumerate(view.waiting) if caller is None or w.caller == caller]
+    # `view` may list a window of the queue (see `page_window`): waiting[0] is at
+    # 0-based position `base`, and the row before a page is there for its reason.
+    base = view.waiting[0].position - 1 if view.waiting else 0
+    if caller is None:
+        indexes = list(range(max(0, offset - base), min(len(view.waiting), offset - base + limit)))
+        total = max(view.total_waiting, len(view.waiting))
+        by_model = dict(view.waiting_by_model) or _by_model(view, range(len(view.waiting)))
+    else:
+        mine = [i for i, w in enumerate(view.waiting) if w.caller == caller]
+        indexes = mine[offset : offset + limit]
+        total = len(mine)
+        by_model = _by_model(view, mine)
     rows = []
-    for index in indexes[offset : offset + limit]:
+    for index in indexes:
         entry = view.waiting[index]
         ahead = view.waiting[index - 1] if index > 0 else None
         rows.append(
@@ -91,10 +103,6 @@ def queue_page(
                 "expected_end_at": None if run.since is None else run.since + expected,
             }
         )
-    waiting_by_model: dict[str, int] = {}
-    for index in indexes:
-        entry = view.waiting[index]
-        waiting_by_model[entry.model] = waiting_by_model.get(entry.model, 0) + 1
     return {
         "live": True,
         "as_of": view.as_of,
@@ -102,13 +110,27 @@ def queue_page(
         "resident": view.resident,
         "loading": view.loading,
         "terms": score_terms(view),
-        "total_waiting": len(indexes),
-        "waiting_by_model": waiting_by_model,
+        "total_waiting": total,
+        "waiting_by_model": by_model,
         "offset": offset,
         "limit": limit,
         "running": running,
         "waiting": rows,
     }
+
+
+def page_window(offset: int, limit: int) -> tuple[int, int]:
+    """(first, count) of the view one page needs: its rows and the row before."""
+    first = max(0, offset - 1)
+    return first, limit + offset - first
+
+
+def _by_model(view: QueueView, indexes: Iterable[int]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for index in indexes:
+        model = view.waiting[index].model
+        counts[model] = counts.get(model, 0) + 1
+    return counts
 
 
 def _points(value: float) -> str:

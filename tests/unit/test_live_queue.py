@@ -1,0 +1,100 @@
+"""The live queue view (app/report/live_queue.py): estimated starts follow the
+queue's own dispatch order, and a window of the view is that slice of the whole
+view, so the console can ask for one page of 10,000 waiting requests."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.core.queue import ScoreQueue
+from app.core.scoring import NS_PER_S, ScoringParams
+from app.core.state import SchedulerState
+from app.report.live_queue import estimate_starts, queue_view
+from app.report.run_times import RunTimes
+from app.web.console.queue_page import page_window, queue_page
+from tests.unit.core_driver import CoreDriver
+
+TIMES = RunTimes({"a": 5.0, "b": 60.0, "c": 240.0}, {"a": 2.0, "b": 20.0, "c": 30.0}, 5.0, 1.0)
+
+
+def busy_state(params: ScoringParams, n: int = 300, seed: int = 1) -> SchedulerState:
+    rng = random.Random(seed)
+    driver = CoreDriver(params, resident="a")
+    driver.enqueue("running", "a", 0, caller="x")
+    driver.step()
+    for i in range(n):
+        driver.advance(rng.randrange(5) * NS_PER_S)
+        driver.enqueue(
+            f"r{i}",
+            rng.choice("abc"),
+            rng.choice((100, 102, 0, 1, -100)),
+            caller=rng.choice(["x", "y", "z", None]),
+            expected_run_ns=rng.choice((None, 6 * NS_PER_S, 60 * NS_PER_S, 600 * NS_PER_S)),
+        )
+    return driver.state
+
+
+def reference_starts(state: SchedulerState, now: int) -> dict[str, int]:
+    """Drain a copy of the queue with `best`, switching the resident as it goes."""
+    copy = ScoreQueue(state.queue.params)
+    for q in state.queue:
+        copy.push(q)
+    resident = state.loading or state.resident
+    fair = state.fair_keys()
+    t, starts = now + int(TIMES.run("a") * NS_PER_S), {}
+    while (item := copy.best(resident, fair)) is not None:
+        if item.model != resident:
+            t += int(TIMES.swap(item.model) * NS_PER_S)
+            resident = item.model
+        starts[item.request_id] = t
+        t += int(TIMES.run(item.model) * NS_PER_S)
+        copy.remove(item.request_id)
+    return starts
+
+
+PARAMS = [
+    ScoringParams(),
+    ScoringParams(swap_affinity_bonus=40),
+    ScoringParams(fair_share_bonus=20, short_job_bonus=20),
+]
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_estimated_starts_follow_the_queues_own_dispatch_order(params: ScoringParams) -> None:
+    state = busy_state(params)
+    now = max(q.enqueued_ns for q in state.queue)
+    running_since = dict.fromkeys(state.running, now)
+    assert estimate_starts(state, running_since, now, TIMES) == reference_starts(state, now)
+    some = ["r7", "r150", "r299"]
+    partial = estimate_starts(state, running_since, now, TIMES, some)
+    full = reference_starts(state, now)
+    assert all(partial[rid] == full[rid] for rid in some)
+    assert len(partial) < len(full) or set(some) >= set(full)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_a_window_of_the_view_is_that_slice_of_the_whole(params: ScoringParams) -> None:
+    state = busy_state(params)
+    now = max(q.enqueued_ns for q in state.queue)
+    running_since = dict.fromkeys(state.running, now)
+    whole = queue_view(state, running_since, now, TIMES)
+    assert whole.total_waiting == len(whole.waiting) == 300
+    assert sum(whole.waiting_by_model.values()) == 300
+    for first, count in [(0, 100), (99, 101), (250, 100), (300, 10)]:
+        window = queue_view(state, running_since, now, TIMES, first=first, count=count)
+        assert window.waiting == whole.waiting[first : first + count]
+        assert window.total_waiting == 300
+        assert window.waiting_by_model == whole.waiting_by_model
+
+
+def test_the_console_page_from_a_window_is_the_page_from_the_whole_view() -> None:
+    state = busy_state(ScoringParams(fair_share_bonus=20, short_job_bonus=20))
+    now = max(q.enqueued_ns for q in state.queue)
+    running_since = dict.fromkeys(state.running, now)
+    whole = queue_view(state, running_since, now, TIMES)
+    for offset, limit in [(0, 100), (1, 50), (100, 100), (290, 100)]:
+        first, count = page_window(offset, limit)
+        window = queue_view(state, running_since, now, TIMES, first=first, count=count)
+        assert queue_page(window, TIMES, offset, limit) == queue_page(whole, TIMES, offset, limit)
