@@ -5,7 +5,9 @@ key's own `maxQueued`) those of one caller. A request over a bound is refused
 with 429 and a `Retry-After` of its estimated wait: what is left of the running
 work plus the expected runs of the waiting requests that would go before it (at
 its priority or above), from recorded run times. The estimate ignores aging and
-swaps: it is a hint for a client's back-off, not a promise.
+swaps: it is a hint for a client's back-off, not a promise. It costs O(n), so
+`WaitEstimates` keeps each priority's answer for a second: a client hammering a
+full queue of 100,000 costs one pass a second, not one per refusal.
 """
 
 from __future__ import annotations
@@ -39,6 +41,31 @@ class Refused(Exception):
         self.retry_after = retry_after
 
 
+class WaitEstimates:
+    """`estimated_wait_s`, remembered per priority for `TTL_NS`."""
+
+    TTL_NS = NS_PER_S
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[int, int]] = {}  # priority -> (computed at, seconds)
+
+    def get(
+        self,
+        state: SchedulerState,
+        priority: int,
+        running_since: Mapping[str, int],
+        now_ns: int,
+    ) -> int:
+        known = self._known.get(priority)
+        if known is not None and 0 <= now_ns - known[0] < self.TTL_NS:
+            return known[1]
+        if len(self._known) > 1000:
+            self._known.clear()  # priorities are few; a client trying many is not kept
+        wait = estimated_wait_s(state, priority, running_since, now_ns)
+        self._known[priority] = (now_ns, wait)
+        return wait
+
+
 def check_bounds(
     config: Config,
     state: SchedulerState,
@@ -46,6 +73,7 @@ def check_bounds(
     priority: int,
     running_since: Mapping[str, int],
     now_ns: int,
+    waits: WaitEstimates,
 ) -> None:
     """Raise Refused (429) when one more waiting request would pass a bound."""
     waiting = len(state.queue)
@@ -53,10 +81,7 @@ def check_bounds(
         raise _full(
             f"the queue is full: {waiting} requests are waiting (maxQueued {config.max_queued})",
             "queue_full",
-            state,
-            priority,
-            running_since,
-            now_ns,
+            waits.get(state, priority, running_since, now_ns),
         )
     limit = config.caller_queue_limit(caller)
     if limit is None:
@@ -70,22 +95,11 @@ def check_bounds(
             f"{who} has {mine} requests waiting, its limit (maxQueuedPerCaller or "
             f"the key's maxQueued) is {limit}",
             "caller_queue_full",
-            state,
-            priority,
-            running_since,
-            now_ns,
+            waits.get(state, priority, running_since, now_ns),
         )
 
 
-def _full(
-    message: str,
-    reason: str,
-    state: SchedulerState,
-    priority: int,
-    running_since: Mapping[str, int],
-    now_ns: int,
-) -> Refused:
-    wait = estimated_wait_s(state, priority, running_since, now_ns)
+def _full(message: str, reason: str, wait: int) -> Refused:
     return Refused(
         f"{message}; retry after about {wait} s",
         status=429,

@@ -38,7 +38,7 @@ from app.core.priority import band_of
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
-from app.runtime.admission import Refused, check_bounds, estimated_wait_s
+from app.runtime.admission import Refused, WaitEstimates, check_bounds
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.upstream import UpstreamProcess, UpstreamSpec, UpstreamStartError
@@ -247,6 +247,8 @@ class Scheduler:
         self._served_by: dict[str, asyncio.Task[Any]] = {}
         self._deadlines: dict[str, Cancellable] = {}
         """maxRunTime timers of running requests."""
+        self._waits = WaitEstimates()
+        """Retry-After of refusals and deadlines, recomputed at most once a second."""
         self._max_waits: dict[str, Cancellable] = {}
         """X-Gpulane-Max-Wait timers of waiting requests."""
         self._uncommitted: set[str] = set()
@@ -349,7 +351,13 @@ class Scheduler:
             raise Refused(f"the event log cannot be written: {self.store.failure}")
         now = self.clock()
         check_bounds(
-            self.config, self.state, admission.caller, admission.priority, self.running_since, now
+            self.config,
+            self.state,
+            admission.caller,
+            admission.priority,
+            self.running_since,
+            now,
+            self._waits,
         )
         ticket = Ticket(
             new_request_id(), admission.model, admission.priority, now, admission.endpoint
@@ -395,7 +403,7 @@ class Scheduler:
         queued = self.state.queue.get(request_id)
         if queued is None:
             return  # dispatched (or gone) in time
-        left = estimated_wait_s(self.state, queued.priority, self.running_since, self.clock())
+        left = self._waits.get(self.state, queued.priority, self.running_since, self.clock())
         message = (
             f"request {request_id} waited its X-Gpulane-Max-Wait ({max_wait_ns / 1e9:g} s) "
             f"in the queue without starting; estimated wait from now about {left} s"
