@@ -111,7 +111,8 @@ def main() -> int:
     parser.add_argument("--polls", type=int, default=50)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        config = "models:" + fake_model("A").replace("\n", "\n  ") + "\n"
+        # shutdownGrace 0: at the end the hung request is not waited for.
+        config = "shutdownGrace: 0\nmodels:" + fake_model("A").replace("\n", "\n  ") + "\n"
         gw = Gateway(Path(tmp), config).start()
         try:
             # A daemon thread: if a step fails, nothing waits for the request that never ends.
@@ -135,7 +136,10 @@ def main() -> int:
                     f"({args.polls} polls)"
                 )
         finally:
-            gw.kill()  # 10,000 durable jobs would otherwise drain on SIGTERM
+            # SIGTERM, not SIGKILL: gpulane stops its upstreams (a kill would leave
+            # the fake upstream running); the waiting jobs stay queued in the
+            # temporary database.
+            gw.stop()
     return 0
 
 
