@@ -9,11 +9,6 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 _RUNS = (
-    "SELECT model, run_ms FROM requests WHERE finished_at IS NOT NULL "
-    "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
-    "ORDER BY finished_at DESC LIMIT ?"
-)
-_RUNS_BY_ENDPOINT = (
     "SELECT model, endpoint, run_ms FROM requests WHERE finished_at IS NOT NULL "
     "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
     "ORDER BY finished_at DESC LIMIT ?"
@@ -30,14 +25,14 @@ def recent_samples(
     """(model, run ms) of the last `runs` completed requests and (model, load ms)
     of the last `swaps` successful swaps."""
     with engine.connect() as conn:
-        run_rows = conn.exec_driver_sql(_RUNS, (runs,)).all()
         swap_rows = conn.exec_driver_sql(_SWAPS, (swaps,)).all()
-    return [(m, ms) for m, ms in run_rows], [(m, ms) for m, ms in swap_rows]
+    run_rows = [(m, ms) for m, _endpoint, ms in recent_runs(engine, runs)]
+    return run_rows, [(m, ms) for m, ms in swap_rows]
 
 
 def recent_runs(engine: Engine, limit: int) -> list[tuple[str, str, float]]:
     """(model, endpoint, run ms) of the last `limit` completed requests, oldest first
     (the order they completed in, as a run-time estimate learns them)."""
     with engine.connect() as conn:
-        rows = conn.exec_driver_sql(_RUNS_BY_ENDPOINT, (limit,)).all()
+        rows = conn.exec_driver_sql(_RUNS, (limit,)).all()
     return [(m, e, ms) for m, e, ms in reversed(rows)]
