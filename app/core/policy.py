@@ -23,10 +23,20 @@ join: its model is being loaded, it runs when that load ends;
 run: its model is resident, it runs now."""
 
 
-class Decision(msgspec.Struct, frozen=True):
-    scores: ev.ScoresComputed
+class Choice(msgspec.Struct, frozen=True):
+    """The next dispatch and what it means, without the scores that explain it."""
+
+    pick: Pick
+    """The winner and the winners without each term (each is the winner while
+    its term is off)."""
     dispatched: ev.RequestDispatched
     action: Action
+
+
+class Decision(Choice, frozen=True):
+    """A `Choice` with its `scores_computed`: what the live server records."""
+
+    scores: ev.ScoresComputed
 
     @property
     def events(self) -> list[ev.AnyEvent]:
@@ -36,6 +46,26 @@ class Decision(msgspec.Struct, frozen=True):
 
 def decide(state: SchedulerState, now_ns: int) -> Decision | None:
     """The next dispatch, or None when nothing can be dispatched now."""
+    found = _choose(state, now_ns)
+    if found is None:
+        return None
+    choice, fair = found
+    return Decision(
+        pick=choice.pick,
+        dispatched=choice.dispatched,
+        action=choice.action,
+        scores=_scores_event(state, choice.pick, now_ns, fair),
+    )
+
+
+def choose(state: SchedulerState, now_ns: int) -> Choice | None:
+    """`decide` without its `scores_computed`, for a run that records nothing (the
+    replay's what-if runs): the same dispatch, at the cost of the pick alone."""
+    found = _choose(state, now_ns)
+    return None if found is None else found[0]
+
+
+def _choose(state: SchedulerState, now_ns: int) -> tuple[Choice, FairKeys] | None:
     if state.scheduler == FIFO:
         winner = _fifo_choice(state)
         if winner is None:
@@ -58,14 +88,22 @@ def decide(state: SchedulerState, now_ns: int) -> Decision | None:
         if found is None:
             return None
         pick = found
-    scores, dispatched = _dispatch_events(state, pick, now_ns, fair)
+    winner = pick.winner
+    target = state.loading or state.resident
+    dispatched = ev.RequestDispatched(
+        at=now_ns,
+        request_id=winner.request_id,
+        model=winner.model,
+        attempt=state.requests[winner.request_id].attempt,
+        swap=winner.model != target,
+    )
     if dispatched.swap:
         action: Action = "swap"
     elif state.loading == dispatched.model:
         action = "join"
     else:
         action = "run"
-    return Decision(scores=scores, dispatched=dispatched, action=action)
+    return Choice(pick=pick, dispatched=dispatched, action=action), fair
 
 
 def _fifo_choice(state: SchedulerState) -> Queued | None:
@@ -85,50 +123,40 @@ def _fifo_choice(state: SchedulerState) -> Queued | None:
     return None
 
 
-def _dispatch_events(
+def _scores_event(
     state: SchedulerState, pick: Pick, now_ns: int, fair: FairKeys
-) -> tuple[ev.ScoresComputed, ev.RequestDispatched]:
+) -> ev.ScoresComputed:
     params = state.queue.params
     winner = pick.winner
-    request = state.requests[winner.request_id]
 
     def breakdown(q: Queued) -> ev.Breakdown:
         return state.score(q, now_ns, fair)
 
     runner = pick.runner_up
-    return (
-        ev.ScoresComputed(
-            at=now_ns,
-            request_id=winner.request_id,
-            queue_depth=len(state.queue),
-            resident=state.resident,
-            winner=breakdown(winner),
-            runner_up_id=None if runner is None else runner.request_id,
-            runner_up=None if runner is None else breakdown(runner),
-            without_aging_id=pick.without_aging.request_id,
-            without_affinity_id=pick.without_affinity.request_id,
-            # None while a term is off (its counterfactual is the winner), so
-            # logs from before these terms existed read as this code decides.
-            without_fair_share_id=(
-                pick.without_fair_share.request_id if params.fair_share_bonus else None
-            ),
-            without_short_job_id=(
-                pick.without_short_job.request_id if params.short_job_bonus else None
-            ),
-            aging_divisor_ns=params.aging_divisor_ns,
-            swap_affinity_bonus=params.swap_affinity_bonus,
-            fair_share_bonus=params.fair_share_bonus,
-            short_job_bonus=params.short_job_bonus,
-            scheduler=state.scheduler,
-            config_hash=state.config_hash,
+    return ev.ScoresComputed(
+        at=now_ns,
+        request_id=winner.request_id,
+        queue_depth=len(state.queue),
+        resident=state.resident,
+        winner=breakdown(winner),
+        runner_up_id=None if runner is None else runner.request_id,
+        runner_up=None if runner is None else breakdown(runner),
+        without_aging_id=pick.without_aging.request_id,
+        without_affinity_id=pick.without_affinity.request_id,
+        # None while a term is off (its counterfactual is the winner), so
+        # logs from before these terms existed read as this code decides.
+        without_fair_share_id=(
+            pick.without_fair_share.request_id if params.fair_share_bonus else None
         ),
-        ev.RequestDispatched(
-            at=now_ns,
-            request_id=winner.request_id,
-            model=winner.model,
-            attempt=request.attempt,
-            swap=winner.model != (state.loading or state.resident),
+        without_short_job_id=(
+            pick.without_short_job.request_id if params.short_job_bonus else None
         ),
+        aging_divisor_ns=params.aging_divisor_ns,
+        swap_affinity_bonus=params.swap_affinity_bonus,
+        fair_share_bonus=params.fair_share_bonus,
+        short_job_bonus=params.short_job_bonus,
+        scheduler=state.scheduler,
+        config_hash=state.config_hash,
     )
 
 
@@ -144,10 +172,25 @@ def reorder_reasons(scores: ev.ScoresComputed) -> list[str]:
         scores.without_fair_share_id,
         scores.without_short_job_id,
     )
+    return _changed(scores.request_id, without)
+
+
+def pick_reasons(pick: Pick) -> list[str]:
+    """`reorder_reasons` of a pick that was not recorded (a `Choice`)."""
+    without = (
+        pick.without_aging.request_id,
+        pick.without_affinity.request_id,
+        pick.without_fair_share.request_id,
+        pick.without_short_job.request_id,
+    )
+    return _changed(pick.winner.request_id, without)
+
+
+def _changed(winner: str, without: tuple[str | None, ...]) -> list[str]:
     return [
         reason
         for reason, other in zip(REORDER_REASONS, without, strict=True)
-        if other is not None and other != scores.request_id
+        if other is not None and other != winner
     ]
 
 

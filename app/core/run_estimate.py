@@ -9,6 +9,7 @@ the median of a fixed window, so the same runs always give the same estimate.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from typing import Final
 
@@ -22,17 +23,25 @@ class RunEstimates:
 
     def __init__(self) -> None:
         self._runs: dict[tuple[str, str], deque[int]] = {}
+        self._ordered: dict[tuple[str, str], list[int]] = {}
+        """The same window, sorted: the replay asks at every arrival."""
 
     def observe(self, model: str, endpoint: str, run_ns: int) -> None:
-        runs = self._runs.get((model, endpoint))
+        key = (model, endpoint)
+        runs = self._runs.get(key)
         if runs is None:
-            runs = self._runs[(model, endpoint)] = deque(maxlen=WINDOW)
-        runs.append(max(0, run_ns))
+            runs = self._runs[key] = deque(maxlen=WINDOW)
+            self._ordered[key] = []
+        ordered = self._ordered[key]
+        if len(runs) == WINDOW:
+            ordered.remove(runs[0])  # the run the window is about to forget
+        run_ns = max(0, run_ns)
+        runs.append(run_ns)
+        bisect.insort(ordered, run_ns)
 
     def expected(self, model: str, endpoint: str) -> int | None:
         """The (lower) median run time, or None before the first completed run."""
-        runs = self._runs.get((model, endpoint))
-        if not runs:
+        ordered = self._ordered.get((model, endpoint))
+        if not ordered:
             return None
-        ordered = sorted(runs)
         return ordered[(len(ordered) - 1) // 2]

@@ -18,7 +18,8 @@ the state at the decision and are added to a heap's top, per model and caller
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -28,6 +29,8 @@ DEFAULT_AGING_DIVISOR_NS: Final = 60 * NS_PER_S
 DEFAULT_SWAP_AFFINITY_BONUS: Final = 10
 SHORT_JOB_REFERENCE_NS: Final = 60 * NS_PER_S
 """The expected run time that earns half the short-job bonus."""
+
+K = TypeVar("K")
 
 
 class ScoringParams(msgspec.Struct, frozen=True):
@@ -64,15 +67,16 @@ class ScoringParams(msgspec.Struct, frozen=True):
         ref = SHORT_JOB_REFERENCE_NS
         return self.short_job_bonus * self.scale * ref // (ref + max(0, expected_run_ns))
 
-    def fair_share_key(self, attained: int, least: int, most: int) -> int:
-        """The fair-share term in key units (floor) of a caller with `attained`
-        service among active callers whose service spans `least`..`most`."""
-        if self.fair_share_bonus == 0:
-            return 0
+    def fair_share_keys(self, served: Mapping[K, int]) -> dict[K, int]:
+        """The fair-share term in key units (floor) of each active caller, from
+        its attained service (`served`) against the least and most served."""
+        if self.fair_share_bonus == 0 or not served:
+            return {}
+        least, most = min(served.values()), max(served.values())
         if most <= least:
-            return 0  # nobody has had less: nobody is favoured
-        full = self.fair_share_bonus * self.scale
-        return full * (most - attained) // (most - least)
+            return dict.fromkeys(served, 0)  # nobody has had less: nobody is favoured
+        full, span = self.fair_share_bonus * self.scale, most - least
+        return {caller: full * (most - mine) // span for caller, mine in served.items()}
 
     def breakdown(
         self,

@@ -125,13 +125,10 @@ class SchedulerState:
     def fair_keys(self) -> FairKeys:
         """Each active caller's fair-share term in key units, from its attained
         service against the least and most served active callers."""
-        if self.queue.params.fair_share_bonus == 0 or not self.open_by_caller:
+        if self.queue.params.fair_share_bonus == 0:
             return {}
         attained = self.attained
-        served = [attained[c] for c in self.open_by_caller]
-        least, most = min(served), max(served)
-        key = self.queue.params.fair_share_key
-        return {c: key(attained[c], least, most) for c in self.open_by_caller}
+        return self.queue.params.fair_share_keys({c: attained[c] for c in self.open_by_caller})
 
     def score(self, q: Queued, now_ns: int, fair: FairKeys | None = None) -> Breakdown:
         """A waiting request's score at `now_ns`, term by term, as the next decision
@@ -222,7 +219,8 @@ def _enqueued(state: SchedulerState, event: Any) -> None:
 def _queue(state: SchedulerState, event: Any, enqueued_ns: int) -> None:
     """Queue the request an enqueue or restore event describes (replacing any
     earlier record of it)."""
-    state._finish(event.request_id)
+    if event.request_id in state.requests:
+        state._finish(event.request_id)
     state._enqueue(
         OpenRequest(
             request_id=event.request_id,

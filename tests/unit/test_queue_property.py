@@ -240,11 +240,19 @@ class QueueAgainstReference(RuleBasedStateMachine):
 
     @invariant()
     def dead_entry_count_matches_the_heaps(self) -> None:
-        entries = sum(
-            len(h.aging) + len(h.plain) + len(h.noshort) for h in self.queue._lanes.values()
-        )
-        per_request = 3 if self.params.short_job_bonus else 2
+        lanes = self.queue._lanes.values()
+        entries = sum(len(h.aging) + len(h.plain) + len(h.noshort) for h in lanes)
+        # One entry per heap kept: aging always, plain with aging on, noshort with short.
+        per_request = 1 + (self.params.aging_divisor_ns != 0) + (self.params.short_job_bonus != 0)
         assert entries == per_request * len(self.queue) + self.queue._dead
+
+    @invariant()
+    def every_heap_top_is_live(self) -> None:
+        # A pick reads tops unchecked: `remove` must have popped every dead one.
+        live_orders = {q.order for q in self.live.values()}
+        for lane in self.queue._lanes.values():
+            for heap in lane.heaps:
+                assert heap[0] & ((1 << 48) - 1) in live_orders
 
     @precondition(lambda self: len(self.live) <= 60)
     @invariant()

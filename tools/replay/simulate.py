@@ -3,8 +3,9 @@
 The simulation is a run loop with a simulated clock: every arrival, cancel, swap and
 completion is the event the live server would record, folded into a `SchedulerState`
 with `app.core.state.apply`, and every dispatch is whatever `app.core.policy.decide`
-returns at that moment. Nothing here scores or orders requests; that is what makes a
-replay honest.
+returns at that moment (`choose` when nothing is recorded: the same dispatch
+without the `scores_computed` that explains it). Nothing here scores or orders
+requests; that is what makes a replay honest.
 
 Every enqueue carries what the live server's would: the request's caller, and its
 expected run time, the recorded one when the log has them, else what a
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from app.core import events as ev
-from app.core.policy import decide, reorder_reasons
+from app.core.policy import Decision, choose, decide, pick_reasons
 from app.core.priority import band_of
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import ScoringParams
@@ -115,27 +116,6 @@ def started_event(
     )
 
 
-class _Learnt:
-    """`RunEstimates` with each (model, endpoint)'s answer kept until its next run:
-    arrivals outnumber completions, and the median sorts its window."""
-
-    def __init__(self) -> None:
-        self.estimates = RunEstimates()
-        self.known: dict[tuple[str, str], int | None] = {}
-
-    def observe(self, model: str, endpoint: str, run_ns: int) -> None:
-        """Fed as the server feeds it: `int(run_ms * 1e6)` of the completion."""
-        self.estimates.observe(model, endpoint, run_ns)
-        self.known.pop((model, endpoint), None)
-
-    def expected(self, model: str, endpoint: str) -> int | None:
-        key = (model, endpoint)
-        if key in self.known:
-            return self.known[key]
-        value = self.known[key] = self.estimates.expected(model, endpoint)
-        return value
-
-
 class _Sim:
     def __init__(
         self,
@@ -185,7 +165,7 @@ class _Sim:
         self.pids: dict[str, int] = {}
         self.next_pid = 40_000
         # Expected run times: recorded, else learnt from this run's completions.
-        self.estimates = None if workload.expected_recorded else _Learnt()
+        self.estimates = None if workload.expected_recorded else RunEstimates()
 
     def run(self) -> RunResult:
         res = self.result
@@ -310,22 +290,22 @@ class _Sim:
             # While the GPU is taken decide() returns nothing: skip the call.
             if run_end != _INF or load_end != _INF or not queue:
                 continue
-            decision = decide(state, now)
+            # Unrecorded, the scores that explain a decision are not worth building.
+            decision = choose(state, now) if record is None else decide(state, now)
             if decision is None:
                 continue
-            scores, dispatched = decision.scores, decision.dispatched
-            winner = scores.request_id
+            pick, dispatched = decision.pick, decision.dispatched
+            winner = pick.winner
             if (
-                scores.without_aging_id != winner
-                or scores.without_affinity_id != winner
-                or scores.without_fair_share_id not in (None, winner)
-                or scores.without_short_job_id not in (None, winner)
+                pick.without_aging is not winner
+                or pick.without_affinity is not winner
+                or pick.without_fair_share is not winner
+                or pick.without_short_job is not winner
             ):
-                for reason in reorder_reasons(scores):
+                for reason in pick_reasons(pick):
                     reorders[reason] += 1
-            if record is not None:
-                record.append(scores)  # apply() ignores it: it changes no state
-                record.append(dispatched)
+            if isinstance(decision, Decision):
+                self.record_decision(decision)
             apply(state, dispatched)
             i = index[dispatched.request_id]
             order.append(i)
@@ -384,15 +364,14 @@ class _Sim:
                 else:
                     break
             while state.queue:
-                decision = decide(state, now)
+                decision = choose(state, now) if self.record is None else decide(state, now)
                 if decision is None:
                     break
-                scores, dispatched = decision.scores, decision.dispatched
-                for reason in reorder_reasons(scores):
+                dispatched = decision.dispatched
+                for reason in pick_reasons(decision.pick):
                     self.result.reorders[reason] += 1
-                if self.record is not None:
-                    self.record.append(scores)
-                    self.record.append(dispatched)
+                if isinstance(decision, Decision):
+                    self.record_decision(decision)
                 apply(state, dispatched)
                 i = self.index[dispatched.request_id]
                 self.result.order.append(i)
@@ -454,6 +433,11 @@ class _Sim:
             self.busy_since = -1
 
     # -- shared steps ----------------------------------------------------------------
+
+    def record_decision(self, decision: Decision) -> None:
+        assert self.record is not None
+        self.record.append(decision.scores)  # apply() ignores it: it changes no state
+        self.record.append(decision.dispatched)
 
     def _arrive(self, i: int, now: int) -> None:
         r = self.reqs[i]
