@@ -79,6 +79,9 @@ requests = Table(
     Index("ix_requests_band_enqueued_at", "band", "enqueued_at"),
     Index("ix_requests_finished_at", "finished_at"),
     Index("ix_requests_idempotency_key", "idempotency_key"),
+    # Newest-first lists, of everyone and of one caller (migration 0003).
+    Index("ix_requests_enqueue_seq", "enqueue_seq"),
+    Index("ix_requests_caller_enqueue_seq", "caller", "enqueue_seq"),
 )
 
 # One row per upstream process; rows with stopped_at NULL are what crash recovery stops.
