@@ -37,6 +37,7 @@ test-fast: $(STAMP) ## tests that need no llama.cpp build and no browser
 
 bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.core_bench
+	$(PY) -m bench.activity_bench
 	$(PY) -m bench.event_store_bench
 	$(PY) -m bench.proxy_bench
 	$(PY) -m bench.recovery_bench

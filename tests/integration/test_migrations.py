@@ -82,7 +82,7 @@ def test_newest_first_request_pages_read_an_index_not_the_whole_table(
     tmp_path: Path, caller: str | None
 ) -> None:
     # /v1/activity and /v1/jobs page newest first, often for one caller: on a
-    # million requests a full scan and sort took 1.5 s a page.
+    # million requests a full scan and sort took about 1 s a page.
 
     engine = open_database(tmp_path / "gpulane.db")
     plans: list[str] = []
