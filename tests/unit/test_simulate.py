@@ -237,3 +237,19 @@ def test_verify_starts_a_fresh_state_with_each_server_started_and_its_parameters
     assert divergence is not None and divergence.seq > len(first)
     w = extract_events(log)
     assert w.params == ScoringParams(30 * S, 0)  # the parameters in force at the end
+
+
+@pytest.mark.parametrize("scheduler", ["serial", FIFO])
+def test_a_what_if_run_dispatches_exactly_as_a_recorded_one(scheduler: str) -> None:
+    # Unrecorded runs use `choose` (no scores built); recorded ones `decide`.
+    every_term = ScoringParams(60 * S, 10, fair_share_bonus=10, short_job_bonus=10)
+    work = film(2).workload
+    policy = Policy("every term", every_term, scheduler=scheduler, concurrency=2)
+    unrecorded = simulate(work, policy)
+    recorded = simulate(work, policy, record=[])
+    assert unrecorded.order == recorded.order
+    assert unrecorded.start_ns == recorded.start_ns
+    assert unrecorded.reorders == recorded.reorders
+    assert len(unrecorded.order) > 400
+    if scheduler == "serial":
+        assert all(unrecorded.reorders[r] > 0 for r in ("aging", "fair_share", "short_job"))
