@@ -16,7 +16,7 @@ overtake; the estimate is for the queue as it stands.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
@@ -94,21 +94,34 @@ def estimate_starts(
     bonus = state.queue.params.affinity_key()
     resident = next_resident(state)
     fair = state.fair_keys()  # as of now: charging later runs is beyond an estimate
+    # The queue's own pick (ScoreQueue.best) over the copied lanes: the affinity
+    # bonus is the same for every lane of one model, so per model a heap of its
+    # lanes' tops (each less its caller's fair-share term) orders them, and each
+    # step compares one top per model, not one per lane.
+    tops: dict[str, list[tuple[int, int, int]]] = {}
+    for i, (model, caller, heap) in enumerate(lanes):
+        if heap:
+            tops.setdefault(model, []).append((heap[0][0] - fair.get(caller, 0), heap[0][1], i))
+    for model_tops in tops.values():
+        heapq.heapify(model_tops)
     left = None if wanted is None else {rid for rid in wanted if rid in state.queue}
     t = busy_until
     starts: dict[str, int] = {}
     while left is None or left:
-        # The queue's own pick (ScoreQueue.best) over the copied lanes.
-        best: tuple[int, int, int] | None = None
-        for i, (model, caller, heap) in enumerate(lanes):
-            if heap:
-                key = heap[0][0] - (bonus if model == resident else 0) - fair.get(caller, 0)
-                if best is None or (key, heap[0][1]) < best[:2]:
-                    best = (key, heap[0][1], i)
+        best: tuple[int, int, str] | None = None
+        for model, model_tops in tops.items():
+            if model_tops:
+                key = model_tops[0][0] - (bonus if model == resident else 0)
+                if best is None or (key, model_tops[0][1]) < best[:2]:
+                    best = (key, model_tops[0][1], model)
         if best is None:
             break
-        model, _, heap = lanes[best[2]]
+        model = best[2]
+        i = heapq.heappop(tops[model])[2]
+        _, caller, heap = lanes[i]
         request_id = heapq.heappop(heap)[2]
+        if heap:
+            heapq.heappush(tops[model], (heap[0][0] - fair.get(caller, 0), heap[0][1], i))
         if model != resident:
             t += _ns(times.swap(model))
             resident = model
@@ -142,23 +155,37 @@ def queue_view(
     *,
     first: int = 0,
     count: int | None = None,
+    caller: str | None = None,
 ) -> QueueView:
     """The live queue; with `count`, only positions `first`..`first + count - 1`
-    (0-based) are listed, for O(n log k) instead of O(n x lanes) work."""
+    (0-based) are listed, for O(n log k) instead of O(n x lanes) work. With
+    `caller` (a user key's page), only its requests and the one just ahead of
+    each (for its reason) are listed, at their places in the whole queue."""
     resident = next_resident(state)
     fair = state.fair_keys()
-    if count is None:
-        ranked = state.queue.ranked(resident, fair)[first:]
-        starts = estimate_starts(state, running_since, now_ns, times)
+    listed: Sequence[int]
+    wanted: list[str] | None
+    if count is not None:
+        ranked = state.queue.leading(first + count, resident, fair)
+        listed = range(first, len(ranked))
+        wanted = [ranked[i].request_id for i in listed]
+    elif caller is not None:
+        ranked = state.queue.ranked(resident, fair)
+        mine = [i for i, q in enumerate(ranked) if q.caller == caller]
+        listed = sorted({j for i in mine for j in (i - 1, i) if j >= first})
+        wanted = [ranked[i].request_id for i in listed]
     else:
-        ranked = state.queue.leading(first + count, resident, fair)[first:]
-        wanted = [q.request_id for q in ranked]
-        starts = estimate_starts(state, running_since, now_ns, times, wanted)
+        ranked = state.queue.ranked(resident, fair)
+        listed = range(first, len(ranked))
+        wanted = None
+    starts = estimate_starts(state, running_since, now_ns, times, wanted)
     by_model: dict[str, int] = {}
     for q in state.queue:
         by_model[q.model] = by_model.get(q.model, 0) + 1
     waiting = []
-    for position, item in enumerate(ranked, start=first + 1):
+    for index in listed:
+        item = ranked[index]
+        position = index + 1
         request = state.requests[item.request_id]
         header_priority = request.priority
         start = starts[item.request_id]

@@ -122,12 +122,15 @@ def ids_listed(client: httpx.Client, route: str, who: str) -> set[str]:
     r = client.get(route, headers=as_key(who))
     assert r.status_code == 200, (route, who, r.text)
     doc = r.json()
-    if route == "/api/queue":
+    if route in QUEUES:
         return {e["request_id"] for e in doc["running"] + doc["waiting"]}
     return {e["id"] for e in doc["data"]}
 
 
-@pytest.mark.parametrize("route", ["/v1/jobs", "/api/activity", "/api/queue"])
+QUEUES = ("/api/queue", "/ui/api/queue")
+
+
+@pytest.mark.parametrize("route", ["/v1/jobs", "/api/activity", *QUEUES])
 def test_a_listing_shows_a_user_only_its_own_requests(world: World, route: str) -> None:
     client = world.client
     assert_refused_without_a_valid_key(client, "GET", route)
@@ -136,12 +139,12 @@ def test_a_listing_shows_a_user_only_its_own_requests(world: World, route: str) 
         alice = ids_listed(client, route, "alice")
         bob = ids_listed(client, route, "bob")
         admin = ids_listed(client, route, "admin")
-        if route == "/api/queue":
+        if route in QUEUES:
             # Positions stay those of the whole queue: bob's job is behind alice's.
             waiting = client.get(route, headers=as_key("bob")).json()["waiting"]
             assert [(w["request_id"], w["position"]) for w in waiting] == [(bob_open, 2)]
     mine_a, mine_b = {alice_open}, {bob_open}
-    if route != "/api/queue":  # finished requests are listed too
+    if route not in QUEUES:  # finished requests are listed too
         mine_a, mine_b = mine_a | {world.alice_done}, mine_b | {world.bob_done}
     assert mine_a <= alice and not alice & (mine_b | {blocker})
     assert mine_b <= bob and not bob & (mine_a | {blocker})

@@ -98,3 +98,20 @@ def test_the_console_page_from_a_window_is_the_page_from_the_whole_view() -> Non
         first, count = page_window(offset, limit)
         window = queue_view(state, running_since, now, TIMES, first=first, count=count)
         assert queue_page(window, TIMES, offset, limit) == queue_page(whole, TIMES, offset, limit)
+
+
+def test_a_user_keys_page_from_its_own_rows_is_its_page_from_the_whole_view() -> None:
+    # A user key's view lists only its rows and the one ahead of each, not 10k others.
+    state = busy_state(ScoringParams(fair_share_bonus=20, short_job_bonus=20))
+    now = max(q.enqueued_ns for q in state.queue)
+    running_since = dict.fromkeys(state.running, now)
+    whole = queue_view(state, running_since, now, TIMES)
+    for caller in ["x", "y", "nobody"]:
+        own = queue_view(state, running_since, now, TIMES, caller=caller)
+        mine = [w for w in whole.waiting if w.caller == caller]
+        assert len(own.waiting) <= 2 * len(mine) < len(whole.waiting)
+        assert own.total_waiting == whole.total_waiting
+        for offset, limit in [(0, 100), (3, 10), (70, 100)]:
+            page = queue_page(own, TIMES, offset, limit, caller)
+            assert page == queue_page(whole, TIMES, offset, limit, caller)
+            assert page["waiting"] or offset >= len(mine)

@@ -96,10 +96,17 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         times = await asyncio.to_thread(run_times.get)
         state = live.scheduler.live()
         caller = only_caller(identity(request.scope))
-        # On the event loop: an admin's page costs O(n log page), not the whole view.
+        # On the event loop: an admin's page costs O(n log page), not the whole view;
+        # a user's lists only its own rows (and the one ahead of each).
         first, count = page_window(offset, limit) if caller is None else (0, None)
         view = queue_view(
-            state.state, state.running_since, state.now_ns, times, first=first, count=count
+            state.state,
+            state.running_since,
+            state.now_ns,
+            times,
+            first=first,
+            count=count,
+            caller=caller,
         )
         return _json(queue_page(view, times, offset, limit, caller))
 
