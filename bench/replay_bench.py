@@ -3,6 +3,7 @@ Prints figures, asserts nothing.
 
     python -m bench.replay_bench [--requests 1000000] [--jobs N] [--repeat 1] [--no-sweep]
     python -m bench.replay_bench --patience-check
+    python -m bench.replay_bench --parts [--requests 200000]
 
 The trace is the film scenario (tools/replay/generate.py) repeated day after day and
 cut at `--requests`, built in memory: writing a million requests (about six million
@@ -16,6 +17,9 @@ events) to SQLite and extracting them again would time the store, not the replay
 - sweep: aging=30,60 x bonus=0,10 x fair=0,10 x short=0,10 through `run_policies` on
   `--jobs` worker processes, including each run's figures (per band, caller, model,
   chain).
+
+`--parts` prints, instead, where one run's time goes: the core's `choose` and each
+event type's fold, timed by wrapping them, and the rest (the simulator's own loop).
 
 `--patience-check` prints, instead, how many clients give up on the film scenario
 (seeds 1-3) in a re-run with every client's true patience (the generator knows it)
@@ -34,8 +38,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
+from app.core import events as ev
+from app.core.policy import Choice, choose
 from app.core.scoring import NS_PER_S, ScoringParams
+from app.core.state import SchedulerState, apply
+from tools.replay import simulate as simulate_module
 from tools.replay.generate import film, generate_events, write_log
 from tools.replay.patience import PatienceModel, with_patience
 from tools.replay.simulate import Policy, simulate
@@ -55,9 +64,13 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--store-days", type=int, default=20, help="days for the SQLite round trip")
     ap.add_argument("--patience-check", action="store_true", help="the patience models' error")
+    ap.add_argument("--parts", action="store_true", help="where one run's time goes, by step")
     args = ap.parse_args()
     if args.patience_check:
         patience_check()
+        return
+    if args.parts:
+        parts(args.requests)
         return
 
     print(f"cpus: {os.cpu_count()}, jobs: {args.jobs}")
@@ -145,6 +158,45 @@ def patience_check() -> None:
             ]
             cells.append(f"{policy.label} {'/'.join(map(str, counts))}")
         print(f"film seed {seed} (recorded {recorded}): " + "; ".join(cells))
+
+
+def parts(requests: int) -> None:
+    """One run of `requests` film requests per parameter set, with the simulator's
+    `apply` and `choose` wrapped to time each: what the core costs per request, by
+    event folded, against the whole run (the wrapper adds its own call to each)."""
+    workload = film(1, days=requests // REQUESTS_PER_DAY + 2, limit=requests).workload
+    spent: dict[str, float] = {}
+    clock = time.perf_counter
+
+    def timed_apply(state: SchedulerState, event: ev.AnyEvent) -> None:
+        t = clock()
+        apply(state, event)
+        name = f"fold {ev.type_name(event)}"
+        spent[name] = spent.get(name, 0.0) + clock() - t
+
+    def timed_choose(state: SchedulerState, now_ns: int) -> Choice | None:
+        t = clock()
+        found = choose(state, now_ns)
+        spent["choose"] = spent.get("choose", 0.0) + clock() - t
+        return found
+
+    every_term = ScoringParams(60 * NS_PER_S, 10, fair_share_bonus=10, short_job_bonus=10)
+    # The simulator's own names for the core's functions, swapped for timed ones.
+    with (
+        mock.patch.object(simulate_module, "apply", timed_apply),
+        mock.patch.object(simulate_module, "choose", timed_choose),
+    ):
+        for policy in (Policy("default", ScoringParams()), Policy("every term", every_term)):
+            spent.clear()
+            t = clock()
+            simulate(workload, policy)
+            total = clock() - t
+            per = 1e6 / len(workload.requests)
+            print(f"{policy.label}: {total * per:.1f} us per request in all")
+            for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+                print(f"  {name:>28}: {seconds * per:6.2f} us")
+            rest = (total - sum(spent.values())) * per
+            print(f"  {'the rest (simulator loop)':>28}: {rest:6.2f} us")
 
 
 def _with_patience_ns(r: Request, patience_ns: int | None) -> Request:
