@@ -337,5 +337,4 @@ class ScoreQueue:
                 # A re-queued request's old entries carry its old order: dead.
                 heap[:] = [e for e in heap if e & _ORDER in by_order]
                 heapq.heapify(heap)
-        self._lanes = {k: lane for k, lane in self._lanes.items() if lane.aging}
-        self._dead = 0
+        self._dead = 0  # lanes are dropped as they empty: every one kept has live entries
