@@ -13,7 +13,7 @@ moves as callers are charged, so it is never in a heap key); lanes are few
 A heap entry is one int, `(-key << 48) + order`: ordering entries orders by key,
 then arrival, and adding a term to a lane's top is one subtraction. An int is
 compared in one step and sits in one object, where a (key, order, id) tuple costs
-three and a pointer chase each (2.7x on a heap of 333k, `docs/benchmarks.md`).
+three and a pointer chase each (pick + remove at 1M: 1.8x, `docs/benchmarks.md`).
 
 Cancel is lazy below the top: the entry is forgotten (`_by_order`), and `remove`
 pops dead entries off the tops of its lane's heaps, so every top is live and a

@@ -30,7 +30,7 @@ DEFAULT_SWAP_AFFINITY_BONUS: Final = 10
 SHORT_JOB_REFERENCE_NS: Final = 60 * NS_PER_S
 """The expected run time that earns half the short-job bonus."""
 
-K = TypeVar("K")
+_K = TypeVar("_K")
 
 
 class ScoringParams(msgspec.Struct, frozen=True):
@@ -67,7 +67,7 @@ class ScoringParams(msgspec.Struct, frozen=True):
         ref = SHORT_JOB_REFERENCE_NS
         return self.short_job_bonus * self.scale * ref // (ref + max(0, expected_run_ns))
 
-    def fair_share_keys(self, served: Mapping[K, int]) -> dict[K, int]:
+    def fair_share_keys(self, served: Mapping[_K, int]) -> dict[_K, int]:
         """The fair-share term in key units (floor) of each active caller, from
         its attained service (`served`) against the least and most served."""
         if self.fair_share_bonus == 0 or not served:

@@ -25,13 +25,7 @@ Reason = Literal[
 
 Cause = Literal[
     "running_at_arrival",
-    "higher_band",
-    "higher_tier",
-    "swap_affinity",
-    "fair_share",
-    "short_job",
-    "aging",
-    "arrived_earlier",
+    Reason,  # the winner of a decision ahead held the GPU
     "swaps",
     "restart",
     "earlier_attempts",

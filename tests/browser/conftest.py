@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import gateway  # noqa: F401  (the same fixture as e2e)
-from tests.e2e.gateway import REPO, free_port
+from tests.e2e.gateway import REPO, free_port, poll
 
 EXPECT_TIMEOUT_MS = 15_000
 """How long an expectation waits for its condition (a slow shared machine)."""
@@ -71,16 +70,14 @@ class ReadOnlyConsole:
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            assert self.proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(self.url + "/ui/api/info", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        poll(lambda: self._ready(log), f"gpulane ui to answer ({log})", timeout=30)
+
+    def _ready(self, log: Path) -> bool:
+        assert self.proc.poll() is None, log.read_text()
+        try:
+            return httpx.get(self.url + "/ui/api/info", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -76,6 +76,8 @@ def queue_page(
     rows = []
     for index in indexes:
         entry = view.waiting[index]
+        # The row just ahead in the whole queue: a caller's view (`queue_view(caller=)`)
+        # lists it beside each of its rows for exactly this.
         ahead = view.waiting[index - 1] if index > 0 else None
         rows.append(
             {
