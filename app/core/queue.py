@@ -66,6 +66,7 @@ _NONE: Final = 1 << 1024
 """Beyond any entry: "no candidate yet"."""
 
 _SPARE_LANES: Final = 1024
+_SHORT_KEYS: Final = 4096
 
 _Entry = tuple[int, int, str]
 """What `lane_heaps` hands out: (negated key, order, request id)."""
@@ -108,6 +109,11 @@ class ScoreQueue:
         self._aging = params.aging_divisor_ns != 0
         self._per_request = 1 + self._aging + self._short
         """Entries a request has, one in each heap of its lane."""
+        self._bonus = params.affinity_key() << _SHIFT
+        """The swap-affinity bonus, shifted to an entry's key bits."""
+        self._short_keys: dict[int | None, int] = {}
+        """`short_job_key` by expected run time: estimates are medians of recent
+        runs, so a few values recur and the division is done once each."""
 
     def __len__(self) -> int:
         return len(self._live)
@@ -140,7 +146,15 @@ class ScoreQueue:
         lane.live += 1
         # base_key and plain_key, inlined: push is on every enqueue and replay step.
         params = self.params
-        short = params.short_job_key(item.expected_run_ns) if self._short else 0
+        if self._short:
+            expected = item.expected_run_ns
+            short = self._short_keys.get(expected)
+            if short is None:
+                if len(self._short_keys) > _SHORT_KEYS:
+                    self._short_keys.clear()
+                short = self._short_keys[expected] = params.short_job_key(expected)
+        else:
+            short = 0
         plain = item.priority * params.scale + short
         if self._aging:
             key = plain - item.enqueued_ns
@@ -189,7 +203,7 @@ class ScoreQueue:
 
     def best(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Queued | None:
         """The request that would be dispatched now."""
-        bonus = self.params.affinity_key() << _SHIFT
+        bonus = self._bonus
         by_caller = self._by_caller
         best = _NONE
         for lane in self._lanes.values():
@@ -207,11 +221,10 @@ class ScoreQueue:
         # One pass over the lanes answers every question: a lane's top minus the
         # terms a question counts (shifted to the key's bits) is that lane's
         # candidate, and the smallest candidate wins, exactly as `best`.
-        bonus = self.params.affinity_key() << _SHIFT
+        bonus = self._bonus
         short = self._short
         by_caller = self._by_caller
         aging = self._aging
-        shifted = {c: v << _SHIFT for c, v in fair.items()} if by_caller else _NO_FAIR
         win = runner = aging_w = aff_w = fair_w = short_w = _NONE
         win_lane: _Lane | None = None
         win_adjust = fair_key = 0
@@ -219,7 +232,7 @@ class ScoreQueue:
             top = lane.aging[0]
             aff = bonus if lane.model == resident else 0
             if by_caller:
-                fair_key = shifted.get(lane.caller, 0)
+                fair_key = fair.get(lane.caller, 0) << _SHIFT
             adjust = aff + fair_key
             entry = top - adjust
             if entry < win:
@@ -246,9 +259,10 @@ class ScoreQueue:
         if win_lane is None:
             return None
         # The runner-up: the best other lane's top, or the second of the winner's lane.
-        second = self._second(win_lane.aging)
-        if second is not None and second - win_adjust < runner:
-            runner = second - win_adjust
+        if len(win_lane.aging) > 1:
+            second = self._second(win_lane.aging)
+            if second is not None and second - win_adjust < runner:
+                runner = second - win_adjust
         by_order = self._by_order
         winner = by_order[win & _ORDER]
         return Pick(

@@ -22,26 +22,27 @@ class RunEstimates:
     """Median of the last `WINDOW` run times per (model, endpoint)."""
 
     def __init__(self) -> None:
-        self._runs: dict[tuple[str, str], deque[int]] = {}
-        self._ordered: dict[tuple[str, str], list[int]] = {}
-        """The same window, sorted: the replay asks at every arrival."""
+        self._runs: dict[tuple[str, str], tuple[deque[int], list[int]]] = {}
+        """Per key: the window in arrival order, and the same runs sorted (the
+        replay asks at every arrival)."""
 
     def observe(self, model: str, endpoint: str, run_ns: int) -> None:
         key = (model, endpoint)
-        runs = self._runs.get(key)
-        if runs is None:
-            runs = self._runs[key] = deque(maxlen=WINDOW)
-            self._ordered[key] = []
-        ordered = self._ordered[key]
+        window = self._runs.get(key)
+        if window is None:
+            window = self._runs[key] = (deque(maxlen=WINDOW), [])
+        runs, ordered = window
         if len(runs) == WINDOW:
             ordered.remove(runs[0])  # the run the window is about to forget
-        run_ns = max(0, run_ns)
+        if run_ns < 0:
+            run_ns = 0
         runs.append(run_ns)
         bisect.insort(ordered, run_ns)
 
     def expected(self, model: str, endpoint: str) -> int | None:
         """The (lower) median run time, or None before the first completed run."""
-        ordered = self._ordered.get((model, endpoint))
-        if not ordered:
+        window = self._runs.get((model, endpoint))
+        if window is None:
             return None
+        ordered = window[1]
         return ordered[(len(ordered) - 1) // 2]

@@ -108,16 +108,14 @@ class SchedulerState:
         """The model being loaded by a swap in progress."""
         self.next_order = 0
         self.caller_weights = dict(caller_weights or {})
+        self._weights = {c: max(1, w) for c, w in self.caller_weights.items()}
+        """Caller label -> the weight its GPU time is divided by (at least 1)."""
+        self._fair = self.queue.params.fair_share_bonus != 0
         self.attained: dict[str | None, int] = {}
         """Each caller's attained service: GPU time charged, in ns / its weight
         (kept only while fair share is on: nothing else reads it)."""
         self.open_by_caller: dict[str | None, int] = {}
         """Callers with queued or running requests (how many): the active ones."""
-
-    def queue_priority(self, request: OpenRequest) -> int:
-        if self.scheduler == FIFO:
-            return request.priority + self.model_priority.get(request.model, 0)
-        return request.priority
 
     def running_on(self, model: str) -> int:
         return sum(1 for m in self.running.values() if m == model)
@@ -125,10 +123,12 @@ class SchedulerState:
     def fair_keys(self) -> FairKeys:
         """Each active caller's fair-share term in key units, from its attained
         service against the least and most served active callers."""
-        if self.queue.params.fair_share_bonus == 0:
+        if not self._fair:
             return {}
-        attained = self.attained
-        return self.queue.params.fair_share_keys({c: attained[c] for c in self.open_by_caller})
+        open_callers = self.open_by_caller
+        return self.queue.params.fair_share_keys(
+            dict(zip(open_callers, map(self.attained.__getitem__, open_callers), strict=True))
+        )
 
     def score(self, q: Queued, now_ns: int, fair: FairKeys | None = None) -> Breakdown:
         """A waiting request's score at `now_ns`, term by term, as the next decision
@@ -153,7 +153,10 @@ class SchedulerState:
             Queued(
                 request_id=request.request_id,
                 model=request.model,
-                priority=self.queue_priority(request),
+                # fifo's queue adds the model's priority to the header's
+                priority=request.priority
+                if self.scheduler != FIFO
+                else request.priority + self.model_priority.get(request.model, 0),
                 enqueued_ns=request.enqueued_ns,
                 order=self.next_order,
                 caller=request.caller,
@@ -167,10 +170,10 @@ class SchedulerState:
         the least attained service of the active callers (or, when none is active,
         the most of any), so time spent idle is not banked as credit."""
         count = self.open_by_caller.get(caller, 0)
-        if count == 0 and self.queue.params.fair_share_bonus:
+        if count == 0 and self._fair:
             attained = self.attained
             if self.open_by_caller:
-                floor = min(attained[c] for c in self.open_by_caller)
+                floor = min(map(attained.__getitem__, self.open_by_caller))
             else:
                 floor = max(attained.values(), default=0)
             attained[caller] = max(attained.get(caller, 0), floor)
@@ -179,12 +182,14 @@ class SchedulerState:
     def _charge(self, request: OpenRequest, at: int) -> None:
         """Charge a running request's caller the GPU time since its dispatch
         (run and any swap it caused), divided by the caller's weight."""
-        if request.dispatched_ns is None or not self.queue.params.fair_share_bonus:
+        since = request.dispatched_ns
+        if since is None or not self._fair:
             return
-        weight = max(1, self.caller_weights.get(request.caller or "", 1))
-        used = max(0, at - request.dispatched_ns)
-        self.attained[request.caller] = self.attained.get(request.caller, 0) + used // weight
         request.dispatched_ns = None
+        if at > since:
+            caller = request.caller
+            weight = self._weights.get(caller or "", 1)
+            self.attained[caller] = self.attained.get(caller, 0) + (at - since) // weight
 
     def _finish(self, request_id: str, at: int | None = None) -> None:
         self.queue.remove(request_id)
