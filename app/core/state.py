@@ -192,8 +192,8 @@ class SchedulerState:
             self.attained[caller] = self.attained.get(caller, 0) + (at - since) // weight
 
     def _finish(self, request_id: str, at: int | None = None) -> None:
-        self.queue.remove(request_id)
-        self.running.pop(request_id, None)
+        if self.running.pop(request_id, None) is None:
+            self.queue.remove(request_id)  # a running request is no longer queued
         request = self.requests.pop(request_id, None)
         if request is None:
             return

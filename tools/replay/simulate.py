@@ -185,7 +185,6 @@ class _Sim:
     def _run_serial(self) -> int:
         reqs = self.reqs
         state = self.state
-        queue = state.queue
         res = self.result
         start_ns = res.start_ns
         reorders = res.reorders
@@ -205,6 +204,10 @@ class _Sim:
         completed = ev.RequestCompleted
         heappush = heapq.heappush
         heappop = heapq.heappop
+        # Requests dispatched or cancelled: their pending patience and deadline
+        # steps are stale, and are dropped without a step of their own.
+        gone = bytearray(len(reqs))
+        bands: dict[int, str] = {}
         k = 0
         now = res.first_ns
         run_i = -1
@@ -213,8 +216,12 @@ class _Sim:
         busy = 0
         while True:
             t = root_t[k] if k < n_roots else _INF
-            if pending and pending[0][0] < t:
-                t = pending[0][0]
+            while pending and pending[0][0] < t:
+                _, kind, i = pending[0]
+                if kind == _ARRIVAL or not gone[i]:
+                    t = pending[0][0]
+                    break
+                heappop(pending)
             if run_end < t:
                 t = run_end
             elif load_end < t:
@@ -256,13 +263,17 @@ class _Sim:
                     _, kind, i = heappop(pending)
                     if kind == _ARRIVAL:
                         self._arrive(i, now)
-                    else:
+                    elif not gone[i]:
+                        gone[i] = 1
                         self._cancel(i, now, kind)
                 elif k < n_roots and root_t[k] == now:
                     # self._arrive(roots[k], now), inlined: the most frequent step.
                     i = roots[k]
                     k += 1
                     r = reqs[i]
+                    band = bands.get(r.priority)
+                    if band is None:
+                        band = bands[r.priority] = band_of(r.priority)
                     event = enqueued(
                         at=now,
                         request_id=r.request_id,
@@ -270,7 +281,7 @@ class _Sim:
                         model_requested=r.model,
                         endpoint=r.endpoint,
                         priority=0 if ignore_priority else r.priority,
-                        band=band_of(r.priority),
+                        band=band,
                         durable=r.durable,
                         caller=r.caller,
                         expected_run_ns=r.expected_run_ns
@@ -287,8 +298,9 @@ class _Sim:
                         heappush(pending, (now + r.max_wait_ns, _DEADLINE, i))
                 else:
                     break
-            # While the GPU is taken decide() returns nothing: skip the call.
-            if run_end != _INF or load_end != _INF or not queue:
+            # While the GPU is taken decide() returns nothing: skip the call. With
+            # nothing running or loading, the open requests are the queued ones.
+            if run_end != _INF or load_end != _INF or not state.requests:
                 continue
             # Unrecorded, the scores that explain a decision are not worth building.
             decision = choose(state, now) if record is None else decide(state, now)
@@ -308,6 +320,7 @@ class _Sim:
                 self.record_decision(decision)
             apply(state, dispatched)
             i = index[dispatched.request_id]
+            gone[i] = 1
             order.append(i)
             if decision.action == "swap":
                 took = self._begin_swap(i, dispatched.model, now)
