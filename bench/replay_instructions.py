@@ -1,0 +1,111 @@
+"""Machine instructions per replayed request, counted by valgrind: a figure the
+shared host's load does not move. Prints figures, asserts nothing.
+
+    python -m bench.replay_instructions [--requests 10000] [--against REV]
+
+Each figure is `valgrind --tool=callgrind` run on one simulation of the film
+trace (`bench.replay_bench`'s trace and parameter sets), minus the same process
+stopped before the simulation (start-up and building the trace), divided by the
+requests. With
+`--against`, the same is counted for the code at git revision REV (`git archive`
+into a temporary folder), so a change is measured against the code before it in
+one run. Needs valgrind (Debian's `valgrind`); about 2.5 min for 10,000 requests
+on the 2-core host (2.5 more with `--against`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SETS = ("none", "default", "every")
+
+# Run with the measured tree first on sys.path; it uses only what older trees
+# have too, so `--against` can count code from before this file existed.
+DRIVER = """
+import sys
+from app.core.scoring import NS_PER_S, ScoringParams
+from tools.replay.generate import film
+from tools.replay.simulate import Policy, simulate
+
+requests, only = int(sys.argv[1]), sys.argv[2]
+workload = film(1, days=requests // 520 + 2, limit=requests).workload
+sets = {
+    "default": ScoringParams(),
+    "every": ScoringParams(60 * NS_PER_S, 10, fair_share_bonus=10, short_job_bonus=10),
+}
+if only in sets:
+    simulate(workload, Policy(only, sets[only]))
+"""
+
+
+def instructions(root: Path, requests: int, only: str) -> int:
+    """What callgrind counts for the driver with the code in `root`."""
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        "-c",
+        DRIVER,
+        str(requests),
+        only,
+    ]
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONHASHSEED="0")
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"callgrind printed no total:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_request(counts: dict[str, int], requests: int) -> dict[str, int]:
+    return {only: (counts[only] - counts["none"]) // requests for only in SETS[1:]}
+
+
+def checkout(rev: str, into: Path) -> Path:
+    tar = subprocess.run(
+        ["git", "archive", rev, "app", "tools", "bench"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(tar)) as archive:
+        archive.extractall(into, filter="data")
+    return into
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--against", metavar="REV", help="also count the code at this git revision")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
+    print(f"instructions per request, {args.requests:,} film requests (default | every term)")
+    rows = [("this tree", ROOT)]
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.against:
+            rows.insert(0, (args.against, checkout(args.against, Path(tmp))))
+        runs = [(root, only) for _, root in rows for only in SETS]
+        with ThreadPoolExecutor(args.jobs) as pool:  # each run is a valgrind process
+            counted = list(pool.map(lambda run: instructions(run[0], args.requests, run[1]), runs))
+        for n, (label, _) in enumerate(rows):
+            figures = per_request(
+                dict(zip(SETS, counted[n * 3 : n * 3 + 3], strict=True)), args.requests
+            )
+            print(f"  {label:>12}: {figures['default']:>8,} | {figures['every']:>8,}")
+
+
+if __name__ == "__main__":
+    main()
