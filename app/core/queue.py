@@ -111,6 +111,7 @@ class ScoreQueue:
         """Entries a request has, one in each heap of its lane."""
         self._bonus = params.affinity_key() << _SHIFT
         """The swap-affinity bonus, shifted to an entry's key bits."""
+        self._scale = params.scale
         self._short_keys: dict[int | None, int] = {}
         """`short_job_key` by expected run time: estimates are medians of recent
         runs, so a few values recur and the division is done once each."""
@@ -155,7 +156,7 @@ class ScoreQueue:
                 short = self._short_keys[expected] = params.short_job_key(expected)
         else:
             short = 0
-        plain = item.priority * params.scale + short
+        plain = item.priority * self._scale + short
         if self._aging:
             key = plain - item.enqueued_ns
             heapq.heappush(lane.plain, (-plain << _SHIFT) + order)
