@@ -184,6 +184,7 @@ def parts(requests: int) -> None:
     # The simulator's own names for the core's functions, swapped for timed ones.
     with (
         mock.patch.object(simulate_module, "apply", timed_apply),
+        mock.patch.object(simulate_module, "fold_for", lambda event_type: timed_apply),
         mock.patch.object(simulate_module, "choose", timed_choose),
     ):
         for policy in (Policy("default", ScoringParams()), Policy("every term", every_term)):

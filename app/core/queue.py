@@ -180,10 +180,10 @@ class ScoreQueue:
         if lane.live == 0:
             # Every entry left in it is dead: drop them with the lane.
             del self._lanes[lane_key]
-            for heap in lane.heaps:
-                self._dead -= len(heap)
+            heaps = lane.heaps
+            self._dead += per_request - sum(map(len, heaps))
+            for heap in heaps:
                 heap.clear()
-            self._dead += per_request
             if len(self._spare) < _SPARE_LANES:
                 self._spare[lane_key] = lane
         else:

@@ -116,6 +116,8 @@ class SchedulerState:
         (kept only while fair share is on: nothing else reads it)."""
         self.open_by_caller: dict[str | None, int] = {}
         """Callers with queued or running requests (how many): the active ones."""
+        self._active_attained: dict[str | None, int] = {}
+        """`attained` of the active callers only: what every decision reads."""
 
     def running_on(self, model: str) -> int:
         return sum(1 for m in self.running.values() if m == model)
@@ -125,10 +127,7 @@ class SchedulerState:
         service against the least and most served active callers."""
         if not self._fair:
             return {}
-        open_callers = self.open_by_caller
-        return self.queue.params.fair_share_keys(
-            dict(zip(open_callers, map(self.attained.__getitem__, open_callers), strict=True))
-        )
+        return self.queue.params.fair_share_keys(self._active_attained)
 
     def score(self, q: Queued, now_ns: int, fair: FairKeys | None = None) -> Breakdown:
         """A waiting request's score at `now_ns`, term by term, as the next decision
@@ -171,12 +170,9 @@ class SchedulerState:
         the most of any), so time spent idle is not banked as credit."""
         count = self.open_by_caller.get(caller, 0)
         if count == 0 and self._fair:
-            attained = self.attained
-            if self.open_by_caller:
-                floor = min(map(attained.__getitem__, self.open_by_caller))
-            else:
-                floor = max(attained.values(), default=0)
-            attained[caller] = max(attained.get(caller, 0), floor)
+            attained, active = self.attained, self._active_attained
+            floor = min(active.values()) if active else max(attained.values(), default=0)
+            attained[caller] = active[caller] = max(attained.get(caller, 0), floor)
         self.open_by_caller[caller] = count + 1
 
     def _charge(self, request: OpenRequest, at: int) -> None:
@@ -189,7 +185,9 @@ class SchedulerState:
         if at > since:
             caller = request.caller
             weight = self._weights.get(caller or "", 1)
-            self.attained[caller] = self.attained.get(caller, 0) + (at - since) // weight
+            # Charged while open (before its finish closes it), so it is active.
+            served = self.attained.get(caller, 0) + (at - since) // weight
+            self.attained[caller] = self._active_attained[caller] = served
 
     def _finish(self, request_id: str, at: int | None = None) -> None:
         if self.running.pop(request_id, None) is None:
@@ -204,6 +202,7 @@ class SchedulerState:
             self.open_by_caller[request.caller] = count
         else:
             del self.open_by_caller[request.caller]
+            self._active_attained.pop(request.caller, None)
 
 
 def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
@@ -214,6 +213,16 @@ def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
     handler = _HANDLERS.get(type(event))
     if handler is not None:
         handler(state, event)
+
+
+def fold_for(event_type: type[ev.AnyEvent]) -> Callable[[SchedulerState, Any], None]:
+    """`apply` for events of one type, looked up once: a replay folds millions
+    of events of a few types."""
+    return _HANDLERS.get(event_type, _ignored)
+
+
+def _ignored(state: SchedulerState, event: Any) -> None:
+    """Events that change no state (`scores_computed`, `request_started`, ...)."""
 
 
 def _enqueued(state: SchedulerState, event: Any) -> None:

@@ -38,7 +38,7 @@ from app.core.policy import Decision, choose, decide, pick_reasons
 from app.core.priority import band_of
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import ScoringParams
-from app.core.state import FIFO, SERIAL, SchedulerState, apply
+from app.core.state import FIFO, SERIAL, SchedulerState, apply, fold_for
 from tools.replay.workload import Request, RunResult, Workload
 
 SwapCost = Callable[[str | None, str], tuple[int, int]]
@@ -202,6 +202,10 @@ class _Sim:
         end_ns = res.end_ns
         enqueued = ev.RequestEnqueued
         completed = ev.RequestCompleted
+        # `apply`, with its dispatch on the event's type done here once.
+        fold_enqueued = fold_for(enqueued)
+        fold_completed = fold_for(completed)
+        fold_dispatched = fold_for(ev.RequestDispatched)
         heappush = heapq.heappush
         heappop = heapq.heappop
         # Requests dispatched or cancelled: their pending patience and deadline
@@ -247,7 +251,7 @@ class _Sim:
                     event: ev.AnyEvent = completed(
                         at=now, request_id=r.request_id, http_status=200, run_ms=run_ms
                     )
-                    apply(state, event)
+                    fold_completed(state, event)
                     if record is not None:
                         record.append(event)
                     if estimates is not None:
@@ -289,7 +293,7 @@ class _Sim:
                         else estimates.expected(r.model, r.endpoint),
                         max_wait_ns=r.max_wait_ns,
                     )
-                    apply(state, event)
+                    fold_enqueued(state, event)
                     if record is not None:
                         record.append(event)
                     if r.patience_ns is not None:
@@ -318,7 +322,7 @@ class _Sim:
                     reorders[reason] += 1
             if isinstance(decision, Decision):
                 self.record_decision(decision)
-            apply(state, dispatched)
+            fold_dispatched(state, dispatched)
             i = index[dispatched.request_id]
             gone[i] = 1
             order.append(i)
