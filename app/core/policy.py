@@ -46,26 +46,21 @@ class Decision(Choice, frozen=True):
 
 def decide(state: SchedulerState, now_ns: int) -> Decision | None:
     """The next dispatch, or None when nothing can be dispatched now."""
-    found = _choose(state, now_ns)
-    if found is None:
+    choice = choose(state, now_ns)
+    if choice is None:
         return None
-    choice, fair = found
     return Decision(
         pick=choice.pick,
         dispatched=choice.dispatched,
         action=choice.action,
-        scores=_scores_event(state, choice.pick, now_ns, fair),
+        # The same state as the pick's: the same fair-share terms.
+        scores=_scores_event(state, choice.pick, now_ns, state.fair_keys()),
     )
 
 
 def choose(state: SchedulerState, now_ns: int) -> Choice | None:
     """`decide` without its `scores_computed`, for a run that records nothing (the
     replay's what-if runs): the same dispatch, at the cost of the pick alone."""
-    found = _choose(state, now_ns)
-    return None if found is None else found[0]
-
-
-def _choose(state: SchedulerState, now_ns: int) -> tuple[Choice, FairKeys] | None:
     if state.scheduler == FIFO:
         winner = _fifo_choice(state)
         if winner is None:
@@ -78,13 +73,11 @@ def _choose(state: SchedulerState, now_ns: int) -> tuple[Choice, FairKeys] | Non
             without_fair_share=winner,
             without_short_job=winner,
         )
-        fair: FairKeys = {}
     else:
         # Serial: one request in flight across all models, non-preemptive.
         if state.running or state.loading is not None:
             return None
-        fair = state.fair_keys()
-        found = state.queue.pick(state.resident, fair)
+        found = state.queue.pick(state.resident, state.fair_keys())
         if found is None:
             return None
         pick = found
@@ -103,7 +96,7 @@ def _choose(state: SchedulerState, now_ns: int) -> tuple[Choice, FairKeys] | Non
         action = "join"
     else:
         action = "run"
-    return Choice(pick=pick, dispatched=dispatched, action=action), fair
+    return Choice(pick=pick, dispatched=dispatched, action=action)
 
 
 def _fifo_choice(state: SchedulerState) -> Queued | None:

@@ -65,6 +65,8 @@ _ORDER: Final = (1 << _SHIFT) - 1
 _NONE: Final = 1 << 1024
 """Beyond any entry: "no candidate yet"."""
 
+_heappush, _heappop = heapq.heappush, heapq.heappop  # bound once: push and remove are hot
+
 _SPARE_LANES: Final = 1024
 _SHORT_KEYS: Final = 4096
 
@@ -159,12 +161,12 @@ class ScoreQueue:
         plain = item.priority * self._scale + short
         if self._aging:
             key = plain - item.enqueued_ns
-            heapq.heappush(lane.plain, (-plain << _SHIFT) + order)
+            _heappush(lane.plain, (-plain << _SHIFT) + order)
         else:
             key = plain
-        heapq.heappush(lane.aging, (-key << _SHIFT) + order)
+        _heappush(lane.aging, (-key << _SHIFT) + order)
         if self._short:
-            heapq.heappush(lane.noshort, ((short - key) << _SHIFT) + order)
+            _heappush(lane.noshort, ((short - key) << _SHIFT) + order)
 
     def remove(self, request_id: str) -> Queued | None:
         """Take a request out (cancel or dispatch); None when it is not queued."""
@@ -191,7 +193,7 @@ class ScoreQueue:
             dead = self._dead + per_request
             for heap in lane.heaps:
                 while heap[0] & _ORDER not in by_order:
-                    heapq.heappop(heap)
+                    _heappop(heap)
                     dead -= 1
             self._dead = dead
         if self._dead > 2048 and self._dead > per_request * len(self._live):
