@@ -27,13 +27,15 @@ set by `objective`. Without --shake the spread is unknown and nothing is marked.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, TypeVar
 
 from app.core.policy import REORDER_REASONS
 from app.core.priority import band_of
@@ -45,6 +47,7 @@ SLOWDOWN_FLOOR_NS = 10 * NS_PER_S
 NO_CALLER = "(none)"
 """How a request without a caller label is grouped."""
 Figures = dict[str, Any]
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -58,6 +61,9 @@ class _Groups:
     models: dict[str, list[int]]
     chains: list[list[int]]
     """Each chain's requests, first to last."""
+    run_ns: list[int]
+    slowdown_floor: list[int]
+    """Each request's max(run, SLOWDOWN_FLOOR_NS): its bounded slowdown's divisor."""
 
 
 _GROUPS: list[tuple[Workload, _Groups]] = []
@@ -66,7 +72,9 @@ _GROUPS: list[tuple[Workload, _Groups]] = []
 def _groups(workload: Workload) -> _Groups:
     if _GROUPS and _GROUPS[0][0] is workload:
         return _GROUPS[0][1]
-    g = _Groups({b: [] for b in BANDS}, {b: {} for b in BANDS}, {}, {}, [])
+    runs = [r.run_ns for r in workload.requests]
+    floors = [max(run, SLOWDOWN_FLOOR_NS) for run in runs]
+    g = _Groups({b: [] for b in BANDS}, {b: {} for b in BANDS}, {}, {}, [], runs, floors)
     succ: dict[int, int] = {}
     for i, r in enumerate(workload.requests):
         band = band_of(r.priority)
@@ -102,19 +110,19 @@ def figures(
     start = result.start_ns
     end = result.end_ns
     arrival = result.arrival_ns
-    reqs = workload.requests
     g = _groups(workload)
     wait = [s - a if s >= 0 else -1 for s, a in zip(start, arrival, strict=True)]
     slow = [
-        (w + r.run_ns) / max(r.run_ns, SLOWDOWN_FLOOR_NS) if w >= 0 else -1.0
-        for w, r in zip(wait, reqs, strict=True)
+        (w + run) / floor if w >= 0 else -1.0
+        for w, run, floor in zip(wait, g.run_ns, g.slowdown_floor, strict=True)
     ]
 
     def waits_of(members: list[int]) -> list[int]:
-        return sorted(w for i in members if (w := wait[i]) >= 0)
+        ws = sorted(_at(wait, members))
+        return ws[bisect.bisect_left(ws, 0) :]  # those who left have wait -1
 
     def mean_slowdown(members: list[int]) -> float | None:
-        xs = [x for i in members if (x := slow[i]) >= 0]
+        xs = [x for x in _at(slow, members) if x >= 0]
         return sum(xs) / len(xs) if xs else None
 
     bands: dict[str, Any] = {}
@@ -139,17 +147,17 @@ def figures(
     callers: dict[str, Any] = {}
     for caller, members in sorted(g.callers.items()):
         ws = waits_of(members)
-        first = min(arrival[i] for i in members)
-        starts = [start[i] for i in members if start[i] >= 0]
-        ends = [end[i] for i in members if end[i] >= 0]
+        first = min(_at(arrival, members))
+        first_start = min(filter(_started, _at(start, members)), default=None)
+        last_end = max(_at(end, members))
         sd = mean_slowdown(members)
         callers[caller] = {
             "count": len(members),
             "left": len(members) - len(ws),
             **_wait_figures(ws),
             "slowdown": None if sd is None else round(sd, 3),
-            "first_start_s": _s(min(starts) - first if starts else None),
-            "last_finish_s": _s(max(ends) - first if ends else None),
+            "first_start_s": _s(None if first_start is None else first_start - first),
+            "last_finish_s": _s(last_end - first if last_end >= 0 else None),
         }
     models: dict[str, Any] = {}
     for model, members in sorted(g.models.items()):
@@ -191,6 +199,18 @@ def figures(
     if quantiles:
         row["quantiles"] = curves
     return row
+
+
+def _at(values: Sequence[_T], members: list[int]) -> Sequence[_T]:
+    """`values` at the indices `members`, gathered in C (a sweep asks for every
+    run's figures)."""
+    if len(members) > 1:
+        return itemgetter(*members)(values)  # type: ignore[no-any-return]
+    return [values[i] for i in members]
+
+
+def _started(ns: int) -> bool:
+    return ns >= 0  # -1: never started
 
 
 def _wait_figures(ws: list[int], p99: bool = False) -> dict[str, float | None]:
