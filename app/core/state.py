@@ -118,6 +118,9 @@ class SchedulerState:
         """Callers with queued or running requests (how many): the active ones."""
         self._active_attained: dict[str | None, int] = {}
         """`attained` of the active callers only: what every decision reads."""
+        self._most_attained = 0
+        """The most of any caller's `attained` (it only grows): kept, not
+        searched for, when a caller arrives at an idle server."""
 
     def running_on(self, model: str) -> int:
         return sum(1 for m in self.running.values() if m == model)
@@ -171,7 +174,7 @@ class SchedulerState:
         count = self.open_by_caller.get(caller, 0)
         if count == 0 and self._fair:
             attained, active = self.attained, self._active_attained
-            floor = min(active.values()) if active else max(attained.values(), default=0)
+            floor = min(active.values()) if active else self._most_attained
             attained[caller] = active[caller] = max(attained.get(caller, 0), floor)
         self.open_by_caller[caller] = count + 1
 
@@ -188,6 +191,8 @@ class SchedulerState:
             # Charged while open (before its finish closes it), so it is active.
             served = self.attained.get(caller, 0) + (at - since) // weight
             self.attained[caller] = self._active_attained[caller] = served
+            if served > self._most_attained:
+                self._most_attained = served
 
     def _finish(self, request_id: str, at: int | None = None) -> None:
         if self.running.pop(request_id, None) is None:
