@@ -113,7 +113,7 @@ class SchedulerState:
         self._fair = self.queue.params.fair_share_bonus != 0
         self.attained: dict[str | None, int] = {}
         """Each caller's attained service: GPU time charged, in ns / its weight
-        (kept only while fair share is on: nothing else reads it)."""
+        (kept only while fair share is on; a returning caller starts from its own)."""
         self.open_by_caller: dict[str | None, int] = {}
         """Callers with queued or running requests (how many): the active ones."""
         self._active_attained: dict[str | None, int] = {}
@@ -215,9 +215,7 @@ def apply(state: SchedulerState, event: ev.AnyEvent) -> None:
     because recovery loads only open requests, not the whole history."""
     # A dict lookup, not `match`: replay folds millions of events, and a class
     # pattern chain costs one isinstance per case tried.
-    handler = _HANDLERS.get(type(event))
-    if handler is not None:
-        handler(state, event)
+    _HANDLERS.get(type(event), _ignored)(state, event)
 
 
 def fold_for(event_type: type[ev.AnyEvent]) -> Callable[[SchedulerState, Any], None]:

@@ -2,9 +2,9 @@
 
 It feeds the pure core exactly as the run loop does: every change is an event folded in
 with `apply` (the scheduler and its parameters too: a `server_started`), and `decide` is
-called until it returns nothing (and `choose`, which must dispatch the same). Swaps and
-completions are instant unless a test drives them step by step. `restart` is a new
-process and what its recovery records.
+called until it returns nothing (each pick's reorder reasons checked against its
+recorded scores). Swaps and completions are instant unless a test drives them step by
+step. `restart` is a new process and what its recovery records.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from app.core import events as ev
-from app.core.policy import choose, decide, pick_reasons, reorder_reasons
+from app.core.policy import decide, pick_reasons, reorder_reasons
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL, SchedulerState, apply
@@ -191,15 +191,12 @@ class CoreDriver:
 
     def step(self) -> ev.RequestDispatched | None:
         """One `decide` at `now`; its events are applied and recorded."""
-        choice = choose(self.state, self.now)
         decision = decide(self.state, self.now)
         if decision is None:
-            assert choice is None
             return None
-        # What an unrecorded replay dispatches is what the server records.
-        assert choice is not None
-        assert (choice.dispatched, choice.action) == (decision.dispatched, decision.action)
-        assert pick_reasons(choice.pick) == reorder_reasons(decision.scores)
+        # `decide` is `choose` plus its scores: what an unrecorded replay counts as
+        # reorders (from the pick) must be what the recorded scores say.
+        assert pick_reasons(decision.pick) == reorder_reasons(decision.scores)
         scores, dispatched = decision.scores, decision.dispatched
         assert scores.request_id == dispatched.request_id
         for event in decision.events:
