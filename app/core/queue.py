@@ -57,7 +57,8 @@ class Pick(msgspec.Struct, frozen=True):
 
 FairKeys = Mapping[str | None, int]
 """Each active caller's fair-share term in key units (`SchedulerState.fair_keys`)."""
-_NO_FAIR: FairKeys = {}
+NO_FAIR: FairKeys = {}
+"""No caller favoured (shared: never mutated)."""
 
 _SHIFT: Final = 48
 _ORDER: Final = (1 << _SHIFT) - 1
@@ -204,7 +205,7 @@ class ScoreQueue:
         """Models with at least one waiting request."""
         return list(dict.fromkeys(lane.model for lane in self._lanes.values()))
 
-    def best(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Queued | None:
+    def best(self, resident: str | None, fair: FairKeys = NO_FAIR) -> Queued | None:
         """The request that would be dispatched now."""
         bonus = self._bonus
         by_caller = self._by_caller
@@ -219,7 +220,7 @@ class ScoreQueue:
                 best = entry
         return None if best == _NONE else self._by_order[best & _ORDER]
 
-    def pick(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> Pick | None:
+    def pick(self, resident: str | None, fair: FairKeys = NO_FAIR) -> Pick | None:
         """The winner, the runner-up and the winners without each term."""
         # One pass over the lanes answers every question: a lane's top minus the
         # terms a question counts (shifted to the key's bits) is that lane's
@@ -292,12 +293,12 @@ class ScoreQueue:
             out.append((lane.model, lane.caller, heap))
         return out
 
-    def ranked(self, resident: str | None, fair: FairKeys = _NO_FAIR) -> list[Queued]:
+    def ranked(self, resident: str | None, fair: FairKeys = NO_FAIR) -> list[Queued]:
         """Every waiting request in dispatch order as of now (O(n log n), for reports)."""
         return sorted(self._live.values(), key=lambda q: self._rank_key(q, resident, fair))
 
     def position(
-        self, request_id: str, resident: str | None, fair: FairKeys = _NO_FAIR
+        self, request_id: str, resident: str | None, fair: FairKeys = NO_FAIR
     ) -> int | None:
         """0-based place in dispatch order as of now (O(n), no sort); None if not queued."""
         item = self._live.get(request_id)
@@ -306,7 +307,7 @@ class ScoreQueue:
         mine = self._rank_key(item, resident, fair)
         return sum(1 for q in self._live.values() if self._rank_key(q, resident, fair) < mine)
 
-    def leading(self, count: int, resident: str | None, fair: FairKeys = _NO_FAIR) -> list[Queued]:
+    def leading(self, count: int, resident: str | None, fair: FairKeys = NO_FAIR) -> list[Queued]:
         """The first `count` of `ranked` (O(n log count))."""
         return heapq.nsmallest(
             count, self._live.values(), key=lambda q: self._rank_key(q, resident, fair)

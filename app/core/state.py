@@ -26,7 +26,7 @@ from typing import Any, Final
 import msgspec
 
 from app.core import events as ev
-from app.core.queue import FairKeys, Queued, ScoreQueue
+from app.core.queue import NO_FAIR, FairKeys, Queued, ScoreQueue
 from app.core.scoring import Breakdown, ScoringParams
 
 # Scheduler names and fifo's per-model limit, owned here so the config (which
@@ -128,9 +128,10 @@ class SchedulerState:
     def fair_keys(self) -> FairKeys:
         """Each active caller's fair-share term in key units, from its attained
         service against the least and most served active callers."""
-        if not self._fair:
-            return {}
-        return self.queue.params.fair_share_keys(self._active_attained)
+        active = self._active_attained
+        if not self._fair or len(active) < 2:
+            return NO_FAIR  # one caller alone has had no less than anyone: no term
+        return self.queue.params.fair_share_keys(active)
 
     def score(self, q: Queued, now_ns: int, fair: FairKeys | None = None) -> Breakdown:
         """A waiting request's score at `now_ns`, term by term, as the next decision
@@ -149,7 +150,16 @@ class SchedulerState:
         request.running = False
         request.dispatched_ns = None
         if request.request_id not in self.requests:
-            self._activate(request.caller)
+            # The caller's request opens. A caller with nothing open before is
+            # lifted to the least attained service of the active callers (or, when
+            # none is active, the most of any), so time spent idle is not banked.
+            caller = request.caller
+            count = self.open_by_caller.get(caller, 0)
+            if count == 0 and self._fair:
+                attained, active = self.attained, self._active_attained
+                floor = min(active.values()) if active else self._most_attained
+                attained[caller] = active[caller] = max(attained.get(caller, 0), floor)
+            self.open_by_caller[caller] = count + 1
         self.requests[request.request_id] = request
         self.queue.push(
             Queued(
@@ -166,17 +176,6 @@ class SchedulerState:
             )
         )
         self.next_order += 1
-
-    def _activate(self, caller: str | None) -> None:
-        """A caller's request opens. A caller with nothing open before is lifted to
-        the least attained service of the active callers (or, when none is active,
-        the most of any), so time spent idle is not banked as credit."""
-        count = self.open_by_caller.get(caller, 0)
-        if count == 0 and self._fair:
-            attained, active = self.attained, self._active_attained
-            floor = min(active.values()) if active else self._most_attained
-            attained[caller] = active[caller] = max(attained.get(caller, 0), floor)
-        self.open_by_caller[caller] = count + 1
 
     def _charge(self, request: OpenRequest, at: int) -> None:
         """Charge a running request's caller the GPU time since its dispatch
@@ -229,13 +228,9 @@ def _ignored(state: SchedulerState, event: Any) -> None:
 
 
 def _enqueued(state: SchedulerState, event: Any) -> None:
-    at = event.enqueued_at if event.enqueued_at is not None else event.at
-    _queue(state, event, at)
-
-
-def _queue(state: SchedulerState, event: Any, enqueued_ns: int) -> None:
     """Queue the request an enqueue or restore event describes (replacing any
-    earlier record of it)."""
+    earlier record of it). A restore always carries its first `enqueued_at`."""
+    enqueued_ns = event.enqueued_at if event.enqueued_at is not None else event.at
     if event.request_id in state.requests:
         state._finish(event.request_id)
     state._enqueue(
@@ -307,10 +302,6 @@ def _ended(state: SchedulerState, event: Any) -> None:
     state._finish(event.request_id, event.at)
 
 
-def _restored(state: SchedulerState, event: Any) -> None:
-    _queue(state, event, event.enqueued_at)
-
-
 def _server_started(state: SchedulerState, event: Any) -> None:
     # The fold rule is in the module docstring. Leftover upstreams are stopped by
     # recovery, so nothing is loaded.
@@ -336,7 +327,7 @@ _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.RequestEnqueued: _enqueued,
     ev.RequestDispatched: _dispatched,
     ev.RequestRequeued: _requeued,
-    ev.RequestRestored: _restored,
+    ev.RequestRestored: _enqueued,
     ev.SwapStarted: _swap_started,
     ev.SwapFinished: _swap_finished,
     ev.SwapFailed: _swap_failed,
