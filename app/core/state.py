@@ -127,7 +127,8 @@ class SchedulerState:
 
     def fair_keys(self) -> FairKeys:
         """Each active caller's fair-share term in key units, from its attained
-        service against the least and most served active callers."""
+        service against the least and most served active callers (read with
+        `.get(caller, 0)`: a caller whose term is 0 may be left out)."""
         active = self._active_attained
         if not self._fair or len(active) < 2:
             return NO_FAIR  # one caller alone has had no less than anyone: no term
