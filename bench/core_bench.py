@@ -1,6 +1,6 @@
 """Benchmark of the scheduling queue (app/core/queue.py). Prints figures, asserts nothing.
 
-    python -m bench.core_bench [--ops 1000] [--sizes 1000,10000,100000,1000000]
+    python -m bench.core_bench [--ops 1000] [--sizes 1000,10000,100000,1000000] [--rounds 1]
 
 For each queue size, builds a queue of that many requests over 3 models (priorities drawn
 from the bands and their tier offsets, enqueue times one millisecond apart), then times
@@ -12,6 +12,10 @@ with expected run times of 6 s to 16 min):
 - enqueue: `push` of a new request (then an untimed cancel of a random one);
 - pick:    `pick` plus `remove` of the winner, i.e. one dispatch (then an untimed push);
 - cancel:  `remove` of a random queued id (then an untimed push).
+
+`--rounds R` builds and times every cell R times, the rounds interleaved, and prints
+the median of the rounds' medians with their range: on a shared host one round's
+median can move 1.8x with the load.
 
 Memory is the tracemalloc difference across building the queue, divided by its length:
 everything the queue holds per request (ids, `Queued` structs, dict slots, heap entries).
@@ -39,6 +43,8 @@ ALL_TERMS = ScoringParams(
 )
 CALLERS = tuple(f"member-{i}" for i in range(8))
 RUNS_NS = tuple(s * NS_PER_S for s in (6, 6, 6, 30, 240, 960))
+TERMS = (("off", PARAMS), ("all", ALL_TERMS))
+KINDS = ("enqueue", "pick", "cancel")
 
 
 class Workload:
@@ -196,6 +202,7 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=1000)
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
     parser.add_argument("--memory-sizes", default="100000,1000000")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per cell (median shown)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     started = time.perf_counter()
@@ -205,18 +212,33 @@ def main() -> None:
         f"agingDivisor {PARAMS.aging_divisor_ns / NS_PER_S:g}s, "
         f"bonus {PARAMS.swap_affinity_bonus}, {args.ops} timed ops per cell"
     )
-    print("median (p99) microseconds per operation")
-    print(f"{'queued':>9} {'terms':>5} | {'enqueue':>18} | {'pick+remove':>18} | {'cancel':>18}")
-    for n in sizes:
-        for label, params in (("off", PARAMS), ("all", ALL_TERMS)):
+    cells = [(n, label, params) for n in sizes for label, params in TERMS]
+    medians: dict[tuple[int, str, str], list[float]] = {}
+    p99s: dict[tuple[int, str, str], list[int]] = {}
+    for _ in range(max(1, args.rounds)):
+        for n, label, params in cells:
             res = bench_ops(n, args.ops, MODELS[0], params)
-            cells = []
-            for kind in ("enqueue", "pick", "cancel"):
+            for kind in KINDS:
                 s = sorted(res[kind])
-                p99 = s[min(len(s) - 1, int(len(s) * 0.99))]
-                cells.append(f"{_fmt_us(statistics.median(s))} ({_fmt_us(p99).strip():>7})")
-            print(f"{n:>9} {label:>5} | " + " | ".join(cells))
+                medians.setdefault((n, label, kind), []).append(statistics.median(s))
+                p99s.setdefault((n, label, kind), []).append(s[min(len(s) - 1, int(len(s) * 0.99))])
             gc.collect()
+    if args.rounds > 1:
+        print(f"median of {args.rounds} rounds' medians [their range] (p99, median of rounds)")
+    else:
+        print("median (p99) microseconds per operation")
+    print(f"{'queued':>9} {'terms':>5} | {'enqueue':>18} | {'pick+remove':>18} | {'cancel':>18}")
+    for n, label, _ in cells:
+        row = []
+        for kind in KINDS:
+            ms, p99 = medians[(n, label, kind)], p99s[(n, label, kind)]
+            cell = (
+                f"{_fmt_us(statistics.median(ms))} ({_fmt_us(statistics.median(p99)).strip():>7})"
+            )
+            if args.rounds > 1:
+                cell += f" [{min(ms) / 1000:.2f}-{max(ms) / 1000:.2f}]"
+            row.append(cell)
+        print(f"{n:>9} {label:>5} | " + " | ".join(row))
 
     print("memory held per queued request (tracemalloc)")
     for n in [int(s) for s in args.memory_sizes.split(",") if s]:
