@@ -151,7 +151,9 @@ class _Sim:
         roots = [i for i, r in enumerate(self.reqs) if r.after < 0]
         roots.sort(key=lambda i: self.reqs[i].arrival_ns)
         self.roots = roots
-        self.pending: list[tuple[int, int, int]] = []  # (time, kind, index): cancels, chains
+        # (time, kind, index): cancels and chains, over a step that never comes, so
+        # the next one is always `pending[0]`.
+        self.pending: list[tuple[int, int, int]] = [(_INF, _ARRIVAL, -1)]
         # The swap in progress.
         self.loading: str | None = None
         self.load_end = _INF
@@ -195,8 +197,8 @@ class _Sim:
         succ = self.succ
         pending = self.pending
         roots = self.roots
-        root_t = [reqs[i].arrival_ns for i in roots]
-        n_roots = len(roots)
+        # Arrival times, and _INF past the last: `root_t[k]` is always the next one.
+        root_t = [reqs[i].arrival_ns for i in roots] + [_INF]
         ignore_priority = self.ignore_priority
         estimates = self.estimates
         end_ns = res.end_ns
@@ -219,8 +221,8 @@ class _Sim:
         load_end = _INF  # mirrors self.load_end, read on every step
         busy = 0
         while True:
-            t = root_t[k] if k < n_roots else _INF
-            while pending and pending[0][0] < t:
+            t = root_t[k]
+            while pending[0][0] < t:
                 _, kind, i = pending[0]
                 if kind == _ARRIVAL or not gone[i]:
                     t = pending[0][0]
@@ -263,14 +265,14 @@ class _Sim:
                 if nxt is not None:
                     heappush(pending, (now + reqs[nxt].think_ns, _ARRIVAL, nxt))
             while True:
-                if pending and pending[0][0] == now:
+                if pending[0][0] == now:
                     _, kind, i = heappop(pending)
                     if kind == _ARRIVAL:
                         self._arrive(i, now)
                     elif not gone[i]:
                         gone[i] = 1
                         self._cancel(i, now, kind)
-                elif k < n_roots and root_t[k] == now:
+                elif root_t[k] == now:
                     # self._arrive(roots[k], now), inlined: the most frequent step.
                     i = roots[k]
                     k += 1
@@ -353,13 +355,12 @@ class _Sim:
         state = self.state
         pending = self.pending
         roots = self.roots
-        root_t = [reqs[i].arrival_ns for i in roots]
-        n_roots = len(roots)
+        root_t = [reqs[i].arrival_ns for i in roots] + [_INF]
         k = 0
         now = self.result.first_ns
         while True:
-            t = root_t[k] if k < n_roots else _INF
-            if pending and pending[0][0] < t:
+            t = root_t[k]
+            if pending[0][0] < t:
                 t = pending[0][0]
             if self.gpu_next < t:
                 t = self.gpu_next
@@ -369,13 +370,13 @@ class _Sim:
             while self.gpu_next == now:
                 self._gpu_event(now)
             while True:
-                if pending and pending[0][0] == now:
+                if pending[0][0] == now:
                     _, kind, i = heapq.heappop(pending)
                     if kind == _ARRIVAL:
                         self._arrive(i, now)
                     else:
                         self._cancel(i, now, kind)
-                elif k < n_roots and root_t[k] == now:
+                elif root_t[k] == now:
                     self._arrive(roots[k], now)
                     k += 1
                 else:
