@@ -122,8 +122,9 @@ def figures(
         return ws[bisect.bisect_left(ws, 0) :]  # those who left have wait -1
 
     def mean_slowdown(members: list[int]) -> float | None:
-        xs = [x for x in _at(slow, members) if x >= 0]
-        return sum(xs) / len(xs) if xs else None
+        xs = _at(slow, members)
+        left = xs.count(-1.0)  # those who left: counted and summed in C, then taken out
+        return (sum(xs) + left) / (len(xs) - left) if len(xs) > left else None
 
     bands: dict[str, Any] = {}
     curves: dict[str, list[float | None]] = {}
