@@ -228,14 +228,12 @@ class Forwarder:
             await out.error(Detached(504, "upstream_timeout", message))
             return
         except httpx.HTTPError as exc:
-            # The upstream died mid-response: end the stream, record the failure.
-            self.scheduler.failed(
-                rid,
-                f"upstream ended the response early: {type(exc).__name__}: {exc}",
-                response.status_code,
-            )
-            with contextlib.suppress(Exception):
-                await out.end()
+            # The upstream died mid-response: record the failure, and tell a stream's
+            # client with a last error event (a stream that just stops reads as a
+            # complete, shorter answer).
+            message = f"upstream ended the response early: {type(exc).__name__}: {exc}"
+            self.scheduler.failed(rid, message, response.status_code)
+            await out.error(Detached(502, "upstream_error", message))
             return
         finally:
             await response.aclose()

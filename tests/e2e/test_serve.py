@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from openai import OpenAI
 
@@ -254,6 +255,26 @@ def test_upstream_dying_mid_stream_is_recorded_failed_and_the_next_request_works
     assert gw.wait_for(
         "SELECT 1 FROM events WHERE type='process_stopped' AND data LIKE '%crashed%'"
     )
+
+
+def test_a_stream_cut_short_by_the_upstream_raises_in_the_openai_client(gateway: Start) -> None:
+    # A stream that just stops reads as a complete, shorter answer: the client must
+    # be told the upstream died, as it is when the upstream goes silent.
+    gw = gateway(three_models())
+    client = OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="A",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        extra_body={"fake": {"chunks": 6, "chunk_delay": 0.05, "die_mid_stream": True}},
+    )
+    got = []
+    with pytest.raises(openai.APIError, match="ended the response early"):
+        for chunk in stream:
+            got.append(chunk)
+    assert got, "the chunks sent before the upstream died reach the client"
+    rows = gw.wait_for("SELECT error FROM requests WHERE status='failed'")
+    assert "early" in rows[0]["error"]
 
 
 def test_one_model_resident_at_a_time(gateway: Start) -> None:
