@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("upgrade", "apply schema migrations up to the latest"),
         ("rebuild", "recompute every read model from the events table"),
-        ("check", "verify integrity and event invariants (exit 1 on failure)"),
+        ("check", "verify integrity, schema and event invariants (exit 1 on failure)"),
     ):
         cmd = db_commands.add_parser(name, help=text)
         cmd.add_argument("--db", default="gpulane.db", help="SQLite database path")
@@ -76,6 +76,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return replay_command(raw[1:])
     args = build_parser().parse_args(raw)
+    try:
+        return _run(args)
+    except Exception as exc:
+        # A damaged database found past its opening (a page read while serving or
+        # explaining) gets the same sentence as one found on opening, not a traceback.
+        from app.store.engine import unusable
+
+        database = _database_of(args)
+        problem = unusable(database, exc) if database is not None else None
+        if problem is None:
+            raise
+        print(f"gpulane: {problem}", file=sys.stderr)
+        return 1
+
+
+def _database_of(args: argparse.Namespace) -> str | None:
+    """The database file the command reads, if it reads one."""
+    if args.command == "serve" and args.db is None:
+        from app.config import load_config
+
+        try:
+            return load_config(args.config).database_path
+        except Exception:
+            return f"the database named by database.path in {args.config}"
+    db = getattr(args, "db", None)
+    return None if db is None else str(db)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "check-config":
         from app.config.commands import check_config_command
 

@@ -9,7 +9,11 @@ steer the reply with a ``"fake"`` object in its JSON body or an ``X-Fake``
 header holding the same JSON (the header wins field by field):
 
     {"delay": s, "reply": "text", "chunks": n, "chunk_delay": s,
-     "die_mid_stream": true, "hang": true, "status": code}
+     "die_mid_stream": true, "hang": true, "status": code, "digest": true}
+
+``digest`` answers ``{"received_bytes": n, "received_sha256": hex}`` of the
+request body exactly as it arrived, so a test can check that large bodies pass
+through unchanged without getting them back.
 
 Every reply names the server (``served_by`` field, ``X-Served-By`` header) and
 echoes the ``model`` it received, so tests can tell which upstream served them.
@@ -65,6 +69,7 @@ class Behaviour:
     die_mid_stream: bool = False
     hang: bool = False
     status: int | None = None
+    digest: bool = False
 
     @classmethod
     def parse(cls, *sources: Any) -> Behaviour:
@@ -81,6 +86,7 @@ class Behaviour:
             die_mid_stream=bool(merged.get("die_mid_stream")),
             hang=bool(merged.get("hang")),
             status=None if status is None else int(status),
+            digest=bool(merged.get("digest")),
         )
 
 
@@ -137,6 +143,13 @@ class FakeHandler(BaseHTTPRequestHandler):
             return
         if fake.status is not None:
             self._send_json(fake.status, _error(f"fake status {fake.status}", fake.status), model)
+            return
+        if fake.digest:
+            received = {
+                "received_bytes": len(raw),
+                "received_sha256": hashlib.sha256(raw).hexdigest(),
+            }
+            self._send_json(200, received, model)
             return
         loading = time.monotonic() < self.server.ready_at
         if loading:
@@ -249,6 +262,7 @@ class FakeHandler(BaseHTTPRequestHandler):
             "path": self.path,
             "headers": dict(self.headers.items()),
             "body": raw.decode("utf-8", errors="replace"),
+            "body_sha256": hashlib.sha256(raw).hexdigest(),
             "model": model,
             "served_by": self.server.name,
         }

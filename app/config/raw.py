@@ -24,6 +24,8 @@ DEFAULT_AGING_DIVISOR: Final = DEFAULT_AGING_DIVISOR_NS / NS_PER_S
 DEFAULT_DATABASE_PATH: Final = "gpulane.db"
 DEFAULT_RESULT_RETENTION_S: Final = 7 * 24 * 3600.0
 DEFAULT_MAX_ATTEMPTS: Final = 3
+# Disk space a durable job's body may not take (507 instead): the log needs room.
+DEFAULT_MIN_FREE_DISK: Final = 256 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Limits on one forwarded request, in seconds. Generous on purpose: a
 # 16-minute non-streaming render must finish, and so must a streamed one that
@@ -155,6 +157,7 @@ class RawDatabase(_Raw, frozen=True):
 class RawJobs(_Raw, frozen=True):
     result_retention: float | str = DEFAULT_RESULT_RETENTION_S
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    min_free_disk: int = DEFAULT_MIN_FREE_DISK
 
 
 class RawServer(_Raw, frozen=True):

@@ -57,7 +57,7 @@ from app.core.priority import (
     tier_offset,
 )
 from app.core.scoring import DEFAULT_AGING_DIVISOR_NS
-from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SCHEDULERS
+from app.core.state import FIFO, SCHEDULERS, default_concurrency
 
 NEVER_MATCHES: Final = r"(?!)"
 DEFAULT_PROXY: Final = "http://localhost:${PORT}"
@@ -164,6 +164,7 @@ class Resolver:
             ),
             result_retention_s=self._retention(raw.jobs.result_retention),
             max_attempts=self._max_attempts(),
+            min_free_disk=self._min_free_disk(),
             max_body_bytes=self._max_body_bytes(),
             ignore_paths=self._ignore_paths(),
             shutdown_grace=self._shutdown_grace(),
@@ -404,7 +405,7 @@ class Resolver:
     def _concurrency(self, value: int, where: str) -> int:
         if value < 0:
             self.issues.error(where, f"{value} is out of range; expected an integer >= 0")
-        return value if value > 0 else DEFAULT_CONCURRENCY_LIMIT
+        return value if value > 0 else default_concurrency(self.raw.routing.scheduler.use)
 
     def _metadata(self, value: Any, expander: Expander, with_port: Any, where: str) -> Any:
         if isinstance(value, str):
@@ -731,6 +732,14 @@ class Resolver:
         if value < 1:
             self.issues.error(
                 "jobs.maxAttempts", f"{value} is out of range; expected an integer >= 1"
+            )
+        return value
+
+    def _min_free_disk(self) -> int:
+        value = self.raw.jobs.min_free_disk
+        if value < 0:
+            self.issues.error(
+                "jobs.minFreeDisk", f"{value} is out of range; expected bytes, an integer >= 0"
             )
         return value
 

@@ -13,6 +13,7 @@ from app.config.raw import (
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_PER_CALLER,
     DEFAULT_MAX_RUN_TIME,
+    DEFAULT_MIN_FREE_DISK,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STREAM_IDLE_TIMEOUT,
@@ -102,6 +103,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     database_synchronous: str  # "full" | "normal"
     result_retention_s: float
     max_attempts: int
+    min_free_disk: int = DEFAULT_MIN_FREE_DISK
+    """Bytes left free on the database's disk: a durable body that would take
+    more is refused with 507 (`jobs.minFreeDisk`; 0: only a full disk refuses)."""
     max_body_bytes: int
     ignore_paths: str  # one regex, for re.search on the upstream path
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE

@@ -28,11 +28,14 @@ class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
     """Unix time in nanoseconds when the event happened."""
 
 
-LOG_FORMAT = 2
+LOG_FORMAT = 4
 """What `ServerStarted.log_format` says this version writes. 1 (the field absent):
 recovery put open durable jobs back without recording it, so folding a format-1
 `server_started` keeps them (see `app.core.state`); 2: every job put back is a
-`RequestRestored` after it, and the fold starts from an empty queue."""
+`RequestRestored` after it, and the fold starts from an empty queue; 3: as 2, and
+the short-job term is per (model, endpoint), from the `expected_run_ns` of its
+latest enqueue, not per request from its own (see `app.core.queue`); 4: as 3, and
+`serial` runs up to each model's `concurrency` at once (`SchedulerState.slots`)."""
 
 
 class ServerStarted(Event, tag="server_started", frozen=True):
@@ -47,7 +50,8 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     model_priority: dict[str, int] = {}
     """fifo: each model's queue priority (`routing.scheduler.settings.fifo.priority`)."""
     concurrency: dict[str, int] = {}
-    """fifo: each model's concurrency limit; a model absent here has the default."""
+    """Each model's `concurrencyLimit`, its slots; a model absent here has the
+    scheduler's default (fifo 10, serial 1). Serial uses it from log format 4."""
     log_format: int = 1
     """See LOG_FORMAT."""
     fair_share_bonus: int = 0
@@ -221,7 +225,8 @@ class RequestRestored(Event, tag="request_restored", frozen=True):
     """Recovery put an open durable job back in the queue of a new process (after a
     format-2 `server_started`). It carries all the queue needs, so a reader folding
     from here on need not have seen the enqueue. A job that was running is
-    restored, then re-queued (`request_requeued`, attempt + 1) in the same batch."""
+    restored, then at once re-queued (`request_requeued`, attempt + 1) in the same
+    batch, so it keeps its arrival place on ties."""
 
     request_id: str
     model: str
@@ -234,9 +239,11 @@ class RequestRestored(Event, tag="request_restored", frozen=True):
     durable: bool = True
     caller: str | None = None
     expected_run_ns: int | None = None
-    """As enqueued: the short-job term keeps its value across a restart."""
+    """As enqueued: its estimate keeps its value across a restart."""
     max_wait_ns: int | None = None
     """As enqueued: the deadline still counts from `enqueued_at`."""
+    endpoint: str = ""
+    """As enqueued (format 3 on: the short-job term is per model and endpoint)."""
 
 
 class RecoveryFinished(Event, tag="recovery_finished", frozen=True):
@@ -246,6 +253,30 @@ class RecoveryFinished(Event, tag="recovery_finished", frozen=True):
     failed: int = 0
     processes_stopped: int = 0
     processes_left: int = 0
+
+
+LeaseEnd = Literal["released", "expired", "gone"]
+
+
+class LeaseAcquired(Event, tag="lease_acquired", frozen=True):
+    """This process took the server lease on the log (app/store/lease.py): from here
+    until the next `lease_acquired` it alone writes. Recorded just before its
+    `server_started`. Changes no scheduler state and no read model."""
+
+    term: int = 0
+    """The lease's term: 1 for the first server of a database, one more at every
+    take-over. A holder whose term has passed writes nothing more."""
+    pid: int = 0
+    host: str = ""
+    listen: str = ""
+    """The HOST:PORT this server listens on (`--listen`)."""
+    previous_pid: int | None = None
+    """The previous holder (None when the database had none)."""
+    previous_host: str | None = None
+    previous_listen: str | None = None
+    previous_ended: LeaseEnd | None = None
+    """How the previous term ended: `released` (a clean stop), `expired` (not
+    renewed in time) or `gone` (its process no longer exists on this host)."""
 
 
 AnyEvent = (
@@ -268,6 +299,7 @@ AnyEvent = (
     | RequestRequeued
     | RequestRestored
     | RecoveryFinished
+    | LeaseAcquired
 )
 
 TERMINAL = (RequestCompleted, RequestFailed, RequestCancelled, RequestAbandoned)

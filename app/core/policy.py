@@ -15,7 +15,7 @@ import msgspec
 
 from app.core import events as ev
 from app.core.queue import FairKeys, Pick, Queued
-from app.core.state import DEFAULT_CONCURRENCY_LIMIT, FIFO, SchedulerState
+from app.core.state import FIFO, SchedulerState
 
 Action = Literal["swap", "join", "run"]
 """swap: load the winner's model first (every other model is stopped);
@@ -74,10 +74,7 @@ def choose(state: SchedulerState, now_ns: int) -> Choice | None:
             without_short_job=winner,
         )
     else:
-        # Serial: one request in flight across all models, non-preemptive.
-        if state.running or state.loading is not None:
-            return None
-        found = state.queue.pick(state.resident, state.fair_keys())
+        found = _serial_pick(state)
         if found is None:
             return None
         pick = found
@@ -99,6 +96,32 @@ def choose(state: SchedulerState, now_ns: int) -> Choice | None:
     return Choice(pick=pick, dispatched=dispatched, action=action)
 
 
+def _serial_pick(state: SchedulerState) -> Pick | None:
+    """The dispatch rule with one model resident at a time, non-preemptive: the
+    best-scoring waiting request starts when the lane is idle (loading its model
+    if it is not resident), or when its model is the one in use (resident, or
+    being loaded for a request) and has a free slot (`SchedulerState.slots`).
+    Otherwise nothing starts: every other waiting request scores lower and wants
+    either that same full model or another one, which needs the model in use
+    evicted; so the lane drains and the best one swaps in as soon as the
+    in-flight work ends (slots cannot starve a swap). With one slot per model
+    this is one request in flight across all models, as before format 4."""
+    if not state.running and state.loading is None:
+        return state.queue.pick(state.resident, state.fair_keys())
+    target = state.loading or state.resident
+    # A load no request waits on (a preload, or one whose request left) is not
+    # joined: requests wait for it to end, then take the slots in score order.
+    if target is None:
+        return None
+    slots = state.slots(target)
+    if slots == 1 or not 0 < state.running_on(target) < slots:
+        return None
+    found = state.queue.pick(target, state.fair_keys())
+    if found is None or found.winner.model != target:
+        return None  # another model is wanted: the lane drains for it
+    return found
+
+
 def _fifo_choice(state: SchedulerState) -> Queued | None:
     """llama-swap's fifo: the head of the queue (model priority + header, then
     arrival) runs on its model when ready, up to its concurrency limit; a head
@@ -109,8 +132,7 @@ def _fifo_choice(state: SchedulerState) -> Queued | None:
         return None
     target = state.loading or state.resident
     if head.model == target:
-        limit = state.concurrency.get(head.model, DEFAULT_CONCURRENCY_LIMIT)
-        return head if state.running_on(head.model) < limit else None
+        return head if state.running_on(head.model) < state.slots(head.model) else None
     if not state.running and state.loading is None:
         return head
     return None

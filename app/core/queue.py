@@ -2,13 +2,24 @@
 
 One set of heaps per lane: a lane is a model, or a (model, caller) pair when the
 fair-share term is on, because that term is the same for every request of one
-caller. The `aging` heap orders by the integer key of `ScoringParams.base_key`
-(priority, short job and aging: fixed at enqueue); `plain` leaves out aging and
-`noshort` the short-job term, which answer "who would have won without it" (each
+caller; with the short-job term per (model, endpoint) (`short_by_lane`, log format
+3) a lane is also one endpoint, because that term is then the same for every
+request of one model and endpoint. The `aging` heap orders by the integer key of
+`ScoringParams.base_key` (priority and aging, and the request's own short-job term
+when it is per request: fixed at enqueue); `plain` leaves out aging and `noshort`
+the per-request short-job term, which answer "who would have won without it" (each
 kept only while its term is on). The pick compares each lane's best, adding the
-bonus to the resident model's lanes and each caller's fair-share term (which
-moves as callers are charged, so it is never in a heap key); lanes are few
-(models x active callers), so that scan is cheap next to the heap operations.
+bonus to the resident model's lanes, each caller's fair-share term (which moves as
+callers are charged, so it is never in a heap key) and, per lane, the short-job
+term of its model and endpoint's current estimate; lanes are few (models x
+endpoints x active callers), so that scan is cheap next to the heap operations.
+
+Why per lane: a per-request short-job term is fixed from the estimate at that
+request's enqueue, and the estimate drifts as runs complete, so of two identical
+requests (same model, endpoint, priority, caller) the later one could get more
+points and overtake the earlier one, for ever when aging is off. One current
+estimate per (model, endpoint) gives identical requests the same term at every
+decision, so they keep arrival order whatever the estimate does.
 
 A heap entry is one int, `(-key << 48) + order`: ordering entries orders by key,
 then arrival, and adding a term to a lane's top is one subtraction. An int is
@@ -42,6 +53,11 @@ class Queued(msgspec.Struct, frozen=True):
     order: int
     caller: str | None = None
     expected_run_ns: int | None = None
+    """Its own estimate, recorded at its enqueue: the short-job term's input when
+    that term is per request (log formats 1-2)."""
+    endpoint: str = ""
+    """Its endpoint: with the short-job term per lane, its lane's estimate is that
+    of its (model, endpoint)."""
 
 
 class Pick(msgspec.Struct, frozen=True):
@@ -76,11 +92,17 @@ _Entry = tuple[int, int, str]
 
 
 class _Lane:
-    __slots__ = ("aging", "caller", "heaps", "live", "model", "noshort", "plain")
+    __slots__ = ("aging", "caller", "heaps", "live", "model", "noshort", "plain", "short")
 
-    def __init__(self, model: str, caller: str | None, aging: bool, short: bool) -> None:
+    def __init__(
+        self, model: str, caller: str | None, aging: bool, short: bool, cell: list[int]
+    ) -> None:
         self.model = model
         self.caller = caller
+        self.short = cell
+        """One int: the short-job term of its (model, endpoint), shifted to an
+        entry's key bits, shared by every lane of that pair and updated as the
+        estimate changes (always 0 while the term is per request)."""
         self.live = 0
         """Live requests in it: an empty lane is dropped, so a pick scans only
         the lanes of callers with waiting work."""
@@ -88,7 +110,7 @@ class _Lane:
         self.plain: list[int] = []
         """Only filled when aging is on; else `aging` answers."""
         self.noshort: list[int] = []
-        """Only filled when the short-job term is on; else `aging` answers."""
+        """Only filled when the short-job term is on per request; else `aging` answers."""
         self.heaps = (
             (self.aging,) + ((self.plain,) if aging else ()) + ((self.noshort,) if short else ())
         )
@@ -97,20 +119,28 @@ class _Lane:
 class ScoreQueue:
     """Waiting requests of every model, ordered by score."""
 
-    def __init__(self, params: ScoringParams) -> None:
+    def __init__(self, params: ScoringParams, *, short_by_lane: bool = False) -> None:
+        """`short_by_lane`: the short-job term from one current estimate per (model,
+        endpoint), the latest `note_estimate` (log format 3); else each request's own
+        `expected_run_ns`, fixed at its enqueue (formats 1-2)."""
         self.params = params
         self._live: dict[str, Queued] = {}
         self._by_order: dict[int, Queued] = {}
         """The live entries' requests by order: an entry whose order is not here is dead."""
-        self._lanes: dict[tuple[str, str | None], _Lane] = {}
-        self._spare: dict[tuple[str, str | None], _Lane] = {}
+        self._lanes: dict[tuple[str, str, str | None], _Lane] = {}
+        self._spare: dict[tuple[str, str, str | None], _Lane] = {}
         """Emptied lanes kept for reuse: a lane empties whenever its last request
         is dispatched, and comes back with the next one."""
         self._dead = 0
         self._by_caller = params.fair_share_bonus != 0
         self._short = params.short_job_bonus != 0
+        self._by_lane = short_by_lane and self._short
+        """The short-job term per (model, endpoint), added to lane tops at a pick
+        (while it is off, lanes are not split by endpoint)."""
+        self._short_heap = self._short and not short_by_lane
+        """The short-job term per request, in heap keys (with a `noshort` heap)."""
         self._aging = params.aging_divisor_ns != 0
-        self._per_request = 1 + self._aging + self._short
+        self._per_request = 1 + self._aging + self._short_heap
         """Entries a request has, one in each heap of its lane."""
         self._bonus = params.affinity_key() << _SHIFT
         """The swap-affinity bonus, shifted to an entry's key bits."""
@@ -118,6 +148,12 @@ class ScoreQueue:
         self._short_keys: dict[int | None, int] = {}
         """`short_job_key` by expected run time: estimates are medians of recent
         runs, so a few values recur and the division is done once each."""
+        self._estimates: dict[tuple[str, str], int] = {}
+        """With `short_by_lane`: the current estimate per (model, endpoint)."""
+        self._cells: dict[tuple[str, str], list[int]] = {}
+        """With `short_by_lane`: per (model, endpoint), its lanes' shared `short`."""
+        self._zero = [0]
+        """The `short` of every lane while the term is per request or off."""
 
     def __len__(self) -> int:
         return len(self._live)
@@ -131,6 +167,38 @@ class ScoreQueue:
     def get(self, request_id: str) -> Queued | None:
         return self._live.get(request_id)
 
+    def note_estimate(self, model: str, endpoint: str, expected_run_ns: int | None) -> None:
+        """A request of (model, endpoint) was enqueued with this estimate: it becomes
+        the one every waiting request of that pair is scored with (with
+        `short_by_lane`; None, no history, changes nothing)."""
+        if not self._by_lane or expected_run_ns is None:
+            return
+        key = (model, endpoint)
+        if self._estimates.get(key) == expected_run_ns:
+            return
+        self._estimates[key] = expected_run_ns
+        short = self.params.short_job_key(expected_run_ns) << _SHIFT if self._short else 0
+        cell = self._cells.get(key)
+        if cell is None:
+            self._cells[key] = [short]
+        else:
+            cell[0] = short
+
+    def empty_copy(self) -> ScoreQueue:
+        """An empty queue that scores as this one does: the same parameters, and
+        the same estimates when the short-job term is per (model, endpoint)."""
+        copy = ScoreQueue(self.params, short_by_lane=self._by_lane)
+        for (model, endpoint), expected in self._estimates.items():
+            copy.note_estimate(model, endpoint, expected)
+        return copy
+
+    def expected(self, item: Queued) -> int | None:
+        """The expected run time `item` is scored with: its (model, endpoint)'s
+        current estimate with `short_by_lane`, else its own."""
+        if self._by_lane:
+            return self._estimates.get((item.model, item.endpoint))
+        return item.expected_run_ns
+
     def push(self, item: Queued) -> None:
         rid, order = item.request_id, item.order
         if rid in self._live:
@@ -140,17 +208,21 @@ class ScoreQueue:
         self._live[rid] = item
         self._by_order[order] = item
         caller = item.caller if self._by_caller else None
-        lane_key = (item.model, caller)
+        endpoint = item.endpoint if self._by_lane else ""
+        lane_key = (item.model, endpoint, caller)
         lane = self._lanes.get(lane_key)
         if lane is None:
-            lane = self._spare.pop(lane_key, None) or _Lane(
-                item.model, caller, self._aging, self._short
-            )
+            lane = self._spare.pop(lane_key, None)
+            if lane is None:
+                cell = self._zero
+                if self._by_lane:
+                    cell = self._cells.setdefault((item.model, endpoint), [0])
+                lane = _Lane(item.model, caller, self._aging, self._short_heap, cell)
             self._lanes[lane_key] = lane
         lane.live += 1
         # base_key and plain_key, inlined: push is on every enqueue and replay step.
         params = self.params
-        if self._short:
+        if self._short_heap:
             expected = item.expected_run_ns
             short = self._short_keys.get(expected)
             if short is None:
@@ -166,7 +238,7 @@ class ScoreQueue:
         else:
             key = plain
         _heappush(lane.aging, (-key << _SHIFT) + order)
-        if self._short:
+        if self._short_heap:
             _heappush(lane.noshort, ((short - key) << _SHIFT) + order)
 
     def remove(self, request_id: str) -> Queued | None:
@@ -177,7 +249,11 @@ class ScoreQueue:
         by_order = self._by_order
         del by_order[item.order]
         per_request = self._per_request
-        lane_key = (item.model, item.caller if self._by_caller else None)
+        lane_key = (
+            item.model,
+            item.endpoint if self._by_lane else "",
+            item.caller if self._by_caller else None,
+        )
         lane = self._lanes[lane_key]
         lane.live -= 1
         if lane.live == 0:
@@ -211,7 +287,7 @@ class ScoreQueue:
         by_caller = self._by_caller
         best = _NONE
         for lane in self._lanes.values():
-            entry = lane.aging[0]  # live: `remove` keeps it so
+            entry = lane.aging[0] - lane.short[0]  # live: `remove` keeps it so
             if lane.model == resident:
                 entry -= bonus
             if by_caller:
@@ -227,6 +303,7 @@ class ScoreQueue:
         # candidate, and the smallest candidate wins, exactly as `best`.
         bonus = self._bonus
         short = self._short
+        short_heap = self._short_heap
         by_caller = self._by_caller
         aging = self._aging
         win = runner = aging_w = aff_w = fair_w = short_w = _NONE
@@ -234,10 +311,11 @@ class ScoreQueue:
         win_adjust = fair_key = 0
         for lane in self._lanes.values():
             top = lane.aging[0]
+            sj = lane.short[0]  # 0 unless the short-job term is per lane
             aff = bonus if lane.model == resident else 0
             if by_caller:
                 fair_key = fair.get(lane.caller, 0) << _SHIFT
-            adjust = aff + fair_key
+            adjust = aff + fair_key + sj
             entry = top - adjust
             if entry < win:
                 runner = win  # the old best lane top is now a runner-up candidate
@@ -245,11 +323,11 @@ class ScoreQueue:
             elif entry < runner:
                 runner = entry
             if bonus:
-                entry = top - fair_key
+                entry = top - fair_key - sj
                 if entry < aff_w:
                     aff_w = entry
             if by_caller:
-                entry = top - aff
+                entry = top - aff - sj
                 if entry < fair_w:
                     fair_w = entry
             if aging:
@@ -257,7 +335,7 @@ class ScoreQueue:
                 if entry < aging_w:
                     aging_w = entry
             if short:
-                entry = lane.noshort[0] - adjust
+                entry = lane.noshort[0] - adjust if short_heap else top - aff - fair_key
                 if entry < short_w:
                     short_w = entry
         if win_lane is None:
@@ -284,8 +362,9 @@ class ScoreQueue:
         by_order = self._by_order
         out = []
         for lane in self._lanes.values():
+            sj = lane.short[0]
             heap = [
-                (e >> _SHIFT, e & _ORDER, by_order[e & _ORDER].request_id)
+                ((e - sj) >> _SHIFT, e & _ORDER, by_order[e & _ORDER].request_id)
                 for e in lane.aging
                 if e & _ORDER in by_order
             ]
@@ -307,6 +386,17 @@ class ScoreQueue:
         mine = self._rank_key(item, resident, fair)
         return sum(1 for q in self._live.values() if self._rank_key(q, resident, fair) < mine)
 
+    def ahead(self, item: Queued, resident: str | None, fair: FairKeys = NO_FAIR) -> list[Queued]:
+        """The waiting requests that go before `item` as of now (O(n), no sort);
+        `item` need not be queued: one about to arrive has `enqueued_ns` now and
+        the next order, so it goes after every equal score."""
+        mine = self._rank_key(item, resident, fair)
+        return [
+            q
+            for q in self._live.values()
+            if q.request_id != item.request_id and self._rank_key(q, resident, fair) < mine
+        ]
+
     def leading(self, count: int, resident: str | None, fair: FairKeys = NO_FAIR) -> list[Queued]:
         """The first `count` of `ranked` (O(n log count))."""
         return heapq.nsmallest(
@@ -314,7 +404,7 @@ class ScoreQueue:
         )
 
     def _rank_key(self, q: Queued, resident: str | None, fair: FairKeys) -> tuple[int, int]:
-        key = self.params.base_key(q.priority, q.enqueued_ns, q.expected_run_ns)
+        key = self.params.base_key(q.priority, q.enqueued_ns, self.expected(q))
         if q.model == resident:
             key += self.params.affinity_key()
         if self._by_caller:

@@ -5,12 +5,15 @@
 `now` is the same for every candidate at a decision, so ordering by score is
 ordering by `priority + ... - enqueued_at / agingDivisor`. Multiplying through
 by the divisor in nanoseconds gives integer keys: the part fixed at enqueue
-(priority, short job, aging) is a heap key; affinity and fair share depend on
-the state at the decision and are added to a heap's top, per model and caller
+(priority, aging, and short job in logs before format 3) is a heap key;
+affinity, fair share and (format 3 on) short job depend on the state at the
+decision and are added to a heap's top, per model, endpoint and caller
 (`app.core.queue`). No floating-point ties to break replay.
 
 - short_job = shortJobBonus x R / (R + expected run), R = 60 s: a 6 s chat gets
-  0.91 of the bonus, a 4 min render 0.2, no history 0.
+  0.91 of the bonus, a 4 min render 0.2, no history 0. From log format 3 the
+  expected run is one current estimate per (model, endpoint), so identical
+  requests never differ in it (`ScoreQueue.expected`).
 - fair_share = fairShareBonus x (most - mine) / (most - least) over the attained
   service of the callers with open work (`SchedulerState.fair_keys`): the least
   served caller gets the whole bonus, the most served none (all none when equal).

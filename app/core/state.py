@@ -8,9 +8,18 @@ A `server_started` is a new process: its parameters (scheduler, agingDivisor,
 swapAffinityBonus, fairShareBonus, shortJobBonus, caller weights, fifo priorities
 and limits) replace the old ones, nothing is loaded, loading or running, and every
 caller's attained service starts again from 0. What is queued then is what recovery puts back:
-- `log_format` 2 (this version): the queue starts empty and each `request_restored`
+- `log_format` 4 (this version): as 3, and under `serial` a model runs up to its
+  `concurrency` (`concurrencyLimit`, default 1) requests at once (`slots`); a
+  serial log of an older format ran one at a time, whatever `concurrency` it
+  recorded (fifo's default 10 was recorded for every model).
+- `log_format` 3: as 2, and the short-job term is one per (model,
+  endpoint), from the estimate of its latest enqueue (`app.core.queue`); in
+  formats 1 and 2 it is each request's own, fixed at its enqueue.
+- `log_format` 2: the queue starts empty and each `request_restored`
   after it puts one job back; their order is the tie-break order, and a job that
-  was running is re-queued (`request_requeued`) after all of them.
+  was running is re-queued (`request_requeued`) right after its own restore, so
+  it keeps its arrival place (an older recovery re-queued it after all of them;
+  its logs fold as written).
 - `log_format` 1 (logs written before): recovery recorded nothing, so the fold
   does what it did: the open durable requests stay, queued, in order of first
   arrival, with their attempt and enqueue time; the synchronous ones are dropped
@@ -35,6 +44,13 @@ SERIAL: Final = "serial"
 FIFO: Final = "fifo"
 SCHEDULERS: Final = (SERIAL, FIFO)
 DEFAULT_CONCURRENCY_LIMIT: Final = 10
+SERIAL_CONCURRENCY_LIMIT: Final = 1
+"""Serial's default `concurrencyLimit`: one request at a time, the size-1 lane."""
+
+
+def default_concurrency(scheduler: str) -> int:
+    """A model's `concurrencyLimit` when its config leaves it unset (or 0)."""
+    return DEFAULT_CONCURRENCY_LIMIT if scheduler == FIFO else SERIAL_CONCURRENCY_LIMIT
 
 
 class OpenRequest(msgspec.Struct):
@@ -53,6 +69,8 @@ class OpenRequest(msgspec.Struct):
     expected_run_ns: int | None = None
     max_wait_ns: int | None = None
     dispatched_ns: int | None = None
+    endpoint: str = ""
+    """Its endpoint: the short-job term is per (model, endpoint) from log format 3."""
     """When its current attempt was dispatched: the start of what its caller is charged."""
 
 
@@ -68,6 +86,7 @@ class SchedulerState:
         concurrency: Mapping[str, int] | None = None,
         config_hash: str = "",
         caller_weights: Mapping[str, int] | None = None,
+        log_format: int = ev.LOG_FORMAT,
     ) -> None:
         self._reset(
             params or ScoringParams(),
@@ -76,6 +95,7 @@ class SchedulerState:
             concurrency,
             config_hash,
             caller_weights,
+            log_format,
         )
 
     def _reset(
@@ -86,18 +106,25 @@ class SchedulerState:
         concurrency: Mapping[str, int] | None,
         config_hash: str,
         caller_weights: Mapping[str, int] | None = None,
+        log_format: int = ev.LOG_FORMAT,
     ) -> None:
-        """A new process's state: these parameters, nothing queued, loaded or running."""
+        """A new process's state: these parameters, nothing queued, loaded or running.
+        `log_format` 3 on: the short-job term is per (model, endpoint), from the
+        estimate of its latest enqueue; before: per request, from its own (see
+        `app.core.queue`)."""
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be 'serial' or 'fifo', not {scheduler!r}")
         self.scheduler = scheduler
         self.params = params
         self.model_priority = dict(model_priority or {})
         self.concurrency = dict(concurrency or {})
+        self._serial_slots = scheduler == SERIAL and log_format >= 4
+        """Serial runs up to `concurrency[model]` at once from log format 4; before,
+        one (older serial logs record fifo's default 10 there, unused)."""
         self.config_hash = config_hash
         # fifo orders by priority then arrival: no aging and no bounded terms.
         queue_params = params if scheduler == SERIAL else ScoringParams(0, 0)
-        self.queue = ScoreQueue(queue_params)
+        self.queue = ScoreQueue(queue_params, short_by_lane=log_format >= 3)
         self.requests: dict[str, OpenRequest] = {}
         """Insertion order is first arrival: a re-queue keeps a request's place here."""
         self.running: dict[str, str] = {}
@@ -125,6 +152,16 @@ class SchedulerState:
     def running_on(self, model: str) -> int:
         return sum(1 for m in self.running.values() if m == model)
 
+    def slots(self, model: str) -> int:
+        """How many requests `model` may run at once: its `concurrencyLimit` as
+        `server_started` recorded it (absent: fifo's default 10, serial's 1).
+        Serial logs before format 4 ran one at a time whatever they recorded."""
+        if self.scheduler == FIFO:
+            return self.concurrency.get(model, DEFAULT_CONCURRENCY_LIMIT)
+        if self._serial_slots:
+            return max(1, self.concurrency.get(model, SERIAL_CONCURRENCY_LIMIT))
+        return 1
+
     def fair_keys(self) -> FairKeys:
         """Each active caller's fair-share term in key units, from its attained
         service against the least and most served active callers (read with
@@ -143,7 +180,7 @@ class SchedulerState:
             q.enqueued_ns,
             now_ns,
             q.model == (self.loading or self.resident),
-            expected_run_ns=q.expected_run_ns,
+            expected_run_ns=self.queue.expected(q),
             fair_key=fair_key if self.queue.params.fair_share_bonus else 0,
         )
 
@@ -174,6 +211,7 @@ class SchedulerState:
                 order=self.next_order,
                 caller=request.caller,
                 expected_run_ns=request.expected_run_ns,
+                endpoint=request.endpoint,
             )
         )
         self.next_order += 1
@@ -225,7 +263,8 @@ def fold_for(event_type: type[ev.AnyEvent]) -> Callable[[SchedulerState, Any], N
 
 
 def _ignored(state: SchedulerState, event: Any) -> None:
-    """Events that change no state (`scores_computed`, `request_started`, ...)."""
+    """Events that change no state (`scores_computed`, `request_started`,
+    `lease_acquired`, ...)."""
 
 
 def _enqueued(state: SchedulerState, event: Any) -> None:
@@ -234,6 +273,7 @@ def _enqueued(state: SchedulerState, event: Any) -> None:
     enqueued_ns = event.enqueued_at if event.enqueued_at is not None else event.at
     if event.request_id in state.requests:
         state._finish(event.request_id)
+    state.queue.note_estimate(event.model, event.endpoint, event.expected_run_ns)
     state._enqueue(
         OpenRequest(
             request_id=event.request_id,
@@ -245,6 +285,7 @@ def _enqueued(state: SchedulerState, event: Any) -> None:
             caller=event.caller,
             expected_run_ns=event.expected_run_ns,
             max_wait_ns=event.max_wait_ns,
+            endpoint=event.endpoint,
         )
     )
 
@@ -319,6 +360,7 @@ def _server_started(state: SchedulerState, event: Any) -> None:
         event.concurrency,
         event.config_hash,
         event.caller_weights,
+        event.log_format,
     )
     for request in kept:
         state._enqueue(request)

@@ -28,6 +28,7 @@ The replay (documented in docs/queries.md, "How explain works"):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,7 @@ def why_won(
     winner_priority: int,
     loser_priority: int,
     fair: FairKeys | None = None,
+    expected: Callable[[Queued], int | None] | None = None,
 ) -> list[Reason]:
     """Why `winner` beat `loser` at a decision, most decisive term first.
 
@@ -128,7 +130,9 @@ def why_won(
     (higher band or tier, swap affinity, ...). When they are equal, the winner
     had waited longer (arrived earlier); when they favour the loser, the winner
     made up the gap by aging. `*_priority` are the header priorities, which name
-    the bands; `fair`: the callers' fair-share terms at the decision. Compared in
+    the bands; `fair`: the callers' fair-share terms at the decision; `expected`:
+    the run time each is scored with (`ScoreQueue.expected`; default: its own,
+    as logs before format 3 score). Compared in
     key units, so the answer is exact.
     """
     bonus = params.affinity_key()
@@ -138,9 +142,9 @@ def why_won(
         bonus if loser.model == resident else 0
     )
     d_fair = fair.get(winner.caller, 0) - fair.get(loser.caller, 0)
-    d_short = params.short_job_key(winner.expected_run_ns) - params.short_job_key(
-        loser.expected_run_ns
-    )
+    if expected is None:
+        expected = _own_estimate
+    d_short = params.short_job_key(expected(winner)) - params.short_job_key(expected(loser))
     favour: list[Reason] = []
     if d_priority > 0:
         higher = _BAND_RANK[band_of(winner_priority)] > _BAND_RANK[band_of(loser_priority)]
@@ -175,6 +179,7 @@ class _Swap:
     duration_ms: float | None = None
     error: str | None = None
     waited_ns: int = 0
+    caller: str | None = None
 
     def value(self, waited_ns: int | None = None) -> SwapWaited:
         return SwapWaited(
@@ -185,6 +190,7 @@ class _Swap:
             duration_s=None if self.duration_ms is None else self.duration_ms / 1000.0,
             error=self.error,
             waited_s=(self.waited_ns if waited_ns is None else waited_ns) / NS_PER_S,
+            caller=self.caller,
         )
 
 
@@ -198,6 +204,7 @@ class _Holder:
     enqueued_ns: int
     dispatched_ns: int | None
     reasons: list[Reason]
+    caller: str | None
     held_ns: int = 0
 
 
@@ -228,7 +235,14 @@ class _Replay:
                 self.running_since.clear()
                 self.swap = None
             case ev.SwapStarted():
-                self.swap = _Swap(event.from_model, event.to_model, event.request_id, event.at)
+                cause = self.state.requests.get(event.request_id or "")
+                self.swap = _Swap(
+                    event.from_model,
+                    event.to_model,
+                    event.request_id,
+                    event.at,
+                    caller=None if cause is None else cause.caller,
+                )
             case ev.SwapFinished() | ev.SwapFailed():
                 if self.swap is not None and self.swap.to_model == event.model:
                     self.swap.finished_ns = event.at
@@ -335,6 +349,7 @@ class _Story:
                 other.enqueued_ns,
                 self.replay.running_since.get(rid),
                 [],
+                other.caller,
             )
         if state.loading is not None and self.replay.swap is not None:
             self.swaps.append(self.replay.swap)
@@ -385,6 +400,7 @@ class _Story:
                 state.requests[winner.request_id].priority,
                 state.requests[self.request_id].priority,
                 fair,
+                state.queue.expected,
             )
             self.ahead[winner.request_id] = _Holder(
                 winner.request_id,
@@ -393,6 +409,7 @@ class _Story:
                 winner.enqueued_ns,
                 recorded.at,
                 reasons,
+                state.requests[winner.request_id].caller,
             )
         self.decisions.append(
             Decision(
@@ -406,6 +423,7 @@ class _Story:
                 winner=state.score(winner, recorded.at, fair),
                 reason=None if won else reasons[0],
                 matches_record=matches,
+                winner_caller=state.requests[winner.request_id].caller,
             )
         )
 
@@ -477,6 +495,7 @@ class _Story:
                     band=band_of(h.priority),
                     since=None if h.dispatched_ns is None else h.dispatched_ns / NS_PER_S,
                     held_s=h.held_ns / NS_PER_S,
+                    caller=h.caller,
                 )
                 for h in self.at_arrival.values()
             ],
@@ -492,6 +511,7 @@ class _Story:
                     reason=h.reasons[0],
                     reasons=h.reasons,
                     held_s=h.held_ns / NS_PER_S,
+                    caller=h.caller,
                 )
                 for h in self.ahead.values()
             ],
@@ -550,3 +570,7 @@ def _rejected(row: Any) -> Explanation:
         swap_affinity_bonus=0,
         outcome=Outcome("rejected", at_s, http_status=row["http_status"], error=row["error"]),
     )
+
+
+def _own_estimate(q: Queued) -> int | None:
+    return q.expected_run_ns

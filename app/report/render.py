@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from app.core.scoring import Breakdown
 from app.report.live_queue import QueueView
 from app.report.story import Cause, Explanation
+from app.report.visibility import ANOTHER_CALLER
 
 CAUSE_TEXT: dict[Cause, str] = {
     "running_at_arrival": "behind the job running when it arrived",
@@ -71,6 +72,14 @@ def _elide(lines: list[str], what: str) -> list[str]:
     ]
 
 
+def named(request_id: str | None, width: int | None = None) -> str:
+    """A request as a story names it: its id (the first `width` characters), or,
+    for a user key's view of another caller's, no id (app/report/visibility.py)."""
+    if request_id is None:
+        return ANOTHER_CALLER
+    return request_id[:width] if width else request_id
+
+
 def granted_text(granted: int, requested: int | None) -> str:
     """How the priority it queued at came about."""
     if requested is None:
@@ -106,7 +115,8 @@ def explanation_text(x: Explanation) -> str:
     )
     out.append("")
     running = ", ".join(
-        f"{r.request_id} ({r.model}, {r.band}) since {clock(r.since)}" for r in x.running_at_arrival
+        f"{named(r.request_id)} ({r.model}, {r.band}) since {clock(r.since)}"
+        for r in x.running_at_arrival
     )
     out.append(
         f"On arrival: resident {x.resident_at_arrival or 'none'}; "
@@ -121,7 +131,8 @@ def explanation_text(x: Explanation) -> str:
                 lines.append(f"  {clock(d.at)}  {score(d.score)}  -> it won")
             else:
                 lines.append(
-                    f"  {clock(d.at)}  {score(d.score)}  -> {d.winner_id[:8]} ({d.winner_model}) "
+                    f"  {clock(d.at)}  {score(d.score)}  -> {named(d.winner_id, 8)} "
+                    f"({d.winner_model}) "
                     f"{d.winner.total:.2f}: {d.reason.replace('_', ' ')}"
                 )
         out += _elide(lines, "decisions")
@@ -129,7 +140,7 @@ def explanation_text(x: Explanation) -> str:
         out.append("")
         out.append("Dispatched ahead of it:")
         lines = [
-            f"  {a.request_id} {a.model} {a.band} ({a.priority:+d}) held the GPU "
+            f"  {named(a.request_id)} {a.model} {a.band} ({a.priority:+d}) held the GPU "
             f"{seconds(a.held_s)}: {REASON_TEXT[a.reason]}"
             for a in x.ahead
         ]
@@ -138,7 +149,9 @@ def explanation_text(x: Explanation) -> str:
         out.append("")
         out.append("Swaps it waited through:")
         for s in x.swaps:
-            cause = f"for {s.request_id}" if s.request_id else "preload"
+            cause = "preload"
+            if s.request_id or s.another_caller:
+                cause = f"for {named(s.request_id)}"
             failed = f" FAILED: {s.error}" if s.error else ""
             out.append(
                 f"  {s.from_model or 'none'} -> {s.to_model} {cause}: {seconds(s.duration_s)} "

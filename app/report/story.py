@@ -45,19 +45,25 @@ class Decision(msgspec.Struct, frozen=True):
     resident: str | None
     score: Breakdown
     """The request's own score at this decision."""
-    winner_id: str
+    winner_id: str | None
+    """None only when `winner_another_caller` hides it."""
     winner_model: str
     winner: Breakdown
     reason: Reason | None
     """Why the winner beat this request; None when this request won."""
     matches_record: bool
     """The core, fed the replayed state, made exactly the recorded ScoresComputed."""
+    winner_caller: str | None = None
+    winner_another_caller: bool = False
+    """Shown to a user key when the winner was another caller's request: its id and
+    caller are then None (app/report/visibility.py)."""
 
 
 class Ahead(msgspec.Struct, frozen=True):
     """A request dispatched while this one waited."""
 
-    request_id: str
+    request_id: str | None
+    """None only when `another_caller` hides it."""
     model: str
     priority: int
     band: str
@@ -68,29 +74,41 @@ class Ahead(msgspec.Struct, frozen=True):
     """Every term that favoured it, `reason` first."""
     held_s: float
     """Time it held the GPU (not counting its swap) while this request waited."""
+    caller: str | None = None
+    another_caller: bool = False
+    """Shown to a user key when it was another caller's request: its id and
+    caller are then None (app/report/visibility.py)."""
 
 
 class RunningAtArrival(msgspec.Struct, frozen=True):
-    request_id: str
+    request_id: str | None
+    """None only when `another_caller` hides it."""
     model: str
     priority: int
     band: str
     since: float | None
     held_s: float
     """How long this request waited behind it (not counting its swap)."""
+    caller: str | None = None
+    another_caller: bool = False
+    """As `Ahead.another_caller`."""
 
 
 class SwapWaited(msgspec.Struct, frozen=True):
     from_model: str | None
     to_model: str
     request_id: str | None
-    """The request that caused it (None for a preload)."""
+    """The request that caused it (None for a preload, or when `another_caller`)."""
     started_at: float
     duration_s: float | None
     """None while it is still in progress."""
     error: str | None
     waited_s: float
     """The part of it that fell inside this request's wait."""
+    caller: str | None = None
+    """The caller of the request that caused it."""
+    another_caller: bool = False
+    """As `Ahead.another_caller`: caused by another caller's request."""
 
 
 class Part(msgspec.Struct, frozen=True):

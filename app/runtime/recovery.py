@@ -5,9 +5,10 @@ their enqueue events), so recovery costs time in proportion to what was open,
 not to the length of the log.
 
 Everything recovery does to the queue is an event, in one batch: a
-`request_restored` per durable job put back (in arrival order, then a
-`request_requeued` for each that was running), `request_abandoned` or
-`request_failed` for the rest, then `recovery_finished`. The state it leaves is
+`request_restored` per durable job put back, in arrival order (one that was
+running followed at once by its `request_requeued`, so it keeps its arrival
+place on ties), `request_abandoned` or `request_failed` for the rest, then
+`recovery_finished`. The state it leaves is
 therefore the fold of the whole log (`app.core.state`), which is what `explain`
 and `replay --verify` rebuild.
 """
@@ -134,10 +135,12 @@ def _restore(
     jobs: list[tuple[Ticket, dict[str, Any]]],
 ) -> None:
     """Appends to `events`, in arrival order: each synchronous open request
-    abandoned, each durable one failed past its attempts or restored; then a
-    `request_requeued` for each restored one that was running (so they queue
-    after the rest on ties, as they always have)."""
-    running: list[tuple[str, int]] = []
+    abandoned, each durable one failed past its attempts or restored, and a
+    restored one that was running re-queued right after its restore (attempt
+    + 1). Its queue order is then its arrival order among the restored jobs, so
+    equal scores keep arrival order with aging off too (an older recovery
+    re-queued them after all the rest, and logs it wrote still fold so)."""
+    requeued = 0
     for row, data in open_enqueues(engine):
         now = scheduler.clock()
         if not row.durable:
@@ -169,12 +172,12 @@ def _restore(
             caller=enqueued.caller,
             expected_run_ns=enqueued.expected_run_ns,
             max_wait_ns=enqueued.max_wait_ns,
+            endpoint=enqueued.endpoint,
         )
         events.append(restored)
         if row.status == "running":
-            running.append((row.id, row.attempt + 1))
+            events.append(ev.RequestRequeued(at=now, request_id=row.id, attempt=row.attempt + 1))
+            requeued += 1
         jobs.append((scheduler.restore(restored, enqueued.endpoint), enqueued.job or {}))
-    now = scheduler.clock()
-    events.extend(ev.RequestRequeued(at=now, request_id=rid, attempt=a) for rid, a in running)
-    counts["requeued"] += len(running)
-    counts["resumed"] += len(jobs) - len(running)
+    counts["requeued"] += requeued
+    counts["resumed"] += len(jobs) - requeued

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -38,7 +39,7 @@ from app.core.priority import band_of
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
-from app.runtime.admission import Refused, WaitEstimates, check_bounds
+from app.runtime.admission import Refused, WaitEstimates, check_bounds, newcomer
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.upstream import UpstreamProcess, UpstreamSpec, UpstreamStartError
@@ -48,8 +49,10 @@ log = logging.getLogger("gpulane.scheduler")
 
 class EventSink(Protocol):
     failure: str | None
+    retry_in: float
 
     def submit(self, events: list[ev.AnyEvent]) -> asyncio.Future[list[int]]: ...
+    def on_change(self, listener: Callable[[], None]) -> None: ...
 
 
 class Upstream(Protocol):
@@ -106,6 +109,8 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     job: dict[str, Any] | None = None
     max_wait_ns: int | None = None
     """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`)."""
+    request_id: str | None = None
+    """Chosen by the caller (a durable job's body is stored under it first); else new."""
 
 
 class OpenStatus(msgspec.Struct, frozen=True):
@@ -225,6 +230,9 @@ class Scheduler:
         `timers` runs TTLs and time limits; `upstreams` builds model servers."""
         self.config = config
         self.store = store
+        # While the log refuses writes nothing starts; once it accepts them
+        # again, whatever waited is dispatched.
+        store.on_change(self.pump)
         self.logs = logs
         self.clock = clock
         self._timers: Timers = timers or asyncio.get_running_loop()
@@ -247,7 +255,9 @@ class Scheduler:
         self._served_by: dict[str, asyncio.Task[Any]] = {}
         self._deadlines: dict[str, Cancellable] = {}
         """maxRunTime timers of running requests."""
-        self._waits = WaitEstimates()
+        self.load_ns: dict[str, int] = {}
+        """Each model's last load time (ns), for the estimated waits."""
+        self._waits = WaitEstimates(self.load_ns)
         """Retry-After of refusals and deadlines, recomputed at most once a second."""
         self._max_waits: dict[str, Cancellable] = {}
         """X-Gpulane-Max-Wait timers of waiting requests."""
@@ -348,19 +358,28 @@ class Scheduler:
         if self.draining:
             raise Refused(_SHUTTING_DOWN, code="shutting_down")
         if self.store.failure is not None:
-            raise Refused(f"the event log cannot be written: {self.store.failure}")
+            raise Refused(
+                f"the event log cannot be written: {self.store.failure}; nothing new is "
+                "admitted until it can, running work goes on",
+                retry_after=max(1, math.ceil(self.store.retry_in)),
+            )
         now = self.clock()
-        check_bounds(
-            self.config,
+        arriving = newcomer(
             self.state,
-            admission.caller,
+            admission.model,
             admission.priority,
-            self.running_since,
             now,
-            self._waits,
+            caller=admission.caller,
+            expected_run_ns=self.run_estimates.expected(admission.model, admission.endpoint),
+            endpoint=admission.endpoint,
         )
+        check_bounds(self.config, self.state, arriving, self.running_since, now, self._waits)
         ticket = Ticket(
-            new_request_id(), admission.model, admission.priority, now, admission.endpoint
+            admission.request_id or new_request_id(),
+            admission.model,
+            admission.priority,
+            now,
+            admission.endpoint,
         )
         self.tickets[ticket.request_id] = ticket
         ticket.committed = self.emit(
@@ -378,9 +397,7 @@ class Scheduler:
                     caller=admission.caller,
                     idempotency_key=admission.idempotency_key,
                     job=admission.job,
-                    expected_run_ns=self.run_estimates.expected(
-                        admission.model, admission.endpoint
-                    ),
+                    expected_run_ns=arriving.expected_run_ns,
                     max_wait_ns=admission.max_wait_ns,
                 )
             ]
@@ -403,7 +420,7 @@ class Scheduler:
         queued = self.state.queue.get(request_id)
         if queued is None:
             return  # dispatched (or gone) in time
-        left = self._waits.get(self.state, queued.priority, self.running_since, self.clock())
+        left = self._waits.get(self.state, queued, self.running_since, self.clock())
         message = (
             f"request {request_id} waited its X-Gpulane-Max-Wait ({max_wait_ns / 1e9:g} s) "
             f"in the queue without starting; estimated wait from now about {left} s"
@@ -585,8 +602,9 @@ class Scheduler:
             self._begin_swap(model, request_id=None)
 
     def pump(self) -> None:
-        """Dispatch until the policy says nothing more can run now."""
-        while not self.draining:
+        """Dispatch until the policy says nothing more can run now. Nothing
+        starts while the log refuses writes (`store.failure`)."""
+        while not self.draining and self.store.failure is None:
             now = self.clock()
             decision = decide(self.state, now)
             if decision is None:
@@ -824,6 +842,7 @@ class Scheduler:
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
             self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
+            self.load_ns[model] = int(seconds * 1e9)
             for rid in waiting:
                 self._release(rid, model)
             self._arm_ttl(model)

@@ -11,6 +11,7 @@ invariants.py    the rules `gpulane db check` enforces
 commands.py      gpulane db upgrade | rebuild | check | backup
 queries.py       read-model queries for the HTTP API and the CLI (activity, open jobs)
 job_results.py   durable jobs: results, idempotency keys, listings
+job_bodies.py    durable jobs' request bodies, stored once as bytes; the disk reserve
 samples.py       recent run and load times, for estimates
 explain_queries.py  the reads `explain` folds a request's story from
 """

@@ -16,7 +16,14 @@ from sqlalchemy.engine import Engine
 
 from app.core.events import AnyEvent, decode
 from app.store import migrate, read_model
-from app.store.engine import DatabaseError, describe, open_database
+from app.store.engine import (
+    QUICK_CHECK_ROWS,
+    DatabaseError,
+    corrupt,
+    describe,
+    open_database,
+    unusable,
+)
 from app.store.event_store import driver_cursor, event_rows
 from app.store.invariants import LogAudit
 from app.store.tables import processes, requests
@@ -60,7 +67,10 @@ def rebuild(path: str) -> int:
         n_processes = _count(engine, processes)
     except _Undecodable as exc:
         return _fail(DatabaseError(f"{path}: rebuild failed, nothing changed: {exc}"))
-    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error) as exc:
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, UnicodeDecodeError) as exc:
+        problem = unusable(path, exc)
+        if problem is not None:
+            return _fail(DatabaseError(f"rebuild failed, nothing changed: {problem}"))
         return _fail(DatabaseError(f"{path}: rebuild failed, nothing changed: {describe(exc)}"))
     finally:
         engine.dispose()
@@ -84,7 +94,8 @@ def _decoded(row: tuple[int, str]) -> tuple[int, AnyEvent]:
 
 
 def check(path: str) -> int:
-    """SQLite's integrity check, then the event invariants; exit 1 on any failure."""
+    """SQLite's integrity check, the schema against gpulane's (at the latest
+    revision), then the event invariants; exit 1 on any failure."""
     try:
         engine = _open_existing(path, upgrade=False)
     except DatabaseError as exc:
@@ -95,17 +106,26 @@ def check(path: str) -> int:
             if problems != ["ok"]:
                 for problem in problems:
                     print(f"integrity: {problem}")
-                print(f"failed: {path} is damaged (PRAGMA integrity_check)")
-                return 1
+                return _fail(corrupt(path, "PRAGMA integrity_check, as listed above"))
+            if migrate.current_revision(conn) == migrate.head_revision():
+                differences = migrate.schema_differences(conn)
+                for difference in differences:
+                    print(f"schema: {difference}")
+                if differences:
+                    return _fail(
+                        corrupt(path, "its schema is not the one gpulane creates, as listed above")
+                    )
             audit = LogAudit()
             for row in event_rows(conn):
                 try:
                     audit.feed(*_decoded(row))
                 except _Undecodable as exc:
                     audit.flag(exc.seq, exc.reason)
-    except sqlalchemy.exc.DatabaseError as exc:
-        print(f"failed: {path} is damaged ({describe(exc)})")
-        return 1
+    except (sqlalchemy.exc.DBAPIError, sqlite3.Error, UnicodeDecodeError) as exc:
+        problem = unusable(path, exc)
+        if problem is None:
+            raise
+        return _fail(problem)
     finally:
         engine.dispose()
     for violation in audit.violations:
@@ -124,6 +144,8 @@ def backup(path: str, target: str) -> int:
     snapshot: the copy is the database as of one commit, and in WAL mode the
     server keeps writing meanwhile. The copy is written next to `target` and
     renamed over it at the end, so a failed backup leaves any older copy whole.
+    The copy must pass `PRAGMA quick_check` first: a damaged database makes no
+    backup (the pages are copied as they are, damage included).
     """
     dest = Path(target)
     if dest.is_dir():
@@ -146,19 +168,35 @@ def backup(path: str, target: str) -> int:
                 # pages=-1: all at once. Step-wise copying restarts whenever
                 # another connection writes, so under load it might never end.
                 source.backup(copy, pages=-1)
+                checked = copy.execute(f"PRAGMA quick_check({QUICK_CHECK_ROWS})").fetchall()
+                if [row[0] for row in checked] != ["ok"]:
+                    raise corrupt(path, f"PRAGMA quick_check: {checked[0][0]}")
                 events, last = copy.execute("SELECT count(*), max(seq) FROM events").fetchone()
         finally:
             raw.close()
         os.replace(partial, dest)
         _fsync_directory(dest.parent)
-    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError) as exc:
-        for leftover in (partial, *(partial.with_name(partial.name + x) for x in ("-wal", "-shm"))):
-            leftover.unlink(missing_ok=True)
+    except (
+        sqlalchemy.exc.SQLAlchemyError,
+        sqlite3.Error,
+        OSError,
+        UnicodeDecodeError,
+        DatabaseError,
+    ) as exc:
+        _remove_partial(partial)
+        problem = None if isinstance(exc, OSError) else unusable(path, exc)
+        if problem is not None:
+            return _fail(DatabaseError(f"no backup written to {target}: {problem}"))
         return _fail(DatabaseError(f"{path}: backup to {target} failed: {describe(exc)}"))
     finally:
         engine.dispose()
     print(f"ok: {path} copied to {target}: {events} events (last seq {last or 0})")
     return 0
+
+
+def _remove_partial(partial: Path) -> None:
+    for leftover in (partial, *(partial.with_name(partial.name + x) for x in ("-wal", "-shm"))):
+        leftover.unlink(missing_ok=True)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -7,6 +7,7 @@ so a page costs what it shows, not the whole history.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select
@@ -57,9 +58,11 @@ def timeline_requests(
 
 
 def timeline_swaps(engine: Engine, since: float, until: float, limit: int) -> list[dict[str, Any]]:
-    """Swaps (model loads) overlapping [since, until], oldest first."""
+    """Swaps (model loads) overlapping [since, until], oldest first, each with the
+    `caller` of the request that caused it (None for a preload)."""
     query = (
-        select(swaps)
+        select(swaps, requests.c.caller)
+        .select_from(swaps.outerjoin(requests, requests.c.id == swaps.c.request_id))
         .where(
             swaps.c.started_at <= until,
             or_(swaps.c.finished_at >= since, swaps.c.finished_at.is_(None)),
@@ -154,6 +157,15 @@ def request_caller(engine: Engine, request_id: str) -> tuple[bool, str | None]:
     with engine.connect() as conn:
         row = conn.execute(select(requests.c.caller).where(requests.c.id == request_id)).first()
     return (False, None) if row is None else (True, row[0])
+
+
+def request_callers(engine: Engine, request_ids: Collection[str]) -> dict[str, str | None]:
+    """The caller of each of `request_ids` the log knows (by primary key)."""
+    if not request_ids:
+        return {}
+    query = select(requests.c.id, requests.c.caller).where(requests.c.id.in_(list(request_ids)))
+    with engine.connect() as conn:
+        return {row[0]: row[1] for row in conn.execute(query)}
 
 
 def request_events(engine: Engine, request_id: str, limit: int = 1000) -> list[dict[str, Any]]:

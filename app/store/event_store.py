@@ -21,8 +21,15 @@ checkpoint, so after a clean stop the `.db` file alone holds everything.
 
 A batch that fails because of one of its events (an integer SQLite cannot
 hold, say) is redone with a savepoint per `submit` call: only that call's
-future fails. A failure of the database itself (locked, full, read-only)
-fails the whole batch and sets `failure`.
+future fails. A failure of the database itself (locked, full, read-only, an
+I/O error) forgets nothing: the batch is kept, in order, ahead of whatever is
+submitted meanwhile, `failure` says why, and the writer tries again with a
+backoff (RETRY_FIRST_S doubling to RETRY_MAX_S) until the database accepts it.
+The run loop applied those events already, so dropping them would leave the
+live state ahead of the log for good (a job `running` forever, run again after
+a restart); while `failure` is set the server admits and starts nothing new,
+and its futures stay pending until the events are on disk. Only `close` gives
+up, after CLOSE_RETRY_S, and says how many events were lost.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,6 +48,7 @@ from sqlalchemy.engine import Engine
 from app.core.events import AnyEvent, decode, encode, model_of, request_id_of, type_name
 from app.store import read_model
 from app.store.engine import describe
+from app.store.lease import LeaseLost
 from app.store.port import StoreError
 from app.store.tables import OPEN_STATUSES, processes, requests
 from app.store.tables import events as events_table
@@ -49,6 +57,13 @@ log = logging.getLogger(__name__)
 
 CHUNK = 256
 """Events inserted between yields to the event loop (a few ms of work)."""
+
+RETRY_FIRST_S = 0.05
+"""The first wait before writing a refused batch again; doubles each time."""
+RETRY_MAX_S = 2.0
+"""The longest wait between tries: a freed disk is written within this."""
+CLOSE_RETRY_S = 10.0
+"""How long `close` keeps trying a refused batch before it gives up on it."""
 
 _INSERT = "INSERT INTO events (seq, at, type, request_id, model, data) VALUES (?, ?, ?, ?, ?, ?)"
 _LAST_SEQ = "SELECT seq FROM sqlite_sequence WHERE name = 'events'"
@@ -103,6 +118,25 @@ def is_storage_fault(exc: BaseException) -> bool:
     return type(exc) is sqlite3.DatabaseError  # SQLITE_CORRUPT and SQLITE_NOTADB
 
 
+async def write_until_accepted(write: Callable[[], object], what: str) -> None:
+    """Run `write` in a thread, again with the event writer's backoff for as long
+    as the database refuses it (is_storage_fault): a job's result must be on
+    disk before its completion is recorded, and losing it would run the job twice."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            await asyncio.to_thread(write)
+            return
+        except Exception as exc:
+            cause = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+            if cause is None or not is_storage_fault(cause):
+                raise
+            if delay == RETRY_FIRST_S:
+                log.error("%s refused by the database (%s); retrying", what, describe(exc))
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RETRY_MAX_S)
+
+
 def _label(group: Sequence[AnyEvent]) -> str:
     """`request_enqueued of request r1 (+1 more)`: which events a failure is about."""
     rid = request_id_of(group[0])
@@ -117,9 +151,20 @@ class _EventFault(Exception):
 class SqliteEventStore:
     """The event store over an engine from `app.store.engine.open_database`."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, fence: Callable[[sqlalchemy.Connection], None] | None = None
+    ) -> None:
+        """`fence` runs in every write transaction before anything is written and
+        raises LeaseLost when this server no longer holds the log's lease, so a
+        server that was taken over writes nothing more (app/store/lease.py)."""
         self.failure: str | None = None
+        self.on_fenced: Callable[[str], None] | None = None
+        """Called once a write finds the lease lost; serve stops the process."""
+        self._fence = fence
+        self.retry_in: float = 0.0
+        """Seconds until the next try while `failure` is set (for Retry-After)."""
         self._engine = engine
+        self._listeners: list[Callable[[], None]] = []
         self._conn: sqlalchemy.Connection | None = None
         self._pending: list[_Pending] = []
         self._wakeup: asyncio.Event | None = None
@@ -151,13 +196,39 @@ class SqliteEventStore:
     async def append(self, events: Sequence[AnyEvent]) -> list[int]:
         return await self.submit(events)
 
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever `failure` is set or cleared."""
+        self._listeners.append(listener)
+
+    def _set_failure(self, failure: str | None) -> None:
+        changed = (failure is None) != (self.failure is None)
+        self.failure = failure
+        if changed:
+            for listener in self._listeners:
+                listener()
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closing = True
         if self._task is not None and self._wakeup is not None:
             self._wakeup.set()
-            await self._task
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), CLOSE_RETRY_S)
+            except TimeoutError:
+                self._task.cancel()
+                lost = self._pending
+                self._pending = []
+                count = sum(len(group) for group, _ in lost)
+                log.error(
+                    "event store: closing with %d events that the database still refuses "
+                    "(%s); they are lost, and a job they concern runs again at the next start",
+                    count,
+                    self.failure,
+                )
+                for _, future in lost:
+                    if not future.done():
+                        future.set_exception(StoreError(f"not stored: {self.failure}"))
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -192,6 +263,7 @@ class SqliteEventStore:
 
     async def _run(self) -> None:
         assert self._wakeup is not None
+        delay = RETRY_FIRST_S
         while True:
             if not self._pending:
                 if self._closing:
@@ -203,18 +275,42 @@ class SqliteEventStore:
             batch, self._pending = self._pending, []
             try:
                 await self._store(batch)
-            except Exception as exc:  # a failed write must not kill the writer
-                self.failure = describe(exc)
-                log.error(
-                    "event store: %d events not stored: %s",
-                    sum(len(group) for group, _ in batch),
-                    self.failure,
-                )
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(StoreError(self.failure))
+            except LeaseLost as exc:
+                # Another server holds the log now: write nothing more, ever.
+                self._pending = batch + self._pending
+                self._set_failure(f"fenced: {exc}")
+                log.error("event store: %s; nothing more is written", exc)
+                if self.on_fenced is not None:
+                    self.on_fenced(str(exc))
+                await self._wakeup.wait()  # until close
+                self._wakeup.clear()
+                if self._closing:
+                    return
                 continue
-            self.failure = None
+            except Exception as exc:  # the database refuses: keep the batch and try again
+                # Ahead of what came meanwhile, so the log keeps the order of submits.
+                self._pending = batch + self._pending
+                count = sum(len(group) for group, _ in self._pending)
+                if self.failure is None:
+                    log.error(
+                        "event store: the database refuses writes (%s); %d events kept, "
+                        "retrying; admitting and starting nothing new meanwhile",
+                        describe(exc),
+                        count,
+                    )
+                self._set_failure(describe(exc))
+                self.retry_in = delay
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            if self.failure is not None:
+                log.warning(
+                    "event store: writing again; %d events kept while it refused are stored",
+                    sum(len(group) for group, _ in batch),
+                )
+                delay = RETRY_FIRST_S
+                self.retry_in = 0.0
+                self._set_failure(None)
 
     async def _store(self, batch: list[_Pending]) -> None:
         """Commit a batch and resolve its futures; raises only for a storage-wide failure."""
@@ -308,6 +404,8 @@ class SqliteEventStore:
                 self._conn = self._engine.connect()
                 self._conn.execution_options(sqlite_begin="IMMEDIATE")
             self._conn.begin()
+            if self._fence is not None:
+                self._fence(self._conn)
         except Exception:
             if self._conn is not None:
                 self._conn.close()

@@ -3,6 +3,12 @@
 Pure: feed it `(seq, event)` pairs in seq order and read the violations.
 A violation means the writer (or someone editing the file) broke the model
 the rest of gpulane relies on, e.g. replay would diverge.
+
+Besides the per-request rules, the log is folded with the core's own `apply`,
+so a log whose state contradicts itself is caught where it first does: a
+dispatch the lane had no room for (an earlier request's terminal event is
+missing, so the log still has it running) or a swap away from a model that
+the log says is still serving a request.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from collections.abc import Iterable
 import msgspec
 
 from app.core import events as ev
+from app.core.policy import choose
+from app.core.state import SchedulerState, apply
 
 
 class Violation(msgspec.Struct, frozen=True):
@@ -42,6 +50,9 @@ class LogAudit:
         self._swap: _Swap | None = None
         self._process = 0
         self._restart_seq = 0
+        self._state = SchedulerState()
+        self._dispatched_at: dict[str, int] = {}
+        """Seq of each running request's dispatch, to name it in a violation."""
 
     @property
     def requests(self) -> int:
@@ -53,6 +64,11 @@ class LogAudit:
 
     def feed(self, seq: int, event: ev.AnyEvent) -> None:
         self.events += 1
+        self._check_state(seq, event)
+        try:
+            apply(self._state, event)
+        except Exception as exc:  # a log the core cannot fold is itself a violation
+            self.flag(seq, f"{ev.type_name(event)} cannot be folded: {exc!r}")
         match event:
             case ev.RequestEnqueued(request_id=rid, attempt=attempt):
                 self._new_attempt(rid, attempt)
@@ -93,6 +109,31 @@ class LogAudit:
                     self._restart_seq = seq
             case _:
                 pass
+
+    def _check_state(self, seq: int, event: ev.AnyEvent) -> None:
+        """What the state before `event` says of it."""
+        state = self._state
+        if isinstance(event, ev.RequestDispatched):
+            known = event.request_id in state.requests
+            if known and state.running and choose(state, event.at) is None:
+                busy = ", ".join(
+                    f"{rid} (dispatched at seq {self._dispatched_at.get(rid, '?')})"
+                    for rid in list(state.running)[:3]
+                ) + (f" and {len(state.running) - 3} more" if len(state.running) > 3 else "")
+                self.flag(
+                    seq,
+                    f"request_dispatched for {event.request_id} while the log still has "
+                    f"{busy} running and no room beside it: a terminal event is missing",
+                )
+            self._dispatched_at[event.request_id] = seq
+        elif isinstance(event, ev.SwapStarted) and event.from_model is not None:
+            serving = [rid for rid, m in state.running.items() if m == event.from_model]
+            if serving:
+                self.flag(
+                    seq,
+                    f"swap from {event.from_model} started while the log has "
+                    f"{', '.join(serving)} still running on it: a terminal event is missing",
+                )
 
     def _new_attempt(self, rid: str, attempt: int) -> None:
         state = self._requests.get(rid)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app.core.events import AnyEvent, decode, encode, request_id_of
 from app.store.port import StoreError
@@ -14,8 +14,13 @@ class InMemoryEventStore:
 
     def __init__(self) -> None:
         self.failure: str | None = None
+        self.retry_in = 0.0
         self.events: list[tuple[int, AnyEvent]] = []
+        self.listeners: list[Callable[[], None]] = []
         self._state = "new"
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self.listeners.append(listener)
 
     def start(self) -> None:
         self._state = "open"

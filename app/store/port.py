@@ -7,7 +7,7 @@ tests; tests/integration/test_event_store.py is the contract both pass.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from app.core.events import AnyEvent
@@ -19,7 +19,14 @@ class StoreError(Exception):
 
 class EventStore(Protocol):
     failure: str | None
-    """Why the last write failed, None once a write succeeds; the server refuses work while set."""
+    """Why the database refuses writes, None once a write succeeds. While set, the
+    refused events are kept and retried in order; the server admits and starts
+    nothing new."""
+    retry_in: float
+    """Seconds until the next try while `failure` is set."""
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever `failure` is set or cleared."""
 
     def start(self) -> None:
         """Begin accepting events; call from inside the running event loop."""
@@ -27,8 +34,10 @@ class EventStore(Protocol):
     def submit(self, events: Sequence[AnyEvent]) -> asyncio.Future[list[int]]:
         """Queue events without waiting; the future resolves to their seqs once committed.
 
-        Events keep the order of the calls. The future fails with StoreError if
-        their transaction does.
+        Events keep the order of the calls. While the database refuses writes the
+        future stays pending (the events are retried); it fails with StoreError
+        only for an event that cannot be stored at all, or at a `close` that
+        gave up on a refusing database.
         """
         ...
 

@@ -3,7 +3,8 @@
 `project(cursor, seq, event)` is the only code that writes these tables. The
 event store calls it for each event in the transaction that appends the event,
 and `gpulane db rebuild` calls it for every event in seq order, so the live
-tables and rebuilt ones cannot drift apart.
+tables and rebuilt ones cannot drift apart. The events that end a request
+also delete its job body (`job_bodies`, not a read model) in that transaction.
 
 The statements are plain SQL run on the sqlite3 cursor of the current
 SQLAlchemy transaction: this is the writer's hot path, and sqlite3 caches the
@@ -158,6 +159,9 @@ _FINISH = (
     "UPDATE requests SET status = :status, finished_at = :at, "
     "run_ms = COALESCE(:run_ms, (:at - started_at) * 1000.0)"
 )
+# A durable job's body (app/store/job_bodies.py) is needed until its job ends,
+# and goes in the transaction that records the end: never kept, never missing.
+_DROP_BODY = "DELETE FROM job_bodies WHERE request_id = ?"
 
 
 def _completed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
@@ -178,6 +182,7 @@ def _completed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
             "tokens_per_second": e.tokens_per_second,
         },
     )
+    cur.execute(_DROP_BODY, (e.request_id,))
 
 
 def _failed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
@@ -192,6 +197,7 @@ def _failed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
             "http_status": e.http_status,
         },
     )
+    cur.execute(_DROP_BODY, (e.request_id,))
 
 
 def _cancelled(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
@@ -205,6 +211,7 @@ def _cancelled(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
             "reason": e.reason,
         },
     )
+    cur.execute(_DROP_BODY, (e.request_id,))
 
 
 def _abandoned(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
@@ -291,5 +298,6 @@ _HANDLERS: dict[type, Callable[[sqlite3.Cursor, int, Any], None]] = {
     ev.RequestRejected: _rejected,
     ev.RequestRequeued: _requeued,
 }
-"""Events not listed here change no read model: RecoveryFinished, and RequestRestored
+"""Events not listed here change no read model: RecoveryFinished, LeaseAcquired (the
+lease row is written by app/store/lease.py, not projected), and RequestRestored
 (its row is already queued, or running and reset by the RequestRequeued that follows)."""

@@ -139,3 +139,32 @@ job_results = Table(
     Column("stored_at", Float, nullable=False),
     Index("ix_job_results_stored_at", "stored_at"),
 )
+
+# A durable job's request body, raw bytes, written before its enqueue event
+# (which keeps only method, path and headers). Not a read model: bodies are not
+# in the events. Deleted with the job's result after jobs.resultRetention.
+job_bodies = Table(
+    "job_bodies",
+    metadata,
+    Column("request_id", Text, primary_key=True),
+    Column("stored_at", Float, nullable=False),
+    # Last: SQLite writes a trailing zeroblob() without allocating it (job_bodies.py).
+    Column("body", LargeBinary, nullable=False),
+)
+
+# Which gpulane serves this log: one row (name 'leader'). `term` rises at every
+# take-over and fences the holder's writes; a live lease (expires_at in the
+# future, held by another pid) makes a second server refuse to start.
+server_lease = Table(
+    "server_lease",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("term", Integer, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("host", Text, nullable=False),
+    Column("listen", Text, nullable=False),
+    Column("acquired_at", Float, nullable=False),
+    Column("renewed_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -19,9 +20,10 @@ from sqlalchemy import Engine
 from app.config import Config
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
-from app.web.access import ACCESS_HANDLERS, admin_only, identity, only_caller
+from app.web.access import ACCESS_HANDLERS, admin_only, identity, model_fields, only_caller
 from app.web.auth import api_key_middleware
 from app.web.console import Live, console_routes, open_console_assets
+from app.web.console.security import add_security_headers
 from app.web.errors import EXCEPTION_HANDLERS, send_error
 from app.web.proxy import Proxy
 
@@ -62,12 +64,23 @@ def create_app(
         asgi(path=list(FORM_ROUTES), is_mount=False, copy_scope=False)(
             _post_only(proxy.handler("form"))
         ),
-        asgi(path="/upstream", is_mount=True, copy_scope=False)(_upstream_mount(proxy)),
+        # An upstream's own pages (/slots, /metrics) show every caller's work: admin only.
+        asgi(path="/upstream", is_mount=True, copy_scope=False, guards=[admin_only])(
+            _upstream_mount(proxy)
+        ),
     ]
 
     @get("/health", media_type=MediaType.TEXT, sync_to_thread=False)
-    def health() -> str:
-        return "OK"
+    def health() -> Response[str]:
+        # Not OK while the log refuses writes: nothing new is admitted then.
+        failure = scheduler.store.failure
+        if failure is None:
+            return Response("OK")
+        return Response(
+            f"event log cannot be written: {failure}; admitting nothing new until it can",
+            status_code=503,
+            headers={"Retry-After": str(max(1, math.ceil(scheduler.store.retry_in)))},
+        )
 
     @get("/v1/models", sync_to_thread=False)
     def models() -> dict[str, Any]:
@@ -93,22 +106,22 @@ def create_app(
         return {"object": "list", "data": data}
 
     @get("/running", sync_to_thread=False)
-    def running() -> dict[str, Any]:
+    def running(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        who = identity(request.scope)
         out = []
         for model in scheduler.loaded_models():
             spec = config.models[model]
             status = scheduler.model_status(model)
-            out.append(
-                {
-                    "model": model,
-                    "state": status.state,
-                    "pid": status.pid,
-                    "proxy": spec.proxy,
-                    "ttl": spec.ttl,
-                    "cmd": " ".join(spec.cmd),
-                    "in_flight": status.in_flight,
-                }
-            )
+            row = {
+                "model": model,
+                "state": status.state,
+                "pid": status.pid,
+                "proxy": spec.proxy,
+                "ttl": spec.ttl,
+                "cmd": " ".join(spec.cmd),
+                "in_flight": status.in_flight,
+            }
+            out.append(model_fields(who, row))  # a user key never sees cmd or proxy
         return {"running": out}
 
     @get("/unload", media_type=MediaType.TEXT, sync_to_thread=False, guards=[admin_only])
@@ -138,7 +151,8 @@ def create_app(
             )
         return Response({"unloaded": scheduler.unload(resolved)})
 
-    @get("/metrics", sync_to_thread=False)
+    # Every caller's labels and counts: a scraper uses an admin key.
+    @get("/metrics", sync_to_thread=False, guards=[admin_only])
     def metrics() -> Response[bytes]:
         return Response(generate_latest(scheduler.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -198,6 +212,7 @@ def create_app(
         state=State({"scheduler": scheduler}),
         request_max_body_size=None,
         exception_handlers={**EXCEPTION_HANDLERS, **ACCESS_HANDLERS},
+        before_send=[add_security_headers],  # every answer, errors and redirects too
         logging_config=None,  # serve.py configures logging once, for every module
         debug=False,
     )

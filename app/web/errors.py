@@ -30,6 +30,7 @@ _TYPES = {
     431: "request_too_large",
     502: "upstream_error",
     503: "service_unavailable",
+    507: "insufficient_storage",
 }
 _CODES = {
     400: "invalid_request",

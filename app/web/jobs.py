@@ -1,10 +1,13 @@
 """Durable jobs: `Prefer: respond-async` requests that survive a restart.
 
-The enqueue event, carrying what is needed to run the request again, is on
-disk before the caller gets `202 Accepted`. The job then waits its turn like
-any request; when dispatched, gpulane itself sends it upstream and stores the
-answer in `job_results` before recording the completion, so a completed job
-always has its result.
+The body is stored once, as bytes (app/store/job_bodies.py), and then the
+enqueue event, carrying the rest of what is needed to run the request again
+(method, path, headers, the body's length and sha256), is on disk before the
+caller gets `202 Accepted`. A body that would leave the database's disk with
+less than `jobs.minFreeDisk` free is refused with 507. The job then waits its
+turn like any request; when dispatched, gpulane itself sends it upstream and
+stores the answer in `job_results` before recording the completion, so a
+completed job always has its result; its body goes with its terminal event.
 
 A user key sees, fetches and cancels only its own jobs (app/web/access.py); an
 idempotency key belongs to the caller that sent it.
@@ -30,7 +33,18 @@ from sqlalchemy import Engine
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
 from app.runtime.admission import Refused
-from app.runtime.scheduler import Admission, Scheduler, Ticket
+from app.runtime.scheduler import Admission, Scheduler, Ticket, new_request_id
+from app.store.engine import describe
+from app.store.event_store import write_until_accepted
+from app.store.job_bodies import (
+    WAL_COPIES,
+    BodyMissing,
+    delete_body,
+    disk_free,
+    load_body,
+    prune_bodies,
+    store_body,
+)
 from app.store.job_results import (
     find_idempotency_key,
     job_result,
@@ -84,6 +98,13 @@ class JobRunner:
         the process's life: a key is then found here or, from earlier runs, on
         disk, with no window between the two (a few hundred bytes per job)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._recording: dict[str, asyncio.Future[bool]] = {}
+        """Jobs whose body and enqueue are being written -> whether they were:
+        a POST with the same Idempotency-Key waits for it before it answers."""
+        self._started_at = time.time()
+        """Bodies without a request stored before this are left over by an
+        earlier process (its enqueue never reached the disk): pruned."""
         self._credentials: dict[str, dict[str, str]] = {}
         """Credential headers a job's model passes (`passCredentials`), kept in
         memory only until the job runs: never in the log, so a job run after a
@@ -101,7 +122,8 @@ class JobRunner:
         body: bytes,
         headers: dict[str, str],
     ) -> None:
-        digest = hashlib.sha256(body).hexdigest()
+        # Hashing tens of MiB takes a while; hashlib lets go of the GIL meanwhile.
+        digest = await asyncio.to_thread(_sha256, body) if len(body) > 1 << 20 else _sha256(body)
         key = headers.get("idempotency-key") or None
         scoped = (admission.caller, key or "")
         if key is not None:
@@ -116,46 +138,121 @@ class JobRunner:
             if existing is not None:
                 await self._send_existing(send, key, existing, digest)
                 return
+        short = self._disk_too_full(len(body))
+        if short is not None:
+            refusal = Refused(short, status=507, code="insufficient_storage", reason="disk_reserve")
+            self.scheduler.refused(admission, refusal)
+            await send_error(send, refusal.status, short, code=refusal.code)
+            return
+        request_id = new_request_id()
+        # The body is not in the job: it is stored once, as bytes, under the job's id.
         job = {
             "method": method,
             "path": path,
             "query": query,
             "headers": {k: v for k, v in headers.items() if k not in _NOT_REPLAYED},
-            "body": base64.b64encode(body).decode(),
+            "body_bytes": len(body),
             "body_sha256": digest,
         }
-        admission = msgspec.structs.replace(admission, durable=True, idempotency_key=key, job=job)
+        admission = msgspec.structs.replace(
+            admission, durable=True, idempotency_key=key, job=job, request_id=request_id
+        )
         passed = self.config.models[admission.model].pass_credentials
         credentials = {k: v for k, v in headers.items() if k in CREDENTIAL_HEADERS and k in passed}
-        try:
-            ticket = self.scheduler.admit(admission)
-        except Refused as exc:
-            self.scheduler.refused(admission, exc)
-            await send_error(
-                send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
-            )
-            return
-        if credentials:
-            self._credentials[ticket.request_id] = credentials
-        # Reserved before the first await, so no concurrent POST takes the key too.
+        # Reserved before the first await, so no concurrent POST takes the key too;
+        # such a POST answers once this one is on disk (or is not: `_send_existing`).
         if key is not None:
-            self._keys[scoped] = (ticket.request_id, digest)
+            self._keys[scoped] = (request_id, digest)
+        recorded = asyncio.get_running_loop().create_future()
+        self._recording[request_id] = recorded
+        ticket = None
         try:
-            assert ticket.committed is not None
-            await asyncio.shield(ticket.committed)
-        except StoreError as exc:
-            # Not on disk, so not accepted: the scheduler has taken it back out.
+            ticket = await self._record(send, admission, body, credentials)
+        finally:
+            del self._recording[request_id]
+            recorded.set_result(ticket is not None)
+        if ticket is None:
             if key is not None:
                 self._keys.pop(scoped, None)
-            self._credentials.pop(ticket.request_id, None)
-            await send_error(
-                send, 503, f"the job could not be recorded: {exc}", code="event_log_unavailable"
-            )
             return
         self.run(ticket, job)
         view = await self.view(ticket.request_id) or {"id": ticket.request_id}
         granted = priority_headers(admission.priority, admission.requested_priority)
         await _send_json(send, 202, view, ticket.request_id, granted)
+
+    async def _record(
+        self, send: Send, admission: Admission, body: bytes, credentials: dict[str, str]
+    ) -> Ticket | None:
+        """Store the body, then queue the job and wait for its enqueue to be on
+        disk: its ticket, or None once the refusal is sent (the body deleted)."""
+        assert admission.request_id is not None
+        request_id = admission.request_id
+        try:
+            await asyncio.to_thread(store_body, self.engine, request_id, body)
+        except Exception as exc:
+            self._forget_body(request_id)
+            if "full" in str(exc):
+                # SQLITE_FULL: the disk filled up under the reserve's check.
+                message = f"the job's body could not be stored: {describe(exc)}"
+                await send_error(send, 507, message, code="insufficient_storage")
+            else:
+                message = f"the job could not be recorded: {describe(exc)}"
+                await send_error(send, 503, message, code="event_log_unavailable")
+            return None
+        try:
+            ticket = self.scheduler.admit(admission)
+        except Refused as exc:
+            self._forget_body(request_id)
+            self.scheduler.refused(admission, exc)
+            await send_error(
+                send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
+            )
+            return None
+        if credentials:
+            self._credentials[request_id] = credentials
+        try:
+            assert ticket.committed is not None
+            await asyncio.shield(ticket.committed)
+        except StoreError as exc:
+            # Not on disk, so not accepted: the scheduler has taken it back out.
+            self._credentials.pop(request_id, None)
+            self._forget_body(request_id)
+            await send_error(
+                send, 503, f"the job could not be recorded: {exc}", code="event_log_unavailable"
+            )
+            return None
+        return ticket
+
+    def _disk_too_full(self, size: int) -> str | None:
+        """Why a body of `size` bytes may not be stored now (jobs.minFreeDisk), or None."""
+        found = disk_free(self.engine)
+        if found is None:
+            return None
+        directory, free = found
+        reserve = self.config.min_free_disk
+        if free - WAL_COPIES * size >= reserve:
+            return None
+        return (
+            f"not enough disk space for this job: its body ({_size(size)}) needs "
+            f"{_size(WAL_COPIES * size)} while it is written (SQLite's write-ahead log, then "
+            f"the database), the database's disk ({directory}) has {_size(free)} free, "
+            f"and jobs.minFreeDisk keeps {_size(reserve)} in reserve; "
+            "free space there, or retry once running jobs have ended"
+        )
+
+    def _forget_body(self, request_id: str) -> None:
+        """Delete the body of a job that was not accepted, in the background; if
+        the database refuses now, pruning at the next start removes it."""
+
+        async def forget() -> None:
+            try:
+                await asyncio.to_thread(delete_body, self.engine, request_id)
+            except Exception as exc:
+                log.warning("the body of refused job %s stays until pruned: %s", request_id, exc)
+
+        task = asyncio.get_running_loop().create_task(forget())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _send_existing(
         self, send: Send, key: str, existing: tuple[str, str], digest: str
@@ -168,6 +265,16 @@ class JobRunner:
                 f"Idempotency-Key {key!r} was already used for job {request_id} "
                 "with a different body",
                 code="idempotency_key_reused",
+            )
+            return
+        recording = self._recording.get(request_id)
+        if recording is not None and not await asyncio.shield(recording):
+            await send_error(
+                send,
+                503,
+                f"job {request_id}, sent with Idempotency-Key {key!r} a moment ago, "
+                "could not be recorded; send it again",
+                code="event_log_unavailable",
             )
             return
         view = await self.view(request_id) or {"id": request_id}
@@ -196,38 +303,56 @@ class JobRunner:
         self, ticket: Ticket, job: dict[str, Any], base_url: str, credentials: dict[str, str]
     ) -> None:
         url = upstream_url(base_url, job["path"], job["query"])
+        try:
+            body = await self._body(ticket.request_id, job)
+        except BodyMissing as exc:
+            self.scheduler.failed(ticket.request_id, str(exc), None)
+            return
         captured = _Captured()
 
         async def keep_result() -> None:
-            await asyncio.to_thread(
-                store_result,
-                self.engine,
-                ticket.request_id,
-                captured.status,
-                captured.headers,
-                bytes(captured.body),
+            await write_until_accepted(
+                lambda: store_result(
+                    self.engine,
+                    ticket.request_id,
+                    captured.status,
+                    captured.headers,
+                    bytes(captured.body),
+                ),
+                f"the result of job {ticket.request_id}",
             )
 
         await self.forwarder.forward(
             job["method"],
             url,
-            base64.b64decode(job["body"]),
+            body,
             dict(job["headers"]) | credentials,
             ticket,
             Reply(captured.send, ticket),
             before_completed=keep_result,
         )
 
+    async def _body(self, request_id: str, job: dict[str, Any]) -> bytes:
+        """The job's body: in its event in logs written before job_bodies existed
+        (base64), else stored under its id. BodyMissing when it is not there."""
+        if "body" in job:
+            return base64.b64decode(job["body"])
+        return await asyncio.to_thread(
+            load_body, self.engine, request_id, job.get("body_bytes"), job.get("body_sha256")
+        )
+
     def prune(self) -> int:
-        """Delete results older than jobs.resultRetention; the events stay."""
-        return prune_results(self.engine, time.time() - self.config.result_retention_s)
+        """Delete results older than jobs.resultRetention (the events stay), and
+        bodies no job will read again (`prune_bodies`); returns how many rows."""
+        results = prune_results(self.engine, time.time() - self.config.result_retention_s)
+        return results + prune_bodies(self.engine, self._started_at)
 
     async def prune_forever(self, every_s: float = 3600.0) -> None:
         while True:
             try:
                 removed = await asyncio.to_thread(self.prune)
                 if removed:
-                    log.info("pruned %d job results older than the retention", removed)
+                    log.info("pruned %d job results and bodies no longer needed", removed)
             except Exception:
                 log.exception("pruning job results failed")
             await asyncio.sleep(every_s)
@@ -402,3 +527,15 @@ async def _send_json(
         *(extra or []),
     ]
     await send_json(send, status, msgspec.json.encode(doc), headers)
+
+
+def _sha256(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def _size(n: int) -> str:
+    """Bytes for a person: `60.0 MiB (62914560 bytes)`."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"

@@ -24,6 +24,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from app.web.console.security import security_header_lines
 from app.web.errors import error_body
 
 log = logging.getLogger("gpulane.http")
@@ -164,6 +165,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
         head += [
+            security_header_lines(),
             b"content-type: application/json\r\n",
             b"content-length: " + str(len(body)).encode() + b"\r\n",
             b"connection: close\r\n\r\n",

@@ -2,7 +2,8 @@
 
 A user key sees only its own rows of the queue (positions stay those of the
 whole queue, so "position 5" still means four requests go first) and only its
-own requests' stories; another caller's request is 404, as if unknown.
+own requests' stories, where other callers' work is "another caller's request"
+(app/report/visibility.py); another caller's request is 404, as if unknown.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy import Engine
 from app.report.explain import explain, live_position
 from app.report.live_queue import QueueView, position_of, queue_view
 from app.report.run_times import CachedRunTimes
+from app.report.visibility import queue_seen_by, story_seen_by
 from app.runtime.scheduler import Scheduler
 from app.web.access import identity, may_see, only_caller
 from app.web.errors import error_body
@@ -33,14 +35,7 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
         times = await asyncio.to_thread(run_times.get)
         live = scheduler.live()
         view = queue_view(live.state, live.running_since, live.now_ns, times)
-        caller = only_caller(identity(request.scope))
-        if caller is None:
-            return view
-        return msgspec.structs.replace(
-            view,
-            running=[r for r in view.running if r.caller == caller],
-            waiting=[w for w in view.waiting if w.caller == caller],
-        )
+        return queue_seen_by(view, only_caller(identity(request.scope)))
 
     @get("/api/requests/{request_id:str}/explain")
     async def explain_request(
@@ -53,8 +48,10 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
         story = await asyncio.to_thread(
             explain, engine, request_id, now_ns=scheduler.clock(), run_times=times
         )
-        if story is None or not may_see(identity(request.scope), story.caller):
+        who = identity(request.scope)
+        if story is None or not may_see(who, story.caller):
             return _error(404, f"no request {request_id!r}", "request_not_found")
+        story = story_seen_by(story, only_caller(who))
         # The log may trail the run loop by a group commit: position from the live state.
         live = scheduler.live()
         found = position_of(live.state, live.running_since, live.now_ns, times, request_id)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
-from decimal import Decimal, InvalidOperation
-from typing import Any
+import re
+from decimal import Decimal
+from typing import Any, Final
 
 from litestar.types import Receive
 
@@ -19,31 +21,35 @@ class BadRequest(Exception):
 
 MAX_WAIT_HEADER = "x-gpulane-max-wait"
 _MAX_WAIT_LIMIT_S = 366 * 86400
+_PLAIN_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 def max_wait_ns(headers: dict[str, str]) -> int | None:
     """`X-Gpulane-Max-Wait: SECONDS`: the longest the caller will wait in the queue
-    (a decimal number > 0, at most a year); None when absent. 400 otherwise."""
+    (a plain decimal number > 0, at most a year); None when absent. 400 otherwise."""
     text = headers.get(MAX_WAIT_HEADER)
     if text is None:
         return None
-    try:
-        seconds = Decimal(text.strip())
-    except InvalidOperation:
-        seconds = Decimal("NaN")
-    if not seconds.is_finite() or not 0 < seconds <= _MAX_WAIT_LIMIT_S:
+    # Only plain ASCII digits with an optional fraction: Decimal() (like int() and
+    # float()) would also take `1_0`, `1e1`, `+10`, `Infinity` and non-ASCII digits.
+    plain = text.strip()
+    seconds = Decimal(plain) if len(plain) <= 40 and _PLAIN_DECIMAL.fullmatch(plain) else None
+    if seconds is None or not 0 < seconds <= _MAX_WAIT_LIMIT_S:
         raise BadRequest(
             400,
-            f"X-Gpulane-Max-Wait: {text.strip()[:40]!r} is not allowed; expected seconds "
-            f"as a decimal number > 0 and at most {_MAX_WAIT_LIMIT_S} (a year)",
+            f"X-Gpulane-Max-Wait: {plain[:40]!r} is not allowed; expected seconds "
+            f"as a decimal number > 0 and at most {_MAX_WAIT_LIMIT_S} (a year), in plain "
+            "digits with an optional fraction, such as 30 or 2.5",
             "invalid_max_wait",
         )
     return max(1, int(seconds * 1_000_000_000))
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body; 413 as soon as it passes `limit` bytes."""
-    parts: list[bytes] = []
+    """The whole request body; 413 as soon as it passes `limit` bytes. Gathered
+    in one growing buffer that becomes the result without a copy, so a large
+    body takes about its own size (a list of chunks joined took twice)."""
+    buffer = io.BytesIO()
     size = 0
     while True:
         message = await receive()
@@ -57,15 +63,68 @@ async def read_body(receive: Receive, limit: int) -> bytes:
                 f"request body is larger than the limit of {limit} bytes (server.maxBodyBytes)",
                 "request_too_large",
             )
-        parts.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(parts)
+            if not buffer.tell():
+                return chunk  # all in one message, as most bodies are
+            buffer.write(chunk)
+            return buffer.getvalue()
+        buffer.write(chunk)
+
+
+MAX_JSON_DEPTH: Final = 128
+"""The deepest nesting of arrays and objects a JSON body may have (docs/http.md):
+ample for any OpenAI request (a tool's JSON schema nests a few dozen levels at
+most), far below where parsing or re-encoding it would exhaust Python's stack."""
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_AS_SQUARE = bytes.maketrans(b"{}", b"[]")
+_CHUNK = MAX_JSON_DEPTH
+
+
+def check_json_depth(body: bytes) -> None:
+    """400 when `body` nests arrays and objects deeper than MAX_JSON_DEPTH.
+
+    Checked before parsing, without recursion, mostly at C speed: at once for a
+    body with fewer opening brackets than the limit (most bodies); otherwise
+    strings are cut out, the brackets kept, and a chunk that cannot pass the
+    limit from the depth it starts at is counted whole, not byte by byte."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return
+    brackets = _JSON_STRING.sub(b"", body).translate(_AS_SQUARE, _NOT_BRACKETS)
+    depth = 0
+    for start in range(0, len(brackets), _CHUNK):
+        chunk = brackets[start : start + _CHUNK]
+        opening = chunk.count(b"[")
+        if depth + opening <= MAX_JSON_DEPTH:
+            depth += 2 * opening - len(chunk)
+            continue
+        for byte in chunk:
+            depth += 1 if byte == 0x5B else -1  # "[" (and "{", translated)
+            if depth > MAX_JSON_DEPTH:
+                raise BadRequest(
+                    400,
+                    f"request body nests arrays and objects deeper than {MAX_JSON_DEPTH} "
+                    "levels, the limit gpulane accepts",
+                    "json_too_deep",
+                )
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(
+        400,
+        f"request body is not valid JSON: {name} is not a JSON number "
+        "(NaN and Infinity are not allowed)",
+        "invalid_json",
+    )
 
 
 def json_model(body: bytes) -> tuple[dict[str, Any], str]:
-    """The parsed JSON body and its `model`."""
+    """The parsed JSON body and its `model`: 400 for invalid JSON, NaN and
+    Infinity included, and for nesting deeper than MAX_JSON_DEPTH."""
+    check_json_depth(body)
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_no_constant)
     except ValueError as exc:
         raise BadRequest(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(doc, dict):
@@ -99,12 +158,38 @@ def rename_form_model(body: bytes, content_type: str, model: str) -> bytes:
 
 
 def _model_sections(sections: list[bytes]) -> list[int]:
+    """The parts that are the `model` form field: a Content-Disposition naming
+    exactly `model` and no file name. A file part is never the model, whatever
+    its name or file name."""
     found = []
     for i, section in enumerate(sections[1:], start=1):
         head, sep, _ = section.partition(b"\r\n\r\n")
-        if sep and b'name="model"' in head.lower():
-            found.append(i)
+        if not sep:
+            continue
+        for line in head.split(b"\r\n"):
+            name, colon, value = line.partition(b":")
+            if colon and name.strip().lower() == b"content-disposition":
+                params = _disposition_params(value.decode("latin-1"))
+                if params.get("name") == "model" and not params.keys() & _FILE_NAMES:
+                    found.append(i)
+                break
     return found
+
+
+_FILE_NAMES = {"filename", "filename*"}
+_PARAM = re.compile(r';\s*([^\s=;]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
+
+
+def _disposition_params(value: str) -> dict[str, str]:
+    """`form-data; name="model"; filename="a.wav"` -> {"name": "model", "filename": "a.wav"}
+    (names lowercased, quoted values unquoted; the first of a repeated name)."""
+    params: dict[str, str] = {}
+    for match in _PARAM.finditer(value):
+        key, raw = match.group(1).lower(), match.group(2).strip()
+        if raw.startswith('"'):
+            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
+        params.setdefault(key, raw)
+    return params
 
 
 def _form_sections(body: bytes, content_type: str) -> list[bytes]:

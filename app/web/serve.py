@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import logging
@@ -11,21 +12,26 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from types import FrameType
 
 import uvicorn
 import uvloop
+from litestar.handlers import BaseRouteHandler
 from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config, ConfigError, load_config
+from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.recovery import recover
 from app.runtime.scheduler import Scheduler, server_started
 from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
+from app.store.lease import Lease, acquire, this_process
+from app.store.lease import fence as lease_fence
 from app.store.queries import activity
 from app.store.samples import recent_runs
 from app.web.admin_routes import admin_routes
@@ -40,6 +46,9 @@ log = logging.getLogger("gpulane")
 
 RECENT_RUNS = 5000
 """Completed requests read at start to seed the expected run times."""
+
+FENCED_EXIT = 3
+"""Exit status of a server whose lease another gpulane took over (app/runtime/leadership.py)."""
 
 
 def serve_command(config_path: str, listen: str, db: str | None) -> int:
@@ -69,24 +78,34 @@ def serve_command(config_path: str, listen: str, db: str | None) -> int:
     except DatabaseError as exc:
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
+    # One log, one server: before recovery touches anything (app/store/lease.py).
     try:
-        uvloop.run(_serve(config, engine, host, int(port)))
+        lease = acquire(engine, this_process(engine, listen), time.time())
+    except DatabaseError as exc:
+        engine.dispose()
+        print(f"gpulane: {exc}", file=sys.stderr)
+        return 1
+    try:
+        uvloop.run(_serve(config, engine, host, int(port), lease))
     except KeyboardInterrupt:
         pass
     return 0
 
 
-async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
+async def _serve(config: Config, engine: Engine, host: str, port: int, lease: Lease) -> None:
     logs = LogBuffer()
     _capture_logs(logs)
-    store = SqliteEventStore(engine)
+    store = SqliteEventStore(engine, fence=partial(lease_fence, lease.term))
     store.start()
     # Names this database in the upstreams' environment, so the next start's
     # recovery finds what they left, and never another server's.
     owner = hashlib.sha256(os.fsencode(os.path.abspath(engine.url.database or ""))).hexdigest()
     scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
+    leadership = Leadership(engine, lease, partial(_fenced, scheduler))
+    store.on_fenced = partial(_fenced, scheduler)
+    keeping = asyncio.get_running_loop().create_task(leadership.keep(), name="lease")
     now = scheduler.clock()
-    scheduler.emit([server_started(config, now, os.getpid())])
+    scheduler.emit([lease.event(now), server_started(config, now, os.getpid())])
     recovered = await recover(scheduler, engine, config.max_attempts)
     # What the short-job term and Retry-After expect, learnt from the log so far.
     for model, endpoint, run_ms in recent_runs(engine, RECENT_RUNS):
@@ -123,6 +142,11 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
         await scheduler.shutdown()
         await forwarder.close()
         await store.close()
+        keeping.cancel()
+        await leadership.release()
+        # The release is the last write: closing the last connection checkpoints it
+        # too, so the .db file alone is still complete after a clean stop.
+        engine.dispose()
 
     app = create_app(
         config,
@@ -131,11 +155,7 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
         logs,
         activity=lambda limit, offset, caller: activity(engine, limit, offset, caller),
         engine=engine,
-        extra_handlers=[
-            *job_routes(jobs),
-            *report_routes(scheduler, engine),
-            *admin_routes(scheduler),
-        ],
+        extra_handlers=extra_routes(scheduler, jobs, engine),
         on_startup=[startup],
         on_shutdown=[shutdown],
     )
@@ -155,6 +175,24 @@ async def _serve(config: Config, engine: Engine, host: str, port: int) -> None:
         ),
     )
     await server.serve()
+
+
+def extra_routes(scheduler: Scheduler, jobs: JobRunner, engine: Engine) -> list[BaseRouteHandler]:
+    """The routes serve gives `create_app` beside its own: jobs, reports, admin
+    (tests/e2e/test_user_view.py walks them all with a user key)."""
+    return [*job_routes(jobs), *report_routes(scheduler, engine), *admin_routes(scheduler)]
+
+
+def _fenced(scheduler: Scheduler, reason: str) -> None:
+    """Another gpulane took this database over: stop at once, writing nothing more
+    (no drain, no events); this server's upstreams are killed, not recorded."""
+    log.error("%s; stopping now without writing anything more", reason)
+    for proc in list(scheduler.upstreams.values()):
+        if proc.pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # each upstream leads its own group
+    logging.shutdown()
+    os._exit(FENCED_EXIT)
 
 
 class _Server(uvicorn.Server):

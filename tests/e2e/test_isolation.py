@@ -178,6 +178,9 @@ ADMIN_ONLY = [
     ("POST", "/api/models/unload/A"),
     ("GET", "/logs"),
     ("GET", "/logs/stream"),
+    ("GET", "/metrics"),
+    ("GET", "/upstream/A/echo"),
+    ("POST", "/upstream/A/echo"),
 ]
 
 

@@ -94,3 +94,27 @@ async def test_recovery_state_equals_the_fold_of_the_whole_log(tmp_path: Path) -
     order = [q.request_id for q in state.queue.ranked(state.resident)]
     assert order == [jobs[2], jobs[1], first, jobs[0]]
     assert_log_replays(gw.db)
+
+
+async def test_without_aging_a_requeued_job_keeps_its_arrival_place(tmp_path: Path) -> None:
+    # agingDivisor 0: equal priorities are ordered by arrival alone. The job that was
+    # running arrived first, so after a SIGKILL it goes first again, not last.
+    models = fake_model("A").replace("\n", "\n  ")
+    aging_off = "routing:\n  scheduler:\n    settings:\n      serial:\n        agingDivisor: 0\n"
+    gw = Gateway(tmp_path, f"{aging_off}models:{models}\n")
+    gw.start()
+    with gw.client() as client:
+        first = submit(client, "A", "normal", 60)
+        gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
+        later = [submit(client, "A", "normal", 60) for _ in range(2)]
+    gw.kill()
+
+    scheduler, folded = await recover_as_serve_does(gw)
+    assert snapshot(scheduler.state) == snapshot(folded)
+    assert [q.request_id for q in folded.queue.ranked(folded.resident)] == [first, *later]
+    # And a real restart runs it first.
+    gw.start()
+    gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
+    assert gw.sql("SELECT id FROM requests WHERE status = 'running'")[0]["id"] == first
+    gw.kill()
+    assert_log_replays(gw.db)

@@ -18,7 +18,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 
 from app.core import events as ev
-from app.store import commands
+from app.store import commands, event_store
 from app.store.engine import DatabaseError, create_engine, open_database
 from app.store.event_store import (
     SqliteEventStore,
@@ -32,6 +32,15 @@ from app.store.port import EventStore, StoreError
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "events_v1.jsonl"
 T0 = 1_735_689_600_000_000_000
+
+
+async def wait_until(check: Any, timeout: float = 10) -> None:
+    """Poll `check()` on the event loop until it is true (the writer runs there too)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 def enqueued(rid: str, at: int = T0, **kw: Any) -> ev.RequestEnqueued:
@@ -207,9 +216,11 @@ async def test_read_models_commit_with_their_events(tmp_path: Path) -> None:
     engine.dispose()
 
 
-async def test_a_failed_write_sets_failure_fails_its_futures_and_the_writer_carries_on(
+async def test_a_refused_write_is_kept_and_stored_in_order_once_the_database_accepts(
     tmp_path: Path,
 ) -> None:
+    """What was measured: a refused batch was logged as "events not stored" and
+    dropped, so the live state stayed ahead of the log for good."""
     engine = open_database(tmp_path / "events.db")
     read_only = False
 
@@ -224,22 +235,46 @@ async def test_a_failed_write_sets_failure_fails_its_futures_and_the_writer_carr
         dbapi_connection.execute("PRAGMA query_only = 0")
 
     store = SqliteEventStore(engine)
+    changes: list[str | None] = []
+    store.on_change(lambda: changes.append(store.failure))
     store.start()
     await store.append([enqueued("a")])
 
     read_only = True
-    submitted = store.submit([enqueued("b")])
-    with pytest.raises(StoreError, match="readonly"):
-        await store.append([enqueued("c")])
-    with pytest.raises(StoreError):
-        await submitted
-    assert store.failure is not None and "readonly" in store.failure
+    b = store.submit([enqueued("b")])
+    c = store.submit([enqueued("c")])
+    await wait_until(lambda: store.failure is not None)
+    assert "readonly" in (store.failure or "") and store.retry_in > 0
+    assert not b.done() and not c.done()  # kept, not failed
+    d = store.submit([enqueued("d")])  # submitted while refused: after b and c
 
     read_only = False
-    assert await store.append([enqueued("d")]) == [2]
+    assert await asyncio.wait_for(asyncio.gather(b, c, d), 10) == [[2], [3], [4]]
     assert store.failure is None
+    assert len(changes) == 2 and changes[1] is None and "readonly" in (changes[0] or "")
     await store.close()
-    assert [e.request_id for _, e in read_events(engine)] == ["a", "d"]  # type: ignore[union-attr]
+    ids = [e.request_id for _, e in read_events(engine)]  # type: ignore[union-attr]
+    assert ids == ["a", "b", "c", "d"]
+    engine.dispose()
+
+
+async def test_close_gives_up_on_a_database_that_still_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(event_store, "CLOSE_RETRY_S", 0.3)
+    engine = open_database(tmp_path / "events.db")
+
+    @sa_event.listens_for(engine, "begin")
+    def _query_only(conn: Any) -> None:
+        conn.exec_driver_sql("PRAGMA query_only = 1")
+
+    store = SqliteEventStore(engine)
+    store.start()
+    kept = store.submit([enqueued("a")])
+    await wait_until(lambda: store.failure is not None)
+    await store.close()  # returns, does not retry forever
+    with pytest.raises(StoreError, match="not stored"):
+        await kept
     engine.dispose()
 
 
@@ -433,7 +468,11 @@ async def test_db_backup_while_the_store_appends_is_a_consistent_copy(tmp_path: 
     while backup.returncode is None:  # the backup runs under continuous writes
         rid = f"live{appended_during}"
         await store.append(
-            [enqueued(rid), ev.RequestDispatched(at=T0 + 1, request_id=rid, model="qwen")]
+            [
+                enqueued(rid),
+                ev.RequestDispatched(at=T0 + 1, request_id=rid, model="qwen"),
+                ev.RequestCompleted(at=T0 + 2, request_id=rid, http_status=200),
+            ]
         )
         appended_during += 1
         with contextlib.suppress(TimeoutError):
@@ -449,7 +488,7 @@ async def test_db_backup_while_the_store_appends_is_a_consistent_copy(tmp_path: 
     copied, original = _read_file(target), _read_file(path)
     assert 500 <= len(copied) < len(original)
     assert copied == original[: len(copied)]  # a prefix of the log: one commit's snapshot
-    assert len(copied) % 2 == 0  # never half of a transaction
+    assert (len(copied) - 500) % 3 == 0  # never part of a transaction
     assert commands.check(str(target)) == 0
     assert not [p.name for p in target.parent.iterdir() if "partial" in p.name]
 

@@ -102,11 +102,12 @@ class Sim:
                     ),
                 )
             if request.running:
-                requeues.append(
-                    ev.RequestRequeued(
-                        at=self.now, request_id=request_id, attempt=request.attempt + 1
-                    )
+                requeue = ev.RequestRequeued(
+                    at=self.now, request_id=request_id, attempt=request.attempt + 1
                 )
+                # Format 2: right after its restore (it keeps its place); format 1
+                # re-queued the running jobs after all the rest.
+                (after if self.log_format >= 2 else requeues).append(requeue)
         self.emit(*after, *requeues, ev.RecoveryFinished(at=self.now))
 
     def arrive(self, n: int) -> None:
@@ -357,7 +358,8 @@ def test_the_fair_scenario_replayed_with_fair_share_serves_the_second_caller_ear
         "left": 0.0,
         "fairness": 0.0,
     }
-    assert out["patience_s"] == {"interactive": None, "normal": None, "batch": None}
+    # Durable jobs are no observation of a client's patience.
+    assert out["patience"] == []
     assert replay_command([*args, "--by", "caller"]) == 0
     text = capsys.readouterr().out
     assert "member-b" in text and "first start" in text and "simulation error" in text

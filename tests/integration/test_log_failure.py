@@ -1,5 +1,7 @@
 """When the event log cannot be written, new work is refused with a clear 503 and
-the server keeps answering; nothing is queued that the log does not hold."""
+a Retry-After, /health says why, and the server keeps answering; nothing is
+queued that the log does not hold. (The real store on a full disk:
+tests/e2e/test_disk_faults.py.)"""
 
 from __future__ import annotations
 
@@ -60,21 +62,23 @@ async def test_unwritable_log_refuses_new_requests_with_503_and_keeps_serving() 
             assert r.status_code == 503
             error = r.json()["error"]
             assert "disk is full" in error["message"] and error["code"] == "event_log_unavailable"
+            assert int(r.headers["Retry-After"]) >= 1
             assert len(scheduler.state.queue) == 0 and not scheduler.state.running
-            assert (await client.get("/health")).text == "OK"
+            health = await client.get("/health")
+            assert health.status_code == 503 and "disk is full" in health.text
             assert (await client.get("/metrics")).status_code == 200
 
 
 class FailingCommitStore(InMemoryEventStore):
-    """The commit of a durable enqueue fails after submission, as when the disk
-    fills up or the database stays locked past the busy timeout mid-batch."""
+    """The commit of a durable enqueue fails after submission, as for an event
+    the database cannot hold (a refusing database keeps it pending instead)."""
 
     def submit(self, events: Sequence[AnyEvent]) -> asyncio.Future[list[int]]:
         if not any(isinstance(e, RequestEnqueued) and e.durable for e in events):
             return super().submit(events)
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().call_soon(
-            future.set_exception, StoreError("OperationalError: database is locked")
+            future.set_exception, StoreError("request_enqueued of request r not stored: too large")
         )
         return future
 

@@ -406,8 +406,9 @@ def test_check_reports_a_damaged_file(tmp_path: Path, capsys: pytest.CaptureFixt
         f.seek((root - 1) * 4096 + 8)
         f.write(b"\xff" * 2000)
     assert commands.check(str(path)) == 1
-    captured = capsys.readouterr()
-    assert "failed" in captured.out + captured.err
+    err = capsys.readouterr().err
+    assert f"{path}: the database file is corrupt" in err
+    assert "gpulane db backup" in err
 
 
 # -- the SQL in docs/events.md ---------------------------------------------------------------

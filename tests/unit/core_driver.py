@@ -94,9 +94,10 @@ class CoreDriver:
         log_format: int = ev.LOG_FORMAT,
     ) -> None:
         """A new process (same parameters unless given) and what app/runtime/recovery.py
-        records: each open durable request restored (arrival order), then the running
-        ones re-queued (attempt + 1); synchronous ones abandoned. With `log_format` 1,
-        what an older version recorded: the same without the restores."""
+        records: each open durable request restored (arrival order), a running one
+        re-queued (attempt + 1) right after its own restore, so it keeps its arrival
+        place on ties; synchronous ones abandoned. With `log_format` 1, what an older
+        version recorded: no restores, and the running ones re-queued after all."""
         before = [msgspec.structs.replace(r) for r in self.state.requests.values()]
         state = self.state
         self.start_server(
@@ -123,12 +124,17 @@ class CoreDriver:
                         attempt=r.attempt,
                         caller=r.caller,
                         expected_run_ns=r.expected_run_ns,
+                        endpoint=r.endpoint,
                     )
                 )
             if r.running:
-                requeues.append(
-                    ev.RequestRequeued(at=self.now, request_id=r.request_id, attempt=r.attempt + 1)
+                requeue = ev.RequestRequeued(
+                    at=self.now, request_id=r.request_id, attempt=r.attempt + 1
                 )
+                if log_format >= 2:
+                    self.apply(requeue)
+                else:
+                    requeues.append(requeue)
         for event in requeues:
             self.apply(event)
         self.apply(ev.RecoveryFinished(at=self.now))
@@ -151,6 +157,7 @@ class CoreDriver:
         durable: bool = False,
         caller: str | None = None,
         expected_run_ns: int | None = None,
+        endpoint: str = "/v1/chat/completions",
     ) -> None:
         self.apply(
             ev.RequestEnqueued(
@@ -158,7 +165,7 @@ class CoreDriver:
                 request_id=request_id,
                 model=model,
                 model_requested=model,
-                endpoint="/v1/chat/completions",
+                endpoint=endpoint,
                 priority=priority,
                 band=band_of(priority),
                 durable=durable,

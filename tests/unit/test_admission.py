@@ -1,18 +1,34 @@
-"""The wait a refused caller is told (app/runtime/admission.py): the expected runs
-of what would go before it, and recomputed at most once a second, so a client
+"""The wait a refused caller is told (app/runtime/admission.py): what is left of
+the running work and the expected runs and loads of what would go before it, in
+the queue's own order; and recomputed at most once a second, so a client
 hammering a full queue does not cost an O(n) pass per refusal."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.runtime.admission import WaitEstimates, estimated_wait_s
+from app.runtime.admission import WaitEstimates, estimated_wait_s, newcomer
 from tests.unit.core_driver import CoreDriver
 
 MIN = 60 * NS_PER_S
 
 
-def test_the_estimate_counts_the_work_at_or_above_the_priority() -> None:
-    driver = CoreDriver(ScoringParams(), resident="m")
+def wait(
+    driver: CoreDriver,
+    priority: int,
+    model: str = "m",
+    *,
+    running_since: Mapping[str, int] | None = None,
+    loads: Mapping[str, int] | None = None,
+) -> int:
+    """The estimate for a request arriving now."""
+    arriving = newcomer(driver.state, model, priority, driver.now)
+    return estimated_wait_s(driver.state, arriving, running_since or {}, driver.now, loads)
+
+
+def test_the_estimate_counts_the_work_that_would_go_before() -> None:
+    driver = CoreDriver(ScoringParams(0, 0), resident="m")
     driver.enqueue("running", "m", 0, expected_run_ns=2 * MIN)
     driver.step()
     running_since = {"running": driver.now}
@@ -20,21 +36,68 @@ def test_the_estimate_counts_the_work_at_or_above_the_priority() -> None:
     driver.enqueue("normal", "m", 0, expected_run_ns=3 * MIN)
     driver.enqueue("unknown", "m", 0)  # no history: the median of those known (3 min)
     driver.advance(MIN)  # the running one has 1 min left
-    state, now = driver.state, driver.now
-    assert estimated_wait_s(state, 0, running_since, now) == (1 + 3 + 3) * 60
-    assert estimated_wait_s(state, -100, running_since, now) == (1 + 3 + 3 + 10) * 60
-    assert estimated_wait_s(state, 100, running_since, now) == 60
+    assert wait(driver, 0, running_since=running_since) == (1 + 3 + 3) * 60
+    assert wait(driver, -100, running_since=running_since) == (1 + 3 + 3 + 10) * 60
+    assert wait(driver, 100, running_since=running_since) == 60
 
 
-def test_estimates_are_kept_for_a_second_per_priority() -> None:
+def test_requests_lifted_by_aging_count_as_ahead() -> None:
+    # A job of priority 0 that has waited 10 minutes (aging 1 point a minute) now
+    # scores 10: it goes before a newcomer at 5, which once was told 1 s.
+    driver = CoreDriver(ScoringParams(MIN, 0), resident="m")
+    driver.enqueue("old", "m", 0, expected_run_ns=MIN)
+    driver.advance(10 * MIN)
+    assert wait(driver, 5) == 60
+    assert wait(driver, 20) == 1  # at 20 it goes first: nothing to wait for
+
+
+def test_a_run_past_its_expected_time_still_has_time_left() -> None:
+    driver = CoreDriver(ScoringParams(0, 0), resident="m")
+    driver.enqueue("slow", "m", 0, expected_run_ns=2 * MIN)
+    driver.step()
+    running_since = {"slow": driver.now}
+    driver.advance(3 * MIN)  # once counted as 0 s left
+    assert wait(driver, 0, running_since=running_since) == 60  # half its expected run
+
+
+def test_loads_of_other_models_count() -> None:
+    # B is not loaded: the queued B request needs a 30 s load before its 1 min run.
+    driver = CoreDriver(ScoringParams(0, 0), resident="A")
+    driver.enqueue("b", "B", 0, expected_run_ns=MIN)
+    loads = {"B": 30 * NS_PER_S, "C": 20 * NS_PER_S}
+    assert wait(driver, 0, "B", loads=loads) == 30 + 60
+    # A newcomer for C waits for B's load and run, then its own load.
+    assert wait(driver, 0, "C", loads=loads) == 30 + 60 + 20
+    # A request dispatched into a load still has the load's rest ahead of it.
+    assert driver.state.loading is None and driver.step() is not None
+    assert driver.state.loading == "B"  # dispatched into B's load
+    running_since = {"b": driver.now}
+    driver.advance(10 * NS_PER_S)
+    assert wait(driver, 0, "B", running_since=running_since, loads=loads) == 20 + 60
+
+
+def test_with_no_history_the_newcomers_own_expectation_stands_in() -> None:
+    driver = CoreDriver(ScoringParams(0, 0), resident="m")
+    for rid in ("a", "b", "c"):
+        driver.enqueue(rid, "m", 0)  # enqueued before any run had finished
+    arriving = newcomer(driver.state, "m", 0, driver.now, expected_run_ns=2 * NS_PER_S)
+    assert estimated_wait_s(driver.state, arriving, {}, driver.now) == 3 * 2
+
+
+def test_estimates_are_kept_for_a_second_per_priority_and_model() -> None:
     driver = CoreDriver(ScoringParams(), resident="m")
     driver.enqueue("a", "m", 0, expected_run_ns=MIN)
     waits = WaitEstimates()
-    first = waits.get(driver.state, 0, {}, driver.now)
-    assert first == 60
+
+    def get(priority: int, model: str = "m") -> int:
+        arriving = newcomer(driver.state, model, priority, driver.now)
+        return waits.get(driver.state, arriving, {}, driver.now)
+
+    assert get(0) == 60
     driver.enqueue("b", "m", 0, expected_run_ns=MIN)
     driver.advance(NS_PER_S // 2)
-    assert waits.get(driver.state, 0, {}, driver.now) == 60  # within the second: kept
-    assert waits.get(driver.state, -100, {}, driver.now) == 120  # another priority: fresh
+    assert get(0) == 60  # within the second: kept
+    assert get(-100) == 120  # another priority: fresh
+    assert get(0, "other") == 120  # another model: fresh
     driver.advance(NS_PER_S // 2)
-    assert waits.get(driver.state, 0, {}, driver.now) == 120  # a second later: recomputed
+    assert get(0) == 120  # a second later: recomputed

@@ -130,7 +130,7 @@ def test_llama_swap_model_settings_resolve() -> None:
     assert gpt.env == {"CUDA_VISIBLE_DEVICES": "0,1,2"}
     assert gpt.ttl == 60
     assert gpt.use_model_name == "openai/gpt-oss-120B"
-    assert gpt.concurrency_limit == 10  # 0 means the default
+    assert gpt.concurrency_limit == 1  # 0 means the default: serial's 1
     assert gpt.send_loading_state is False  # model overrides the global true
 
     docker = config.models["docker-llama"]
@@ -363,6 +363,23 @@ def test_fifo_priority_applies_per_model_with_default_zero() -> None:
     assert [m.fifo_priority for m in config.models.values()] == [10, -5, 0]
 
 
+@pytest.mark.parametrize(("use", "default"), [("serial", 1), ("fifo", 10)])
+def test_concurrency_limit_applies_under_both_schedulers_with_their_own_default(
+    use: str, default: int
+) -> None:
+    config = parse(
+        f"""
+        routing: {{scheduler: {{use: {use}}}}}
+        models:
+          a: {{cmd: "x --port ${{PORT}}", concurrencyLimit: 3}}
+          b: {{cmd: "x --port ${{PORT}}", concurrencyLimit: 0}}
+          c: {{cmd: "x --port ${{PORT}}"}}
+        """
+    )
+    assert [m.concurrency_limit for m in config.models.values()] == [3, default, default]
+    assert config.warnings == ()
+
+
 def test_ignored_hook_warns_but_a_misspelt_one_is_an_error() -> None:
     config = parse(one_model() + "hooks:\n  on_shutdown: {}\n")
     assert config.warnings == (
@@ -522,7 +539,7 @@ def test_defaults() -> None:
     assert config.ignore_paths == DEFAULT_IGNORE_PATHS
     assert (config.api_keys, config.preload, config.send_loading_state) == ((), (), False)
     assert model.check_endpoint == "/health"
-    assert (model.ttl, model.unload_timeout, model.concurrency_limit) == (0, 10, 10)
+    assert (model.ttl, model.unload_timeout, model.concurrency_limit) == (0, 10, 1)
     assert (model.aliases, model.strip_params, model.cmd_stop, model.fifo_priority) == (
         (),
         (),
@@ -674,6 +691,13 @@ def test_result_retention_accepts_seconds_or_durations(value: str, seconds: floa
 def test_bad_result_retention_names_allowed_forms() -> None:
     (error,) = errors_of(one_model() + "jobs: {resultRetention: 2w}\n")
     assert error.startswith("jobs.resultRetention: '2w' is not a duration; expected seconds > 0")
+
+
+def test_min_free_disk_is_a_byte_count_with_a_default_reserve() -> None:
+    assert parse(one_model()).min_free_disk == 256 * 1024 * 1024
+    assert parse(one_model() + "jobs: {minFreeDisk: 0}\n").min_free_disk == 0
+    (error,) = errors_of(one_model() + "jobs: {minFreeDisk: -1}\n")
+    assert error == "jobs.minFreeDisk: -1 is out of range; expected bytes, an integer >= 0"
 
 
 def test_strip_params_accepts_comma_string_or_list() -> None:

@@ -10,7 +10,7 @@ import pytest
 import app.config
 from app.config import ConfigError, parse_config
 from app.core.scoring import ScoringParams
-from app.core.state import DEFAULT_CONCURRENCY_LIMIT, SCHEDULERS, SchedulerState
+from app.core.state import SCHEDULERS, SERIAL_CONCURRENCY_LIMIT, SchedulerState
 
 ONE_MODEL = "models:\n  m:\n    cmd: server --port ${PORT}\n"
 
@@ -38,7 +38,7 @@ def test_an_empty_config_scores_as_the_core_does_when_the_log_is_silent() -> Non
     assert ScoringParams(config.aging_divisor_ns, config.swap_affinity_bonus) == ScoringParams()
     assert config.aging_divisor == ScoringParams().aging_divisor_ns / 1e9
     assert isinstance(config.aging_divisor, float)  # shown and hashed as 60.0
-    assert config.models["m"].concurrency_limit == DEFAULT_CONCURRENCY_LIMIT
+    assert config.models["m"].concurrency_limit == SERIAL_CONCURRENCY_LIMIT
 
 
 @pytest.mark.parametrize("name", SCHEDULERS)

@@ -16,6 +16,8 @@ from tests.unit.core_driver import CoreDriver
 
 MIN = 60 * NS_PER_S
 SHOT = 5 * MIN
+IMAGES = "/v1/images/generations"
+SPEECH = "/v1/audio/speech"
 
 
 def film_night(driver: CoreDriver) -> list[tuple[str, int]]:
@@ -106,14 +108,15 @@ def test_a_returning_caller_is_lifted_to_the_least_active_counter() -> None:
 
 
 def test_short_jobs_go_first_within_a_band() -> None:
-    # Renders arrived a minute before the chat; all interactive.
+    # Renders arrived a minute before the chat; all interactive. The term is one per
+    # model and endpoint, from its latest estimate (both renders: 16 min).
     def run(short: int) -> list[str]:
         driver = CoreDriver(ScoringParams(short_job_bonus=short), resident="m")
-        driver.enqueue("render1", "m", 100, expected_run_ns=4 * MIN)
-        driver.enqueue("render2", "m", 100, expected_run_ns=16 * MIN)
+        driver.enqueue("render1", "m", 100, expected_run_ns=4 * MIN, endpoint=IMAGES)
+        driver.enqueue("render2", "m", 100, expected_run_ns=16 * MIN, endpoint=IMAGES)
         driver.advance(MIN)
         driver.enqueue("chat", "m", 100, expected_run_ns=6 * NS_PER_S)
-        driver.enqueue("new", "m", 100)  # no history: no bonus
+        driver.enqueue("new", "m", 100, endpoint=SPEECH)  # no history: no bonus
         return driver.serve_all()
 
     assert run(0) == ["render1", "render2", "chat", "new"]
@@ -122,9 +125,9 @@ def test_short_jobs_go_first_within_a_band() -> None:
 
 def test_short_job_term_is_bounded_and_recorded() -> None:
     driver = CoreDriver(ScoringParams(short_job_bonus=20), resident="m")
-    driver.enqueue("render", "m", 0, expected_run_ns=4 * MIN)
+    driver.enqueue("render", "m", 0, expected_run_ns=4 * MIN, endpoint=IMAGES)
     driver.enqueue("chat", "m", 0, expected_run_ns=6 * NS_PER_S)
-    driver.enqueue("instant", "m", 0, expected_run_ns=0)
+    driver.enqueue("instant", "m", 0, expected_run_ns=0, endpoint=SPEECH)
     driver.dispatch_all()
     scores = driver.scores[0]
     assert scores.request_id == "instant"

@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from app.core.queue import ScoreQueue
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState
 from app.report.live_queue import estimate_starts, queue_view
@@ -38,7 +37,7 @@ def busy_state(params: ScoringParams, n: int = 300, seed: int = 1) -> SchedulerS
 
 def reference_starts(state: SchedulerState, now: int) -> dict[str, int]:
     """Drain a copy of the queue with `best`, switching the resident as it goes."""
-    copy = ScoreQueue(state.queue.params)
+    copy = state.queue.empty_copy()
     for q in state.queue:
         copy.push(q)
     resident = state.loading or state.resident

@@ -163,7 +163,8 @@ def test_the_table_shows_the_error_and_no_bound_and_csv_carries_every_group() ->
     text = table(runs, error=error)
     assert "bound" not in text and "EXCEEDED" not in text
     assert "simulation error" in text and "interactive p95 1m00s" in text
-    assert "* candidate" in text and "more than both the simulation error" in text
+    assert "* candidate" in text and "more than both its error" in text
+    assert "500.0s ±1m15s" not in text and "8m20s ±1m15s" in text  # 60 s error + 15 s
     unmarked = copy.deepcopy(rows(630, 10))
     assert "no * :" in table(unmarked, error=judge(unmarked, BASE))
     real = run(req("a", 0, 10, caller="a"), req("b", 0, 10, "B", caller="b"))
@@ -171,3 +172,29 @@ def test_the_table_shows_the_error_and_no_bound_and_csv_carries_every_group() ->
     assert line["callers_b_wait_max_s"] == "10.0"
     assert line["models_B_count"] == "1"
     assert line["batch_fairness"]
+
+
+def test_a_percentile_on_a_tie_says_so() -> None:
+    """Issue 22: the film's batch p50 flips between 0.0s and about 1m as 85-88 of 174
+    shots wait 0. Four of seven requests here wait 0: the p50 (rank 4) is on that tie."""
+    f = run(*(req(f"r{i}", 0 if i < 4 else 10 * i, 5, f"M{i}") for i in range(7)))
+    band = f["bands"]["batch"]
+    assert band["wait_p50_s"] == 0.0
+    assert band["ties"] == {"wait_p50_s": 0.571}  # 4 of 7 wait <= 0.0s
+    text = table([f])
+    assert "(tie: 57% <= " in text
+    unique = run(req("a", 0, 5), req("b", 0, 5), req("c", 0, 5))  # waits 0, 5, 10 s
+    assert "ties" not in unique["bands"]["batch"]
+
+
+def test_the_worst_wait_takes_its_band_and_range_from_the_same_figure() -> None:
+    """The trace's worst is interactive; a shaken run's worst may be in another band:
+    the range printed beside it is the interactive max's, not the worst over bands."""
+    r = row("candidate", "simulated", 500, 1200, 5)
+    r["spread"] = {
+        "worst_wait_s": {"min": 1100.0, "max": 4000.0, "mean": 2000.0},  # batch in one run
+        "bands": {"interactive": {"wait_max_s": {"min": 1100.0, "max": 1300.0, "mean": 1200}}},
+    }
+    lines = table([r]).splitlines()
+    line = lines[next(i for i, x in enumerate(lines) if "worst wait" in x) + 1]
+    assert "interactive 20m00s (18m20s-21m40s)" in line and "1h06m" not in line

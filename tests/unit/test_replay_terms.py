@@ -106,7 +106,8 @@ def test_recorded_estimates_are_used_as_recorded() -> None:
 def test_the_short_job_term_lets_a_short_request_pass_a_long_one_of_its_band() -> None:
     w = workload(
         req("running", 0, 100, expected_run_ns=100 * S),
-        req("render", 1, 600, expected_run_ns=600 * S),
+        # one term per model and endpoint (log format 3): a render is another endpoint
+        req("render", 1, 600, expected_run_ns=600 * S, endpoint="/v1/images/generations"),
         req("chat", 2, 5, expected_run_ns=5 * S),
     )
     plain = simulate(w, Policy("p", ScoringParams(60 * S, 10)))

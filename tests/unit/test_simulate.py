@@ -176,6 +176,9 @@ def test_extracting_a_generated_log_gives_back_its_workload_and_order() -> None:
     render = [r for r in w.requests if r.caller == "render"]
     assert len(render) == 174
     assert [r.after >= 0 for r in render] == [False] + [True] * 173  # one chain
+    # Two users each send a request within 5 s of their previous one's end on this
+    # seed, by chance: a chain of two is no chain (issue 22).
+    assert {r.caller for r in w.requests if r.after >= 0} == {"render"}
     recorded = w.recorded
     assert recorded is not None
     # Same swap costs in the same order: the re-run reproduces the recorded dispatches.
@@ -204,6 +207,29 @@ def test_shake_is_seeded() -> None:
     a, b, c = shaken(w, 1, 0.05), shaken(w, 1, 0.05), shaken(w, 2, 0.05)
     assert a.requests == b.requests
     assert a.requests != c.requests
+
+
+def test_shake_draws_again_what_the_replay_estimated() -> None:
+    """A request that never ran gets the run time of a random completed one of its
+    model and band; each swap takes a measured time of its model, seeded."""
+    ran = [Request(f"r{i}", "A", 0, T0 + i * S, (i + 1) * S) for i in range(5)]
+    unrun = Request("gone", "A", 0, T0 + 9 * S, 3 * S, run_estimated=True, outcome="cancelled")
+    w = Workload(requests=[*ran, unrun], swap_times=SwapTimes(), params=ScoringParams())
+    draws = {shaken(w, seed, 0.0).requests[-1].run_ns for seed in range(40)}
+    assert draws <= {r.run_ns for r in ran} and len(draws) > 1
+    assert [r.run_ns for r in shaken(w, 3, 0.0).requests[:5]] == [r.run_ns for r in ran]
+    times = SwapTimes(
+        load_ns={"A": 20 * S},
+        load_samples={"A": (10 * S, 20 * S, 60 * S)},
+        unload_samples={"A": (2 * S,)},
+    )
+    cost = times.sampler(1)
+    loads = [cost("A", "A") for _ in range(30)]
+    assert {load for _, load in loads} == {10 * S, 20 * S, 60 * S}
+    assert {unload for unload, _ in loads} == {2 * S}
+    assert cost(None, "B")[0] == 0 and cost(None, "B")[1] in {10 * S, 20 * S, 60 * S}
+    again = times.sampler(1)
+    assert [again("A", "A") for _ in range(30)] == loads  # seeded
 
 
 def test_sweep_grid() -> None:

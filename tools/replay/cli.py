@@ -9,6 +9,9 @@
     replay generate SCENARIO --out DB [--seed N] [--days N] [--aging-divisor S]
               [--swap-affinity-bonus N] [--fair-share-bonus N] [--short-job-bonus N]
               [--force]
+    replay truth SCENARIO [--seeds 1,2,3] [--grid fair=0,20 short=0,20]
+              [--patience auto|none|BAND=DUR,...] [--days N] [--shake N] [--noise F]
+              [--json]
 
 Exit status: 0 ok, 1 a failed --verify or an unusable database, 2 bad arguments.
 """
@@ -23,13 +26,13 @@ from pathlib import Path
 
 from app.core.scoring import ScoringParams
 from app.core.state import SERIAL
-from app.store.engine import DatabaseError
+from app.store.engine import DatabaseError, unusable
 from tools.replay import report
 from tools.replay.patience import (
     PatienceError,
-    PatienceModel,
-    band_patience,
+    describe,
     parse_patience,
+    summary,
     with_patience,
 )
 from tools.replay.simulate import Policy, reference_policies, simulate
@@ -79,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         metavar="MODEL",
         help="how long a client served in the recorded run waits in a what-if run: auto "
-        "(the median recorded leaver of its band and model, else band; default), none "
-        "(forever), or "
+        "(drawn from a Kaplan-Meier estimate of its band and model's patience, past its "
+        "recorded wait; a band and model with no leavers stays; default), none (forever), or "
         "interactive=10m,normal=30m,batch=none; never less than its recorded wait. "
         "Recorded leavers leave at their recorded patience, deadlines hold, durable jobs stay",
     )
@@ -90,13 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="caller,model",
         help="table: add waits per caller (with first start, last finish) and/or per model",
     )
-    p.add_argument("--shake", type=int, default=0, metavar="N", help="N perturbed re-runs: spread")
+    p.add_argument(
+        "--shake",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N perturbed re-runs: each figure's spread and error (needed for *)",
+    )
     p.add_argument(
         "--noise",
         type=float,
         default=0.05,
         metavar="F",
-        help="shake: run times x (1 +/- F), arrivals +/- F x median gap (default 0.05)",
+        help="shake: run times x (1 +/- F), arrivals +/- F x median gap (default 0.05); "
+        "each shaken run also draws again patience, swap times and the run times of requests "
+        "that never ran",
     )
     p.add_argument("--seed", type=int, default=0, help="shake seed (default 0)")
     out = p.add_mutually_exclusive_group()
@@ -118,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_CHAIN_GAP_NS / 1e9,
         metavar="S",
-        help="a caller's request sent within S seconds of its previous one's end is sent after "
-        "it in every run (default 5; 0: arrivals are fixed)",
+        help="a guess (no event names a request's predecessor): a caller's request sent within "
+        "S seconds of its previous one's end is sent after it in every run, in chains of 3 "
+        "requests at least (default 5; 0: arrivals are fixed)",
     )
     p.add_argument("--no-reference", action="store_true", help="omit the reference policies")
     return p
@@ -158,6 +170,10 @@ def replay_command(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "generate":
         return _generate(build_generate_parser(), args_list[1:])
+    if args_list and args_list[0] == "truth":
+        from tools.replay.truth import build_truth_parser
+
+        return _truth(build_truth_parser(PROG), args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:
@@ -166,6 +182,13 @@ def replay_command(argv: Sequence[str] | None = None) -> int:
         return _report(parser, args)
     except DatabaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # A page found damaged while the log is read, past the check on opening.
+        problem = unusable(args.db, exc)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
         return 1
 
 
@@ -198,7 +221,7 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     extracted = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
     workload = with_patience(extracted, patience)
     policies = _policies(workload, args)
-    shake = Shake(args.shake, args.noise, args.seed)
+    shake = Shake(args.shake, args.noise, args.seed, patience)
     rows = run_policies(workload, policies, jobs=args.jobs, shake=shake, quantiles=bool(args.plot))
     recorded = workload.recorded
     assert recorded is not None
@@ -234,12 +257,7 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "caller_weights": workload.caller_weights,
             "expected_run_times": workload.expected_recorded,
         },
-        "patience_s": {
-            b: None if ns is None else ns / 1e9
-            for b, ns in band_patience(extracted, patience).items()
-        }
-        if patience.auto
-        else None,
+        "patience": summary(extracted, patience) if patience.auto else None,
         "simulation_error": error,
         "swap_times_s": {
             m: {
@@ -253,6 +271,7 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             for m in workload.models
         },
         "chained": sum(1 for r in workload.requests if r.after >= 0),
+        "chains": "guessed from timing: no event names a request's predecessor",
         "seconds": round(time.perf_counter() - t0, 3),
     }
     if args.plot:
@@ -268,7 +287,7 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"{args.db}: {meta['requests']} requests, models {', '.join(workload.models)}; "
             f"recorded {workload.scheduler}, {label_of(workload.params)}"
             + (f"; spread over {args.shake} shaken runs (noise {args.noise})" if args.shake else "")
-            + f"\npatience of served clients: {_patience_text(extracted, patience)}"
+            + f"\npatience of served clients: {describe(extracted, patience)}"
         )
         print(report.table(rows, header, error=error, by=by), end="")
     return 0
@@ -276,10 +295,6 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _baseline_label(recorded: ScoringParams) -> str:
     return label_of(recorded) + " (recorded)"
-
-
-def _patience_text(workload: Workload, model: PatienceModel) -> str:
-    return model.describe(band_patience(workload, model) if model.auto else {})
 
 
 def _policies(workload: Workload, args: argparse.Namespace) -> list[Policy]:
@@ -380,4 +395,39 @@ def _generate(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         f"({args.scenario}, seed {args.seed}, {label_of(params)}) in "
         f"{time.perf_counter() - t0:.1f}s"
     )
+    return 0
+
+
+def _truth(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    from tools.replay import truth
+
+    args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: expected integers, e.g. 1,2,3")
+    if not seeds or args.days < 1:
+        parser.error("--seeds needs one seed at least and --days must be >= 1")
+    try:
+        grid = parse_grid(args.grid, ScoringParams())
+        patience = parse_patience(args.patience)
+    except (GridError, PatienceError) as exc:
+        parser.error(str(exc))
+    t0 = time.perf_counter()
+    if args.shake < 0 or not 0 <= args.noise < 1:
+        parser.error("--shake must be >= 0 and --noise in [0, 1)")
+    comparisons = truth.check(
+        args.scenario,
+        seeds,
+        grid,
+        patience=patience,
+        days=args.days,
+        shake=args.shake,
+        noise=args.noise,
+    )
+    if args.json:
+        print(truth.to_json(comparisons))
+    else:
+        print(truth.table(comparisons), end="")
+        print(f"\n{len(seeds)} seeds x {len(grid)} points in {time.perf_counter() - t0:.1f}s")
     return 0

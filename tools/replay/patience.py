@@ -9,32 +9,42 @@ served client would have waited forever cannot show that. The model, per request
   then (reason `deadline`); the deadline is its patience;
 - **a durable job** (`Prefer: respond-async`): nobody waits on a connection, it never
   leaves;
-- **any other request** (served in the recorded run): its band's patience, but never
-  less than it waited for its dispatch in the recorded run (its client was still there
-  then). That patience is, by default (`auto`), the median patience of the recorded
-  leavers of its band and model (an image's client waits longer than a chat's), else of
-  its band (no leavers in the band: it never leaves), or stated per band
-  (`--patience interactive=10m,normal=30m,batch=none`); `--patience none` keeps every
-  served client waiting forever.
+- **any other request** (served in the recorded run): by default (`auto`) a patience
+  drawn from its band and model's survival curve, conditioned on its having waited at
+  least what it waited for its dispatch in the recorded run (its client was still
+  there then); or stated per band (`--patience interactive=10m,normal=30m,batch=none`,
+  never less than the recorded wait); `--patience none` keeps every served client
+  waiting forever.
 
-The floor is what keeps the recorded parameters honest: re-run with them, a served
-client waits about as long as it did and stays. The median of the leavers is a low
-estimate (the leavers are the impatient ones), so `auto` errs towards clients who
-leave: a policy that delays work is penalised rather than flattered.
+The survival curve is a Kaplan-Meier estimate per band and model. Each client of the
+band and model is one observation of its patience: a client who gave up (cancelled or
+abandoned while queued) left at its time in the queue; every other client (served,
+cancelled by a deadline or a shutdown) is right-censored there: it waited at least
+that long. Durable jobs are no observation (nobody waits on them). The curve drops
+only at leavers' times and never past the longest observation: a client whose draw
+falls below the curve's end stays ("never leaves within what was observed"), and a
+band and model with no leavers keeps all its clients. One model's leavers are never
+lent to another's clients (an image's client waits longer than a chat's).
+
+The draw is deterministic: each request's quantile is a hash of its id and a seed.
 """
 
 from __future__ import annotations
 
-import statistics
+import bisect
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S
-from tools.replay.report import BANDS
-from tools.replay.workload import Workload
+from tools.replay.report import BANDS, duration
+from tools.replay.workload import Request, Workload
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
+LEFT = frozenset({"client_gone", "abandoned"})
+"""How a client gives up; a deadline or a shutdown is not a client's patience."""
 
 
 class PatienceError(ValueError):
@@ -43,21 +53,104 @@ class PatienceError(ValueError):
 
 @dataclass(frozen=True)
 class PatienceModel:
-    """`auto`: each band from its recorded leavers; `stated`: per band (None: stays)."""
+    """`auto`: Kaplan-Meier per band and model; `stated`: per band (None: stays)."""
 
     auto: bool = True
     stated: dict[str, int | None] = field(default_factory=dict)
     """Per band, the patience in ns (None: never leaves); a band absent here is auto."""
 
-    def describe(self, bands: dict[str, int | None]) -> str:
-        parts = [f"{b}={_text(bands.get(b))}" for b in BANDS]
-        how = "from recorded leavers" if self.auto and not self.stated else "stated"
-        if not self.auto:
-            return "none (served clients never leave)"
-        return ", ".join(parts) + f" ({how}; never less than the recorded wait)"
-
 
 NONE = PatienceModel(auto=False)
+
+
+@dataclass(frozen=True)
+class Survival:
+    """A Kaplan-Meier estimate of one group's patience: S(t) = P(patience > t)."""
+
+    times: tuple[int, ...] = ()
+    """The distinct times (ns) at which clients left, ascending."""
+    survival: tuple[float, ...] = ()
+    """S just after each of `times` (non-increasing)."""
+    leavers: int = 0
+    censored: int = 0
+    """Clients who had not left when they stopped being observed (served, say)."""
+    longest_ns: int = 0
+    """The longest observation, left or not: the curve says nothing beyond it."""
+
+    def at(self, t_ns: int) -> float:
+        """S(t): the share of clients still waiting after `t_ns` in the queue."""
+        k = bisect.bisect_right(self.times, t_ns)
+        return self.survival[k - 1] if k else 1.0
+
+    def quantile(self, u: float, waited_ns: int = -1) -> int | None:
+        """The patience whose conditional survival, given it exceeds `waited_ns`, is
+        `u`: the first leaving time t > waited_ns with S(t) <= u * S(waited_ns).
+        None when the curve ends above that (stays within what was observed)."""
+        target = u * self.at(waited_ns)
+        for k in range(bisect.bisect_right(self.times, waited_ns), len(self.times)):
+            if self.survival[k] <= target:
+                return self.times[k]
+        return None
+
+    @property
+    def median_ns(self) -> int | None:
+        return self.quantile(0.5)
+
+
+def kaplan_meier(observations: Iterable[tuple[int, bool]]) -> Survival:
+    """The survival curve of `(time in the queue ns, left)` observations. At a time
+    with both, the censored ones count as still at risk (they left no earlier)."""
+    obs = sorted(observations)
+    n = len(obs)
+    times: list[int] = []
+    survival: list[float] = []
+    s = 1.0
+    i = 0
+    leavers = 0
+    while i < n:
+        t = obs[i][0]
+        j = i
+        left = 0
+        while j < n and obs[j][0] == t:
+            left += obs[j][1]
+            j += 1
+        if left:
+            s *= 1.0 - left / (n - i)  # n - i clients were still waiting at t
+            times.append(t)
+            survival.append(s)
+            leavers += left
+        i = j
+    return Survival(tuple(times), tuple(survival), leavers, n - leavers, obs[-1][0] if obs else 0)
+
+
+Group = tuple[str, str]
+"""(band, model)."""
+
+
+def observations(workload: Workload) -> dict[Group, list[tuple[int, bool]]]:
+    """Each band and model's observations of its clients' patience (time, left)."""
+    out: dict[Group, list[tuple[int, bool]]] = {}
+    for r in workload.requests:
+        obs = _observation(r)
+        if obs is not None:
+            out.setdefault((band_of(r.priority), r.model), []).append(obs)
+    return out
+
+
+def _observation(r: Request) -> tuple[int, bool] | None:
+    if r.durable:
+        return None
+    if r.waited_ns is not None:
+        return (r.waited_ns, False)  # served: it waited at least that long
+    if r.patience_ns is not None and not r.patience_drawn:
+        return (r.patience_ns, r.left_by in LEFT)
+    return None  # still queued at the log's end
+
+
+def estimates(workload: Workload) -> dict[Group, Survival]:
+    """Each band and model's Kaplan-Meier curve, in band then model order."""
+    obs = observations(workload)
+    return {g: kaplan_meier(obs[g]) for g in sorted(obs, key=lambda g: (BANDS.index(g[0]), g[1]))}
 
 
 def parse_patience(text: str) -> PatienceModel:
@@ -96,63 +189,93 @@ def parse_duration_ns(text: str) -> int:
     return int(value * NS_PER_S)
 
 
-def band_patience(workload: Workload, model: PatienceModel) -> dict[str, int | None]:
-    """Each band's patience under `model` (None: never leaves)."""
-    return {b: p for (b, m), p in patience_table(workload, model).items() if m is None}
+def draw(request_id: str, seed: int = 0) -> float:
+    """The request's quantile in (0, 1): the same for the same id and seed."""
+    digest = hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") + 0.5) / 2**64
 
 
-def patience_table(
-    workload: Workload, model: PatienceModel
-) -> dict[tuple[str, str | None], int | None]:
-    """(band, model) -> patience, and (band, None) -> the band's, under `model`. A
-    stated band has one patience for all its models; otherwise a model with recorded
-    leavers in the band gets their median (an image's client waits longer than a
-    chat's), one without gets the band's."""
-    leavers: dict[tuple[str, str | None], list[int]] = {}
-    for r in workload.requests:
-        # Clients who gave up; a deadline or a shutdown is not a client's patience.
-        if r.patience_ns is not None and r.left_by in ("client_gone", "abandoned"):
-            of = band_of(r.priority)
-            leavers.setdefault((of, r.model), []).append(r.patience_ns)
-            leavers.setdefault((of, None), []).append(r.patience_ns)
-    out: dict[tuple[str, str | None], int | None] = {}
-    for band in BANDS:
-        if band in model.stated:
-            out[(band, None)] = model.stated[band]
-            continue
-        samples = leavers.get((band, None))
-        out[(band, None)] = int(statistics.median_low(samples)) if samples else None
-        for (b, m), xs in leavers.items():
-            if b == band and m is not None:
-                out[(b, m)] = int(statistics.median_low(xs))
-    return out
-
-
-def with_patience(workload: Workload, model: PatienceModel) -> Workload:
-    """A copy whose every request carries its patience under `model` (the recorded
-    leavers keep theirs); the workload itself is not changed."""
+def with_patience(workload: Workload, model: PatienceModel, seed: int = 0) -> Workload:
+    """A copy whose every served request carries its patience under `model` (the
+    recorded leavers keep theirs); the workload itself is not changed. A patience
+    drawn before (`Request.patience_drawn`) is drawn again, with `seed`: a shaken copy
+    (`--shake`) draws every served client's patience with another seed."""
     if not model.auto:
         return workload
-    table = patience_table(workload, model)
+    curves = estimates(workload)
     requests = []
     for r in workload.requests:
+        if r.patience_drawn:
+            r = replace(r, patience_ns=None, patience_drawn=False)
         if r.patience_ns is None and r.max_wait_ns is None and not r.durable:
             band = band_of(r.priority)
-            patience = table.get((band, r.model), table[(band, None)])
-            if patience is not None:
+            waited = -1 if r.waited_ns is None else r.waited_ns
+            if band in model.stated:
+                stated = model.stated[band]
                 # Still there when dispatched: a tie must not make it leave first.
-                floor = -1 if r.waited_ns is None else r.waited_ns
-                r = replace(r, patience_ns=max(patience, floor + 1))
+                patience = None if stated is None else max(stated, waited + 1)
+            else:
+                curve = curves.get((band, r.model))
+                patience = (
+                    None if curve is None else curve.quantile(draw(r.request_id, seed), waited)
+                )
+            if patience is not None:
+                r = replace(r, patience_ns=patience, patience_drawn=True)
         requests.append(r)
     return replace(workload, requests=requests)
 
 
-def _text(ns: int | None) -> str:
-    if ns is None:
-        return "stays"
-    s = ns / NS_PER_S
-    if s >= 3600 and s % 3600 == 0:
-        return f"{s / 3600:g}h"
-    if s >= 60 and s % 60 == 0:
-        return f"{s / 60:g}m"
-    return f"{s:g}s"
+def summary(workload: Workload, model: PatienceModel) -> list[dict[str, object]]:
+    """Which estimate each band and model got, from how many leavers and censored
+    observations (JSON-able; seconds)."""
+    if not model.auto:
+        return []
+    out: list[dict[str, object]] = []
+    for (band, name), curve in estimates(workload).items():
+        row: dict[str, object] = {
+            "band": band,
+            "model": name,
+            "leavers": curve.leavers,
+            "censored": curve.censored,
+            "longest_s": _s(curve.longest_ns),
+        }
+        if band in model.stated:
+            row |= {"estimate": "stated", "patience_s": _s(model.stated[band])}
+        elif curve.leavers:
+            row |= {"estimate": "kaplan-meier", "median_s": _s(curve.median_ns)}
+        else:
+            row |= {"estimate": "stays"}
+        out.append(row)
+    return out
+
+
+def describe(workload: Workload, model: PatienceModel) -> str:
+    """The report's lines on the patience of served clients: the estimate each band
+    and model got, from how many leavers and censored observations."""
+    if not model.auto:
+        return "none (served clients never leave)"
+    lines = [
+        "per band and model, never less than the recorded wait; Kaplan-Meier: each client "
+        "draws from its group's survival curve (leavers, the others censored at their "
+        "wait), conditioned on the wait it survived"
+    ]
+    for (band, name), curve in estimates(workload).items():
+        longest = duration(curve.longest_ns / NS_PER_S)
+        if band in model.stated:
+            stated = model.stated[band]
+            what = "stated " + ("stays" if stated is None else duration(stated / NS_PER_S))
+        elif curve.leavers:
+            median = curve.median_ns
+            what = "Kaplan-Meier, median " + (
+                f"beyond {longest}" if median is None else duration(median / NS_PER_S)
+            )
+        else:
+            what = f"stays (no leavers: never leaves within the {longest} observed)"
+        lines.append(
+            f"  {band} {name}: {what} ({curve.leavers} leavers, {curve.censored} censored)"
+        )
+    return "\n".join(lines)
+
+
+def _s(ns: int | None) -> float | None:
+    return None if ns is None else round(ns / NS_PER_S, 3)

@@ -18,11 +18,13 @@ higher keys and the swaps ahead (docs/replay.md shows a trace far beyond it).
 
 `judge` compares the simulated parameter sets with the simulated run of the recorded
 parameters (the baseline). The simulation's error is how far that baseline is from
-the recorded run, per band (p95 and worst wait, left, fairness); a parameter set gets
-`*` only when on some of those figures it beats the baseline by more than both the
-error and the shake spread (max - min over the shaken copies, its own or the
-baseline's, whichever is wider), is worse beyond them on none, and is the best such
-set by `objective`. Without --shake the spread is unknown and nothing is marked.
+the recorded run, per band (p95 and worst wait, left, fairness). Each simulated run's
+own error on a figure (`point_error`) is that simulation error plus the farthest its
+shaken runs (`--shake`: what the replay estimated drawn again) lie from its printed
+value. A parameter set gets `*` only when on some judged figure it beats the baseline
+by more than both its error and the baseline's, is worse beyond them on none, and is
+the best such set by `objective`. Without --shake no run has an error and nothing is
+marked.
 """
 
 from __future__ import annotations
@@ -214,12 +216,36 @@ def _started(ns: int) -> bool:
     return ns >= 0  # -1: never started
 
 
-def _wait_figures(ws: list[int], p99: bool = False) -> dict[str, float | None]:
-    out = {"wait_p50_s": _s(_pct(ws, 50)), "wait_p95_s": _s(_pct(ws, 95))}
+TIE_SHARE = 0.05
+"""A percentile falls on a tie when its value is the wait of at least this share of
+the group (two requests at least): a few requests moving across it flip the figure
+(the film's batch p50 is 0.0s or about 1m as 85-88 of its 174 shots wait 0)."""
+
+
+def _wait_figures(ws: list[int], p99: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"wait_p50_s": _s(_pct(ws, 50)), "wait_p95_s": _s(_pct(ws, 95))}
     if p99:
         out["wait_p99_s"] = _s(_pct(ws, 99))
     out["wait_max_s"] = _s(ws[-1] if ws else None)
+    ties = {}
+    for key, p in (("wait_p50_s", 50), ("wait_p95_s", 95), ("wait_p99_s", 99)):
+        if key in out and (share := _tie(ws, p)) is not None:
+            ties[key] = share
+    if ties:
+        out["ties"] = ties
     return out
+
+
+def _tie(ws: list[int], p: float) -> float | None:
+    """When the p-th percentile of `ws` (sorted) falls on a tie: the share of `ws` at
+    or below its value (so "51% wait <= 0.0s"); else None."""
+    v = _pct(ws, p)
+    if v is None:
+        return None
+    lo, hi = bisect.bisect_left(ws, v), bisect.bisect_right(ws, v)
+    if hi - lo < max(2, TIE_SHARE * len(ws)):
+        return None
+    return round(hi / len(ws), 3)
 
 
 def _jain(xs: list[float]) -> float | None:
@@ -269,47 +295,87 @@ def _value(row: Figures, band: str, key: str) -> float | None:
     return None if v is None else float(v)
 
 
-def _width(row: Figures, band: str, key: str) -> float:
-    sp = row.get("spread", {}).get("bands", {}).get(band, {}).get(key) or {}
-    return float(sp["max"] - sp["min"]) if "min" in sp else 0.0
+ERROR_KEYS = ("wait_p50_s", *JUDGED)
+"""The figures each simulated run gets an error for (per band, and per model without
+fairness)."""
+_MODEL_KEYS = ("wait_p50_s", "wait_p95_s", "wait_max_s", "left")
 
 
-def simulation_error(recorded: Figures, baseline: Figures) -> dict[str, dict[str, float]]:
+def simulation_error(
+    recorded: Figures, baseline: Figures, keys: Sequence[str] = JUDGED
+) -> dict[str, dict[str, float]]:
     """Per band with requests: |simulated with the recorded parameters - recorded|."""
-    out: dict[str, dict[str, float]] = {}
-    for band in BANDS:
-        if recorded["bands"][band]["count"] == 0:
-            continue
-        figs = {}
-        for key in JUDGED:
-            a, b = recorded["bands"][band][key], baseline["bands"][band][key]
-            figs[key] = round(abs(a - b), 3) if a is not None and b is not None else 0.0
-        out[band] = figs
-    return out
+    return {
+        band: _differences(recorded["bands"][band], baseline["bands"][band], keys)
+        for band in BANDS
+        if recorded["bands"][band]["count"]
+    }
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any], keys: Sequence[str]) -> dict[str, float]:
+    return {
+        k: round(abs(a[k] - b[k]), 3) if a.get(k) is not None and b.get(k) is not None else 0.0
+        for k in keys
+    }
+
+
+def point_error(row: Figures, recorded: Figures, baseline: Figures) -> dict[str, Any]:
+    """A simulated run's error on each figure, per band and per model: the simulation
+    error of that figure (the baseline against the recorded run) plus the farthest any
+    shaken run (`--shake`: what the replay estimated drawn again) lies from the
+    printed value. {} without shaken runs: the spread is unknown."""
+    if "spread" not in row:
+        return {}
+
+    def of(group: str, name: str, keys: Sequence[str]) -> dict[str, float]:
+        mine = row[group].get(name, {})
+        sim = _differences(recorded[group].get(name, {}), baseline[group].get(name, {}), keys)
+        sp = row["spread"].get(group, {}).get(name, {})
+        out = {}
+        for k in keys:
+            v, bounds = mine.get(k), sp.get(k) or {}
+            far = 0.0
+            if v is not None and "min" in bounds:
+                far = max(bounds["max"] - v, v - bounds["min"])
+            out[k] = round(sim[k] + far, 3)
+        return out
+
+    return {
+        "bands": {b: of("bands", b, ERROR_KEYS) for b in BANDS if recorded["bands"][b]["count"]},
+        "models": {m: of("models", m, _MODEL_KEYS) for m in recorded["models"]},
+    }
+
+
+def _error(row: Figures, band: str, key: str) -> float:
+    return float(row.get("error", {}).get("bands", {}).get(band, {}).get(key, 0.0))
 
 
 def judge(rows: list[Figures], baseline_label: str) -> dict[str, Any]:
-    """The simulation's error (against the `recorded` row) and each simulated row's
-    gains over the baseline; marks the best row whose gain beats the noise. Returns
-    the error (empty without a recorded row)."""
+    """The simulation's error (against the `recorded` row), each simulated or
+    reference run's error (`point_error`, as `error`), and each simulated row's gains
+    over the baseline; marks the best row whose gain beats its error and the
+    baseline's. Returns the simulation error (empty without a recorded row)."""
     recorded = next((r for r in rows if r["kind"] == "recorded"), None)
     baseline = next((r for r in rows if r["label"] == baseline_label), None)
     if recorded is None or baseline is None:
         return {}
     error = simulation_error(recorded, baseline)
+    for row in rows:
+        if row["kind"] != "recorded" and (errs := point_error(row, recorded, baseline)):
+            row["error"] = errs
     shaken = "spread" in baseline
     winners = []
     for row in rows:
         if row["kind"] != "simulated" or row is baseline:
             continue
         better, worse = [], []
-        for band, figs in error.items():
+        for band in error:
             for key in JUDGED:
-                mine, base = _value(row, band, key), _value(baseline, band, key)
+                mine, base = row["bands"][band][key], baseline["bands"][band][key]
                 if mine is None or base is None:
                     continue
                 gain = (mine - base) if key in HIGHER_IS_BETTER else (base - mine)
-                noise = max(figs[key], _width(row, band, key), _width(baseline, band, key))
+                noise = max(error[band][key], _error(row, band, key), _error(baseline, band, key))
                 if gain > noise:
                     better.append(f"{band} {key}")
                 elif -gain > noise:
@@ -325,7 +391,7 @@ def judge(rows: list[Figures], baseline_label: str) -> dict[str, Any]:
 # -- --shake spread ---------------------------------------------------------------
 
 
-_NOT_SPREAD = frozenset({"label", "kind", "quantiles", "beyond_noise"})
+_NOT_SPREAD = frozenset({"label", "kind", "quantiles", "beyond_noise", "error", "ties"})
 
 
 def spread(samples: list[Figures]) -> dict[str, Any]:
@@ -360,12 +426,25 @@ def duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m"
 
 
-def _cell(value: Any, spread_of: Any, fmt: Callable[[Any], str]) -> str:
+def _cell(
+    value: Any,
+    spread_of: Any,
+    fmt: Callable[[Any], str],
+    error: float | None = None,
+    tie: float | None = None,
+) -> str:
+    """`value`, with its error (`point_error`) as +/- when it has one, else its
+    min-max over the shaken runs when they differ; a percentile on a tie says so:
+    `0.0s (tie: 51% <= 0.0s)`."""
     text = fmt(value)
-    if isinstance(spread_of, dict) and "min" in spread_of:
+    if error is not None and value is not None:
+        text += f" ±{fmt(error)}"
+    elif isinstance(spread_of, dict) and "min" in spread_of:
         lo, hi = spread_of["min"], spread_of["max"]
         if lo != hi:
             text += f" ({fmt(lo)}-{fmt(hi)})"
+    if tie is not None:
+        text += f" (tie: {tie:.0%} <= {fmt(value)})"
     return text
 
 
@@ -396,18 +475,19 @@ def table(
             if b["count"] == 0:
                 continue
             bs = sp.get(band, {})
+            be = r.get("error", {}).get("bands", {}).get(band, {})
             band_rows.append(
                 [
                     name,
                     band,
                     str(b["count"]),
-                    _cell(b["left"], bs.get("left"), str),
+                    _cell(b["left"], bs.get("left"), _count, be.get("left")),
                     *(
-                        _cell(b[k], bs.get(k), duration)
+                        _cell(b[k], bs.get(k), duration, be.get(k), b.get("ties", {}).get(k))
                         for k in ("wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s")
                     ),
                     _cell(b["slowdown"], bs.get("slowdown"), _ratio),
-                    _cell(b["fairness"], bs.get("fairness"), _ratio),
+                    _cell(b["fairness"], bs.get("fairness"), _ratio, be.get("fairness")),
                 ]
             )
             name = ""
@@ -422,9 +502,7 @@ def table(
     for r in rows:
         sp = r.get("spread", {})
         ro = r["reorders"]
-        worst = _cell(r["worst_wait_s"], sp.get("worst_wait_s"), duration)
-        if r["worst_wait_band"]:
-            worst += f" ({r['worst_wait_band']})"
+        worst = _worst(r)
         ch = r["chains"]
         overall.append(
             [
@@ -452,11 +530,17 @@ def table(
             "makespan",
             "reorders age/aff/fair/short",
             "worst wait",
-            "longest chain",
+            "longest chain (guessed)",
         ],
         overall,
         name_w,
     )
+    if any(r["chains"]["count"] for r in rows):
+        out.write(
+            "chains are guessed from timing (no event names a request's predecessor): a "
+            "caller's request sent within --chain-gap of its previous one's end, with "
+            "nothing else of its open, three requests at least\n"
+        )
     for section in by:
         out.write("\n")
         _by_table(out, rows, section, name_w)
@@ -471,21 +555,42 @@ def table(
             + "\n"
         )
     shaken = any("spread" in r for r in rows)
+    if any("error" in r for r in rows):
+        out.write(
+            "\n±: each simulated figure's error: the simulation error of that figure plus "
+            "the farthest of its shaken runs from the printed value (each shaken run draws "
+            "again what the replay estimated: the patience of served clients, every swap's "
+            "time, the run time of requests that never ran; and moves arrivals and run "
+            "times by --noise)\n"
+        )
     if any(r["best"] for r in rows):
         out.write(
             "\n* best: beats the recorded parameters' simulation on some band's p95 wait, "
-            "worst wait, left or fairness by more than both the simulation error and the "
-            "shake spread, is worse beyond them on none, and has the lowest interactive p95 "
+            "worst wait, left or fairness by more than both its error and the baseline's "
+            "(±), is worse beyond them on none, and has the lowest interactive p95 "
             "wait, then worst batch wait, then slowdown (means over the shaken runs)\n"
         )
     elif error and any(r["kind"] == "simulated" for r in rows):
         out.write(
-            "\nno * : no parameter set beats the recorded parameters by more than the "
-            "simulation error and the shake spread"
-            + ("" if shaken else " (the spread needs --shake N; without it nothing is marked)")
+            "\nno * : no parameter set beats the recorded parameters by more than its "
+            "error and the baseline's"
+            + ("" if shaken else " (the error needs --shake N; without it nothing is marked)")
             + "\n"
         )
     return out.getvalue()
+
+
+def _worst(row: Figures) -> str:
+    """The worst wait, its band, and that band's worst wait over the shaken runs
+    (its error, or its min-max): the band and the range are of the same figure. The
+    worst of a shaken run may be in another band; `spread.worst_wait_s` (JSON) is
+    that, over every band."""
+    band = row["worst_wait_band"]
+    if not band:
+        return duration(row["worst_wait_s"])
+    sp = row.get("spread", {}).get("bands", {}).get(band, {}).get("wait_max_s")
+    error = row.get("error", {}).get("bands", {}).get(band, {}).get("wait_max_s")
+    return f"{band} {_cell(row['worst_wait_s'], sp, duration, error)}"
 
 
 def _name(row: Figures) -> str:
@@ -510,7 +615,7 @@ def _by_table(out: io.StringIO, rows: list[Figures], section: str, name_w: int) 
                 str(f["count"]),
                 _cell(f["left"], gs.get("left"), str),
                 *(
-                    _cell(f[k], gs.get(k), duration)
+                    _cell(f[k], gs.get(k), duration, tie=f.get("ties", {}).get(k))
                     for k in ("wait_p50_s", "wait_p95_s", "wait_max_s")
                 ),
             ]
@@ -522,6 +627,10 @@ def _by_table(out: io.StringIO, rows: list[Figures], section: str, name_w: int) 
             name = ""
         lines.append([""] * len(head))
     _grid(out, head, lines[:-1], name_w)
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 def _ratio(value: float | None) -> str:

@@ -570,19 +570,34 @@ class _Sim:
 
 def shaken(workload: Workload, seed: int, noise: float) -> Workload:
     """A copy with run and think times scaled by 1 +/- `noise` and arrivals moved by up
-    to `noise` of the median gap between arrivals, from a seeded generator."""
+    to `noise` of the median gap between arrivals, from a seeded generator; and what
+    the replay had to estimate drawn again: a request that never ran in the log gets
+    the run time of a random completed request of its model and band (instead of
+    their median). (Swap times are drawn per swap by `SwapTimes.sampler`, patience by
+    `patience.with_patience` with another seed.)"""
     rng = random.Random(seed)
     arrivals = sorted(r.arrival_ns for r in workload.requests)
     gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
     jitter = noise * (gaps[len(gaps) // 2] if gaps else 0)
     uniform = rng.uniform
+    ran: dict[tuple[str, bool], list[int]] = {}
+    by_model: dict[str, list[int]] = {}
+    for r in workload.requests:
+        if not r.run_estimated and r.outcome == "completed":
+            ran.setdefault((r.model, r.priority >= 50), []).append(r.run_ns)
+            by_model.setdefault(r.model, []).append(r.run_ns)
     out: list[Request] = []
     for r in workload.requests:
+        run_ns = r.run_ns
+        if r.run_estimated:
+            samples = ran.get((r.model, r.priority >= 50)) or by_model.get(r.model)
+            if samples:
+                run_ns = rng.choice(samples)
         out.append(
             replace(
                 r,
                 arrival_ns=r.arrival_ns + round(uniform(-jitter, jitter)),
-                run_ns=max(0, round(r.run_ns * (1 + uniform(-noise, noise)))),
+                run_ns=max(0, round(run_ns * (1 + uniform(-noise, noise)))),
                 think_ns=max(0, round(r.think_ns * (1 + uniform(-noise, noise)))),
             )
         )

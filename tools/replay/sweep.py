@@ -18,6 +18,7 @@ from multiprocessing.context import BaseContext
 
 from app.core.priority import BAND_STEP, DEFAULT_TIER_SPAN, band_lift_error
 from app.core.scoring import NS_PER_S, ScoringParams
+from tools.replay.patience import PatienceModel, with_patience
 from tools.replay.report import Figures, figures, spread
 from tools.replay.simulate import Policy, shaken, simulate
 from tools.replay.workload import Workload
@@ -129,9 +130,21 @@ def _secs(ns: int) -> str:
 
 @dataclass(frozen=True)
 class Shake:
+    """`--shake`: N more runs of every policy on copies of the workload that redraw
+    what the replay estimated (`simulate.shaken`: run times of requests that never
+    ran; `SwapTimes.sampler`: each swap's time from the measured ones; the served
+    clients' patience with another seed, when `patience` is given) and jitter what it
+    measured by `noise` (run times, arrivals)."""
+
     runs: int = 0
     noise: float = 0.05
     seed: int = 0
+    patience: PatienceModel | None = None
+    """The patience model the workload was given (`with_patience`): each copy draws
+    its served clients' patience again with its own seed. None: kept."""
+
+    def copy_seed(self, index: int) -> int:
+        return self.seed * 1_000_003 + index
 
 
 # -- running ------------------------------------------------------------------------
@@ -153,14 +166,18 @@ def _task(args: tuple[Policy, int, Shake, bool]) -> Figures:
     assert base is not None
     if shake_index < 0:
         workload = base
+        result = simulate(workload, policy)
     else:
-        workload = _SHAKEN.get(shake_index) or shaken(
-            base, shake.seed * 1_000_003 + shake_index, shake.noise
-        )
-        if shake_index not in _SHAKEN:
+        seed = shake.copy_seed(shake_index)
+        cached = _SHAKEN.get(shake_index)
+        if cached is None:
+            cached = shaken(base, seed, shake.noise)
+            if shake.patience is not None:
+                cached = with_patience(cached, shake.patience, seed=1 + seed)
             _SHAKEN.clear()
-            _SHAKEN[shake_index] = workload
-    result = simulate(workload, policy)
+            _SHAKEN[shake_index] = cached
+        workload = cached
+        result = simulate(workload, policy, swap_cost=workload.swap_times.sampler(seed))
     return figures(
         workload,
         result,

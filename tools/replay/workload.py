@@ -9,17 +9,20 @@
   cancelled or abandoned while waiting, how long its client waited before leaving;
 - per model: the measured load time, and the unload time of a model a swap evicted
   (medians when there are several);
-- chains: a request a caller sent within `chain_gap` of its previous request's end,
-  with nothing else of that caller open, is recorded as sent *after* that request, so
-  a what-if run delays it as the real client would have (the film scenario's render
-  submits each shot when the previous one finishes);
+- chains, a guess from timing (no event names a request's predecessor): a request a
+  caller sent within `chain_gap` of its previous request's end, with nothing else of
+  that caller open, is recorded as sent *after* that request, so a what-if run delays
+  it as the real client would have (the film scenario's render submits each shot when
+  the previous one finishes); a chain of fewer than `MIN_CHAIN` requests is taken for
+  a coincidence and unlinked;
 - the recorded run itself (`RunResult`), for the first row of every report.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +35,8 @@ from app.store.event_store import read_events
 
 DEFAULT_CHAIN_GAP_NS = 5 * NS_PER_S
 """A caller's request sent this soon after its previous one ended continues a chain."""
+MIN_CHAIN = 3
+"""The fewest requests a guessed chain keeps (shorter ones are unlinked)."""
 
 NS_PER_MS = 1_000_000
 
@@ -68,6 +73,9 @@ class Request:
     was still there then, so its patience was at least this."""
     left_by: str | None = None
     """How it left the queue in the recorded run: a cancel reason or 'abandoned'."""
+    patience_drawn: bool = False
+    """`patience_ns` was drawn by the patience model (`tools.replay.patience`), not
+    recorded: a shaken copy draws it again with another seed."""
 
 
 @dataclass(slots=True)
@@ -78,11 +86,34 @@ class SwapTimes:
     unload_ns: dict[str, int] = field(default_factory=dict)
     default_load_ns: int = 0
     default_unload_ns: int = 0
+    load_samples: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Every measured load time per model (the medians above are of these)."""
+    unload_samples: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def cost(self, from_model: str | None, to_model: str) -> tuple[int, int]:
         """(unload, load) in ns for a swap from `from_model` (None: nothing loaded)."""
         unload = 0 if from_model is None else self.unload_ns.get(from_model, self.default_unload_ns)
         return unload, self.load_ns.get(to_model, self.default_load_ns)
+
+    def sampler(self, seed: int) -> Callable[[str | None, str], tuple[int, int]]:
+        """A swap cost that draws each swap's load and unload from the measured ones
+        (its model's, else every model's; the median when none was measured), seeded:
+        a shaken run's guess at swap times the log measured only as samples (a cold
+        load is 2-3x a warm one on the film scenario)."""
+        rng = random.Random(seed)
+        every_load = tuple(x for xs in self.load_samples.values() for x in xs)
+        every_unload = tuple(x for xs in self.unload_samples.values() for x in xs)
+
+        def cost(from_model: str | None, to_model: str) -> tuple[int, int]:
+            unload = 0
+            if from_model is not None:
+                xs = self.unload_samples.get(from_model) or every_unload
+                unload = rng.choice(xs) if xs else self.cost(from_model, to_model)[0]
+            xs = self.load_samples.get(to_model) or every_load
+            load = rng.choice(xs) if xs else self.cost(from_model, to_model)[1]
+            return unload, load
+
+        return cost
 
 
 @dataclass(slots=True)
@@ -332,6 +363,8 @@ def swap_times_from(loads: dict[str, list[int]], unloads: dict[str, list[int]]) 
         unload_ns={m: int(statistics.median_low(xs)) for m, xs in unloads.items()},
         default_load_ns=int(statistics.median_low(every_load)) if every_load else 0,
         default_unload_ns=int(statistics.median_low(every_unload)) if every_unload else 0,
+        load_samples={m: tuple(xs) for m, xs in loads.items()},
+        unload_samples={m: tuple(xs) for m, xs in unloads.items()},
     )
 
 
@@ -375,6 +408,24 @@ def _link_chains(requests: list[Request], seen: dict[str, _Seen], gap_ns: int) -
         end = ends.get(i, -1)
         last_of[r.caller] = i
         open_until[r.caller] = max(open_until.get(r.caller, -1), end if end >= 0 else 1 << 62)
+    _drop_short_chains(requests)
+
+
+def _drop_short_chains(requests: list[Request]) -> None:
+    """Unlink every chain of fewer than `MIN_CHAIN` requests: one request sent soon
+    after its caller's previous one ended is as likely a coincidence (the film
+    scenario's interactive users link one pair on some seeds) as a dependency."""
+    succ = {r.after: i for i, r in enumerate(requests) if r.after >= 0}
+    for i, r in enumerate(requests):
+        if r.after >= 0 or i not in succ:
+            continue
+        chain = [i]
+        while chain[-1] in succ:
+            chain.append(succ[chain[-1]])
+        if len(chain) < MIN_CHAIN:
+            for j in chain[1:]:
+                requests[j].after = -1
+                requests[j].think_ns = 0
 
 
 def _union_length(intervals: list[tuple[int, int]]) -> int:

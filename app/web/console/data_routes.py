@@ -26,6 +26,7 @@ from app import __version__
 from app.config import Config
 from app.report.live_queue import queue_view
 from app.report.run_times import CachedRunTimes
+from app.report.visibility import event_data_seen_by, request_ids_in, swaps_seen_by
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.store import console_queries as q
@@ -127,6 +128,7 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         caller = only_caller(identity(request.scope))
         bars = await asyncio.to_thread(q.timeline_requests, engine, lo, hi, caller, MAX_BARS + 1)
         loads = await asyncio.to_thread(q.timeline_swaps, engine, lo, hi, MAX_BARS)
+        loads = swaps_seen_by(loads, caller)  # others' swaps: no request id, no caller
         now = time.time() if live is not None else hi
         return _json(
             {
@@ -235,12 +237,20 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
     ) -> Response[Any]:
         if engine is None:
             return _error(503, "this server has no event log", "no_database")
+        who = identity(request.scope)
         known, caller = await asyncio.to_thread(q.request_caller, engine, request_id)
-        if not known or not may_see(identity(request.scope), caller):
+        if not known or not may_see(who, caller):
             return _error(404, f"no request {request_id!r}", "request_not_found")
         rows = await asyncio.to_thread(q.request_events, engine, request_id)
         for row in rows:
             row["data"] = json.loads(row["data"])
+        viewer = only_caller(who)
+        if viewer is not None:
+            # The ids its events name (a decision's runner-up, ...) that are not its own.
+            named = set().union(*(request_ids_in(row["data"]) for row in rows))
+            callers = await asyncio.to_thread(q.request_callers, engine, named)
+            for row in rows:
+                row["data"] = event_data_seen_by(row["data"], callers, viewer)
         return _json({"request_id": request_id, "events": rows})
 
     return [info, queue, timeline, history, models, request_events]

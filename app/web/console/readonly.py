@@ -1,6 +1,7 @@
 """`gpulane ui --db FILE`: the console over a database copied from another machine.
 
-The file is opened read-only (SQLite `mode=ro`); there is no scheduler, so the
+The file is opened read-only (`open_readonly`: a self-contained copy as
+`immutable`, so nothing is written beside it); there is no scheduler, so the
 queue and the actions are absent and every page is drawn from the log. The
 story page's `/api/requests/{id}/explain` is answered here as of the log's end,
 the way `gpulane explain` tells it.
@@ -21,7 +22,7 @@ from sqlalchemy import Engine
 from app.report.explain import explain
 from app.store.engine import DatabaseError, open_readonly
 from app.web.console import console_routes
-from app.web.console.security import SECURITY_HEADERS
+from app.web.console.security import SECURITY_HEADERS, add_security_headers
 from app.web.errors import EXCEPTION_HANDLERS, error_body
 
 
@@ -43,6 +44,7 @@ def readonly_app(engine: Engine) -> Litestar:
     return Litestar(
         route_handlers=[*console_routes(engine, None), explain_route(engine)],
         exception_handlers=EXCEPTION_HANDLERS,
+        before_send=[add_security_headers],
         logging_config=None,
         debug=False,
     )

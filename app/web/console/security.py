@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from litestar.datastructures import ResponseHeader
 from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -31,6 +31,36 @@ SECURITY_HEADERS = [
     ResponseHeader(name="Cross-Origin-Opener-Policy", value="same-origin"),
     ResponseHeader(name="Cross-Origin-Resource-Policy", value="same-origin"),
 ]
+
+_RAW_HEADERS = [(h.name.lower().encode(), str(h.value).encode()) for h in SECURITY_HEADERS]
+"""SECURITY_HEADERS as (name, value) bytes, for the raw ASGI message and the socket."""
+
+
+def security_header_lines() -> bytes:
+    """SECURITY_HEADERS as HTTP/1.1 header lines, for an answer written straight
+    to the socket (app/web/limits.py)."""
+    return b"".join(name + b": " + value + b"\r\n" for name, value in _RAW_HEADERS)
+
+
+async def add_security_headers(message: Message, scope: Scope) -> None:
+    """Litestar `before_send` hook: every response gpulane sends carries
+    SECURITY_HEADERS (those it does not set already), errors, redirects and
+    proxied answers included, so none of them is a page that runs scripts or is
+    framed. One exception: a model server's own HTML page under `/upstream/`
+    (llama-server's web UI runs its own inline scripts) keeps its own policy."""
+    if message["type"] != "http.response.start":
+        return
+    headers = list(message.get("headers") or [])
+    present = {bytes(name).lower() for name, _ in headers}
+    path = bytes(scope.get("raw_path") or str(scope.get("path", "")).encode())
+    if path.startswith(b"/upstream/") and any(
+        bytes(name).lower() == b"content-type" and bytes(value).lower().startswith(b"text/html")
+        for name, value in headers
+    ):
+        return
+    headers += [(name, value) for name, value in _RAW_HEADERS if name not in present]
+    message["headers"] = headers
+
 
 PAGES = ("/ui/", "/ui/timeline", "/ui/models", "/ui/history")
 """Page paths (plus /ui/requests/ID): each serves the same shell, which draws the page."""

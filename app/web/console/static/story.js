@@ -16,6 +16,9 @@ const CAUSE_TEXT = {
 };
 
 const terms = (score) => Object.keys(score).filter((k) => k !== "total");
+// A user key's story names no other caller's request (app/report/visibility.py).
+const OTHER = "another caller's request";
+const who = (id, other) => (other ? OTHER : storyLink(id));
 
 export async function render(main, info, id) {
   const path = "/api/requests/" + encodeURIComponent(id);
@@ -95,7 +98,7 @@ function decisions(story) {
   const rows = story.decisions.map((d) => h("tr", { class: d.winner_id === story.request_id ? "won" : "" },
     h("td", {}, clock(d.at)), h("td", { class: "num" }, d.queue_depth), h("td", {}, d.resident || "–"),
     names.map((t) => h("td", { class: "num" }, points(d.score[t] ?? 0))), h("td", { class: "num" }, points(d.score.total)),
-    h("td", {}, d.winner_id === story.request_id ? "this request" : storyLink(d.winner_id)), h("td", { class: "num" }, points(d.winner.total)),
+    h("td", {}, d.winner_id === story.request_id ? "this request" : who(d.winner_id, d.winner_another_caller)), h("td", { class: "num" }, points(d.winner.total)),
     h("td", {}, d.reason || "won"), h("td", {}, d.matches_record ? "✓" : "✗")));
   return h("section", {}, h("h2", {}, "Its score at each decision"),
     table(["at", "waiting", "resident", ...names, "score", "winner", "winner's score", "why", "replay"], rows));
@@ -103,8 +106,8 @@ function decisions(story) {
 
 function ahead(story) {
   const rows = [
-    ...story.running_at_arrival.map((r) => h("tr", {}, h("td", {}, storyLink(r.request_id)), h("td", {}, r.model), h("td", {}, bandTag(r.band)), h("td", {}, "running when it arrived"), h("td", { class: "num" }, duration(r.held_s)))),
-    ...story.ahead.map((a) => h("tr", {}, h("td", {}, storyLink(a.request_id)), h("td", {}, a.model), h("td", {}, bandTag(a.band)), h("td", {}, a.reasons.join(", ")), h("td", { class: "num" }, duration(a.held_s)))),
+    ...story.running_at_arrival.map((r) => h("tr", {}, h("td", {}, who(r.request_id, r.another_caller)), h("td", {}, r.model), h("td", {}, bandTag(r.band)), h("td", {}, "running when it arrived"), h("td", { class: "num" }, duration(r.held_s)))),
+    ...story.ahead.map((a) => h("tr", {}, h("td", {}, who(a.request_id, a.another_caller)), h("td", {}, a.model), h("td", {}, bandTag(a.band)), h("td", {}, a.reasons.join(", ")), h("td", { class: "num" }, duration(a.held_s)))),
   ];
   if (!rows.length) return null;
   return h("section", {}, h("h2", {}, "Who went first, and by which term"), table(["request", "model", "band", "won by", "held the GPU"], rows));
@@ -116,7 +119,7 @@ function swaps(story) {
   if (!all.length) return null;
   return h("section", {}, h("h2", {}, "Swaps"), table(["", "from → to", "caused by", "started", "took", "of its wait"],
     all.map((w) => h("tr", {}, h("td", {}, w.own ? "its own" : "waited for"), h("td", {}, `${w.from_model || "nothing"} → ${w.to_model}`),
-      h("td", {}, w.request_id ? storyLink(w.request_id) : "preload"), h("td", {}, clock(w.started_at)),
+      h("td", {}, w.request_id || w.another_caller ? who(w.request_id, w.another_caller) : "preload"), h("td", {}, clock(w.started_at)),
       h("td", { class: "num" }, w.error ? "failed: " + w.error : duration(w.duration_s)), h("td", { class: "num" }, duration(w.waited_s))))));
 }
 

@@ -63,7 +63,7 @@ export async function render(main) {
       }, s("title", {}, `load ${sw.to_model}` + (sw.error ? ` failed: ${sw.error}` : "")));
       rect.addEventListener("mouseenter", () => {
         hover.textContent = `Swap ${sw.from_model || "nothing"} → ${sw.to_model}, ${duration(sw.duration_ms / 1000)} from ${clock(sw.started_at)}` +
-          (sw.request_id ? `, caused by ${sw.request_id}` : ", a preload") + (sw.error ? ` (failed: ${sw.error})` : "");
+          (sw.another_caller ? ", caused by another caller's request" : sw.request_id ? `, caused by ${sw.request_id}` : ", a preload") + (sw.error ? ` (failed: ${sw.error})` : "");
       });
       bars.push(rect);
     }

@@ -1,0 +1,200 @@
+"""Which models may be resident together: llama-swap's routers as pure functions.
+
+A router answers one question, as llama-swap's `Swapper` does
+(`internal/router/group.go`, `matrix_solver.go`): to load `target` while the
+models in `resident` are loaded, which of them must be stopped? `to_evict` is
+that function. It knows nothing of queues, slots or processes: whether an
+eviction can happen now (the model is idle) is the scheduler's question.
+
+- No router (`None`): every model is in one implicit group (`swap: true,
+  exclusive: true`), so loading a model evicts every other one. This is the
+  single lane: one model at a time.
+- `GroupRouter` (`routing.router.use: group`): a `swap: true` group holds one
+  member at a time; loading a member of an `exclusive: true` group evicts the
+  models of every other group that is not `persistent: true`. Loading a member
+  of a non-exclusive group evicts nothing outside its own group, even a
+  resident exclusive group (llama-swap keeps that gotcha of its old
+  ProcessGroup; the matrix has no such case).
+- `MatrixRouter` (`routing.router.use: matrix`): every set lists models that
+  may be resident together (a subset of a set is allowed too). The solver keeps
+  the set that contains the target and costs least to reach: the sum of the
+  `evict_costs` of the resident models it leaves out (1 each unless
+  configured); equal costs go to the earlier set. A model in no set runs alone.
+
+llama-swap's routers never refuse a load: a persistent group is simply left
+resident beside the target. So `to_evict` always returns a set, and a target
+that cannot load *now* is one whose evictions are not idle, which is for the
+caller to judge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from typing import Final
+
+import msgspec
+
+DEFAULT_GROUP: Final = "(default)"
+"""The group llama-swap puts every model that no configured group names into."""
+DEFAULT_EVICT_COST: Final = 1
+"""A matrix model's eviction cost when `evict_costs` does not name it."""
+
+
+class Group(msgspec.Struct, frozen=True, kw_only=True):
+    """One group of `routing.router.settings.groups`, its members resolved to model ids."""
+
+    name: str
+    members: tuple[str, ...]
+    swap: bool = True
+    """One member resident at a time: loading one evicts its resident siblings."""
+    exclusive: bool = True
+    """Loading a member evicts every other non-persistent group's models."""
+    persistent: bool = False
+    """Never evicted by another group's model (its own swap still applies)."""
+
+
+class GroupRouter(msgspec.Struct, frozen=True, kw_only=True, tag="group"):
+    """`routing.router.use: group`. Every configured model is in exactly one group
+    (the ones no group names are in `DEFAULT_GROUP`)."""
+
+    groups: tuple[Group, ...]
+
+    def group_of(self, model: str) -> Group | None:
+        for group in self.groups:
+            if model in group.members:
+                return group
+        return None
+
+
+class MatrixSet(msgspec.Struct, frozen=True, kw_only=True):
+    """One model set a matrix expression allows: `a & (b | c)` is two of them."""
+
+    name: str
+    """The `sets` entry it comes from."""
+    models: frozenset[str]
+
+
+class MatrixRouter(msgspec.Struct, frozen=True, kw_only=True, tag="matrix"):
+    """`routing.router.use: matrix`, its expressions expanded to model sets."""
+
+    sets: tuple[MatrixSet, ...]
+    """In llama-swap's order, which breaks ties: entries in definition order,
+    except that a set referenced with `+name` comes before the sets that use it;
+    within an entry, the order of its expression."""
+    evict_costs: dict[str, int] = {}
+    """Model id -> cost of evicting it (>= 1); unnamed models cost `DEFAULT_EVICT_COST`."""
+
+    def cost(self, model: str) -> int:
+        return self.evict_costs.get(model, DEFAULT_EVICT_COST)
+
+    def best_set(self, target: str, resident: Set[str]) -> tuple[MatrixSet, int] | None:
+        """The cheapest set containing `target`, and what reaching it costs; None when
+        no set contains it."""
+        best: tuple[MatrixSet, int] | None = None
+        for candidate in self.sets:
+            if target not in candidate.models:
+                continue
+            cost = sum(self.cost(m) for m in resident if m not in candidate.models)
+            if best is None or cost < best[1]:
+                best = (candidate, cost)
+                if cost == 0:
+                    break
+        return best
+
+
+Router = GroupRouter | MatrixRouter
+
+
+def to_evict(router: Router | None, target: str, resident: Set[str]) -> frozenset[str]:
+    """The resident models that must stop for `target` to be loaded (never `target`).
+
+    Raises ValueError when a group router has no group for `target`: every
+    configured model has one, so that is a caller's mistake.
+    """
+    if router is None:
+        return frozenset(resident) - {target}
+    if isinstance(router, GroupRouter):
+        return _group_evictions(router, target, resident)
+    return _matrix_evictions(router, target, resident)
+
+
+def _group_evictions(router: GroupRouter, target: str, resident: Set[str]) -> frozenset[str]:
+    home = router.group_of(target)
+    if home is None:
+        raise ValueError(f"model {target!r} is in no group of the router")
+    evict: set[str] = set()
+    for model in resident:
+        if model == target:
+            continue
+        group = router.group_of(model)
+        if group is home:
+            if home.swap:
+                evict.add(model)
+        elif home.exclusive and (group is None or not group.persistent):
+            # A resident model of no group (e.g. one dropped by a config
+            # reload) is treated as non-persistent, as llama-swap does.
+            evict.add(model)
+    return frozenset(evict)
+
+
+def _matrix_evictions(router: MatrixRouter, target: str, resident: Set[str]) -> frozenset[str]:
+    if target in resident:
+        return frozenset()
+    best = router.best_set(target, resident)
+    if best is None:
+        return frozenset(resident)  # in no set: it runs alone
+    return frozenset(resident) - best[0].models
+
+
+def can_coexist(router: Router | None, models: Iterable[str]) -> bool:
+    """Whether `models`, loaded one after another in this order from nothing,
+    all stay resident. (Order matters to groups only: an exclusive group's model
+    evicts a non-exclusive one loaded before it, not one loaded after it.)"""
+    resident: set[str] = set()
+    for model in models:
+        if to_evict(router, model, resident):
+            return False
+        resident.add(model)
+    return True
+
+
+class Skipped(msgspec.Struct, frozen=True, kw_only=True):
+    """A model the preload leaves out, and the loaded models it would have evicted."""
+
+    model: str
+    conflicts: tuple[str, ...]  # sorted
+
+
+class PreloadPlan(msgspec.Struct, frozen=True, kw_only=True):
+    load: tuple[str, ...]
+    """The models to load, in order; all resident together at the end."""
+    skipped: tuple[Skipped, ...] = ()
+
+
+def plan_preload(router: Router | None, models: Iterable[str]) -> PreloadPlan:
+    """`hooks.on_startup.preload`: load each model in order unless loading it
+    would evict one loaded before it; those are skipped and reported. A repeated
+    model is loaded once."""
+    load: list[str] = []
+    skipped: list[Skipped] = []
+    for model in models:
+        if model in load:
+            continue
+        conflicts = to_evict(router, model, frozenset(load))
+        if conflicts:
+            skipped.append(Skipped(model=model, conflicts=tuple(sorted(conflicts))))
+        else:
+            load.append(model)
+    return PreloadPlan(load=tuple(load), skipped=tuple(skipped))
+
+
+def describe(router: Router | None) -> str:
+    """One line naming the router, for warnings and logs."""
+    if router is None:
+        return "no router (one model at a time)"
+    if isinstance(router, GroupRouter):
+        names = ", ".join(g.name for g in router.groups)
+        return f"group router ({len(router.groups)} groups: {names})"
+    names = ", ".join(dict.fromkeys(s.name for s in router.sets))
+    return f"matrix router ({len(router.sets)} model sets from: {names})"
+

@@ -1,0 +1,187 @@
+"""Real disk faults under a running `gpulane serve`: a full disk (a small tmpfs)
+and immutable database files (`chattr +i`).
+
+What was measured before (issue 21): a durable job's terminal events could not
+be written on a full disk, were logged as "events not stored" and dropped; the
+job's view said `running` for good, it ran a second time after a restart, and
+`replay --verify` failed while `db check` said ok. Now the refused events are
+kept and written once the disk accepts them, nothing new is admitted or started
+meanwhile (503 with Retry-After, /health says why), and every scenario ends with
+`db check`, `replay --verify` and a served request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.gateway import Gateway, fake_model, poll
+from tests.e2e.log_replay import assert_log_replays
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="mounting a tmpfs and chattr +i need root (CI runs as root)"
+)
+
+
+def chat(delay: float = 0.0) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "fake": {"delay": delay}}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 6 MiB tmpfs: room for a database, and quickly filled."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk is full; remove it to free the space."""
+    filler = disk / "filler"
+    with filler.open("wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    with contextlib.suppress(OSError), filler.open("ab") as f:  # the last bytes of a page
+        for _ in range(4096):
+            f.write(b"\0")
+            f.flush()
+    assert shutil.disk_usage(disk).free < 65536
+    return filler
+
+
+def gateway(tmp_path: Path, db: Path) -> Gateway:
+    # No free-space reserve: these tests fill the disk under a job on purpose.
+    config = "jobs:\n  minFreeDisk: 0\nmodels:" + fake_model("m").replace("\n", "\n  ")
+    gw = Gateway(tmp_path, config)
+    gw.db = db
+    return gw
+
+
+def dispatches(gw: Gateway, request_id: str) -> int:
+    rows = gw.sql(
+        "SELECT count(*) AS n FROM events WHERE type = 'request_dispatched' AND request_id = ?",
+        request_id,
+    )
+    return int(rows[0]["n"])
+
+
+def assert_log_whole_and_serving(gw: Gateway) -> None:
+    check = gw.db_check()
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert_log_replays(gw.db)
+
+
+def test_a_full_disk_while_a_job_runs_loses_nothing_and_runs_nothing_twice(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    gw = gateway(tmp_path, small_disk / "gpulane.db").start()
+    waiting: dict[str, httpx.Response] = {}
+    try:
+        with gw.client() as client:
+            r = client.post(
+                "/v1/chat/completions", json=chat(delay=2), headers={"Prefer": "respond-async"}
+            )
+            assert r.status_code == 202, r.text
+            job = r.json()["id"]
+            poll(lambda: client.get(f"/v1/jobs/{job}").json()["status"] == "running", "running")
+
+            filler = fill(small_disk)
+
+            # Admitted before anything failed: its enqueue is the first refused write.
+            def send() -> None:
+                with gw.client() as c:
+                    waiting["sync"] = c.post("/v1/chat/completions", json=chat())
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            health = poll(
+                lambda: (h := client.get("/health")).status_code == 503 and h, "/health 503"
+            )
+            assert "full" in health.text and int(health.headers["Retry-After"]) >= 1
+            refused = client.post("/v1/chat/completions", json=chat())
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "event_log_unavailable"
+            assert "full" in refused.json()["error"]["message"]
+            assert int(refused.headers["Retry-After"]) >= 1
+            assert gw.proc is not None and gw.proc.poll() is None
+
+            filler.unlink()  # space comes back: what was kept is written, in order
+            poll(lambda: client.get(f"/v1/jobs/{job}").json()["status"] == "completed", "done")
+            result = client.get(f"/v1/jobs/{job}/result")
+            assert result.status_code == 200, result.text
+            answer_id = result.json()["id"]
+            sender.join(30)
+            assert waiting["sync"].status_code == 200, waiting["sync"].text
+            assert client.get("/health").text == "OK"
+
+        gw.kill()  # SIGKILL: the next start must not run the completed job again
+        gw.start()
+        with gw.client() as client:
+            view = client.get(f"/v1/jobs/{job}").json()
+            assert view["status"] == "completed"
+            assert client.get(f"/v1/jobs/{job}/result").json()["id"] == answer_id
+            assert dispatches(gw, job) == 1
+            assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    finally:
+        gw.stop()
+    assert_log_whole_and_serving(gw)
+
+
+def test_immutable_database_files_while_a_request_runs(tmp_path: Path) -> None:
+    """`chattr +i` on every database file while a request runs: the client still
+    gets its answer, and its completion, refused while the files are immutable,
+    is kept and written once they are writable again (it was dropped before)."""
+    gw = gateway(tmp_path, tmp_path / "gpulane.db").start()
+    files = [gw.db, Path(f"{gw.db}-wal"), Path(f"{gw.db}-shm")]
+    answer: dict[str, httpx.Response] = {}
+    try:
+        with gw.client() as client:
+
+            def send() -> None:
+                with gw.client() as c:
+                    answer["r"] = c.post("/v1/chat/completions", json=chat(delay=1.5))
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            poll(lambda: gw.sql("SELECT 1 FROM events WHERE type = 'request_started'"), "start")
+            locked = subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True)
+            if locked.returncode != 0:
+                pytest.skip(f"chattr +i refused here: {locked.stderr.decode().strip()}")
+            try:
+                sender.join(30)
+                assert answer["r"].status_code == 200, answer["r"].text
+                health = poll(
+                    lambda: (h := client.get("/health")).status_code == 503 and h, "/health 503"
+                )
+                assert "cannot be written" in health.text
+                assert client.post("/v1/chat/completions", json=chat()).status_code == 503
+            finally:
+                subprocess.run(["chattr", "-i", *map(str, files)], check=True)
+            poll(lambda: client.get("/health").text == "OK", "/health OK again")
+            poll(
+                lambda: gw.sql("SELECT 1 FROM requests WHERE status = 'completed'"),
+                "the completion on disk",
+            )
+            assert gw.proc is not None and gw.proc.poll() is None
+            assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    finally:
+        gw.stop()
+    assert_log_whole_and_serving(gw)
