@@ -26,6 +26,7 @@ from app.store.engine import (
 )
 from app.store.event_store import driver_cursor, event_rows
 from app.store.invariants import LogAudit
+from app.store.job_bodies import open_jobs_without_body
 from app.store.tables import processes, requests
 
 REBUILD_BATCH = 5000
@@ -121,6 +122,8 @@ def check(path: str) -> int:
                     audit.feed(*_decoded(row))
                 except _Undecodable as exc:
                     audit.flag(exc.seq, exc.reason)
+            for rid in open_jobs_without_body(conn):
+                audit.flag(0, f"job {rid} is open but its body is missing (job_bodies)")
     except (sqlalchemy.exc.DBAPIError, sqlite3.Error, UnicodeDecodeError) as exc:
         problem = unusable(path, exc)
         if problem is None:

@@ -123,3 +123,15 @@ def disk_free(engine: Engine) -> tuple[str, int] | None:
     directory = str(Path(database).resolve().parent)
     stat = os.statvfs(directory)
     return directory, stat.f_bavail * stat.f_frsize
+
+
+def open_jobs_without_body(conn: Connection) -> list[str]:
+    """Open durable jobs that cannot run: no stored body, and none in their event
+    (logs of an earlier gpulane kept it there, base64). `db check` reports them."""
+    query = (
+        select(requests.c.id, requests.c.job)
+        .where(requests.c.durable, requests.c.status.in_(OPEN_STATUSES))
+        .where(~exists().where(job_bodies.c.request_id == requests.c.id))
+        .order_by(requests.c.enqueue_seq)
+    )
+    return [rid for rid, job in conn.execute(query) if not (job or {}).get("body")]

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from app.core import events as ev
+from app.store import commands
 from app.store.engine import open_database
 from app.store.event_store import driver_cursor, next_seq, write_events
 from app.store.job_bodies import (
@@ -118,3 +119,13 @@ def test_disk_free_is_measured_where_the_database_is(engine: Engine, tmp_path: P
     stat = os.statvfs(tmp_path)
     assert abs(free - stat.f_bavail * stat.f_frsize) < 64 * 1024 * 1024
     assert disk_free(create_engine("sqlite://")) is None
+
+
+def test_db_check_reports_an_open_job_whose_body_is_missing(
+    engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store_body(engine, "kept", b"{}")
+    record(engine, enqueued("kept"), enqueued("lost"))
+    assert commands.check(str(tmp_path / "gpulane.db")) == 1
+    out = capsys.readouterr().out
+    assert "job lost is open but its body is missing" in out and "job kept" not in out
