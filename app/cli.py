@@ -6,18 +6,26 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from app.llama_swap_cli import FlagError, is_llama_swap_command_line, translate
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpulane",
         description="OpenAI-compatible proxy that schedules one GPU by priority, "
         "swap affinity and aging, with an SQLite event log.",
+        epilog="llama-swap's command line works too: gpulane -config FILE -listen :8080 "
+        "(gpulane -help lists its flags).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the proxy")
     serve.add_argument("--config", default="config.example.yaml", help="config file (YAML)")
-    serve.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on")
+    serve.add_argument(
+        "--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (:PORT: every interface)"
+    )
+    serve.add_argument("--tls-cert-file", default=None, help="TLS certificate file: serve HTTPS")
+    serve.add_argument("--tls-key-file", default=None, help="TLS key file: serve HTTPS")
     serve.add_argument("--db", default=None, help="SQLite database (default: database.path)")
 
     check = commands.add_parser("check-config", help="validate a config file and print it resolved")
@@ -70,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
+    if is_llama_swap_command_line(raw):
+        try:
+            translated = translate(raw)
+        except FlagError as exc:
+            print(f"gpulane: {exc}", file=sys.stderr)
+            return 2
+        if translated.print_and_exit is not None:
+            print(translated.print_and_exit)
+            return 0
+        for warning in translated.warnings:
+            print(f"gpulane: warning: {warning}", file=sys.stderr)
+        raw = translated.argv
     if raw[:1] == ["replay"]:
         # The replay tool owns its arguments (python -m tools.replay takes the same).
         from tools.replay.cli import replay_command
@@ -130,7 +150,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         from app.web.serve import serve_command
 
-        return serve_command(args.config, args.listen, args.db)
+        return serve_command(
+            args.config, args.listen, args.db, tls=(args.tls_cert_file, args.tls_key_file)
+        )
     return 2  # unreachable: argparse rejects unknown commands
 
 

@@ -49,12 +49,12 @@ def hold(gw: Gateway) -> None:
         httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=None)
 
 
-def fill(gw: Gateway, waiting: int) -> None:
+def fill(gw: Gateway, waiting: int, bands: tuple[str, ...] = BANDS) -> None:
     def enqueue(i: int) -> None:
         body = {"model": "A", "messages": [{"role": "user", "content": "hi"}]}
         headers = {
             "Prefer": "respond-async",
-            "X-LlamaSwap-Priority": BANDS[i % 3],
+            "X-LlamaSwap-Priority": bands[i % len(bands)],
             "X-Gpulane-Caller": f"user{i % 7}",
         }
         client.post("/v1/chat/completions", json=body, headers=headers).raise_for_status()

@@ -26,6 +26,8 @@ DEFAULT_RESULT_RETENTION_S: Final = 7 * 24 * 3600.0
 DEFAULT_MAX_ATTEMPTS: Final = 3
 # Disk space a durable job's body may not take (507 instead): the log needs room.
 DEFAULT_MIN_FREE_DISK: Final = 256 * 1024 * 1024
+# The largest file `POST /v1/files` stores (413 above it): held whole in memory once.
+DEFAULT_MAX_FILE_BYTES: Final = 200 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Limits on one forwarded request, in seconds. Generous on purpose: a
 # 16-minute non-streaming render must finish, and so must a streamed one that
@@ -55,7 +57,13 @@ class RawAlias(_Raw, frozen=True):
 
 class RawFilters(_Raw, frozen=True):
     strip_params: str | list[str] = ""
+    # llama-swap's older spelling of stripParams, read when stripParams is unset.
+    strip_params_legacy: str | list[str] = msgspec.field(default="", name="strip_params")
     set_params: dict[str, Any] = {}
+    # requested id -> params set for it; each key is also an alias of the model.
+    set_params_by_id: dict[str, dict[str, Any]] = msgspec.field(
+        default_factory=dict, name="setParamsByID"
+    )
 
 
 class RawTimeouts(_Raw, frozen=True):
@@ -145,8 +153,33 @@ class RawScheduler(_Raw, frozen=True):
     settings: RawSchedulerSettings = msgspec.field(default_factory=RawSchedulerSettings)
 
 
+class RawGroup(_Raw, frozen=True):
+    # llama-swap's defaults: a group holds one model and stops the others.
+    swap: bool = True
+    exclusive: bool = True
+    persistent: bool = False
+    members: list[str] = []
+
+
+class RawMatrix(_Raw, frozen=True):
+    vars: dict[str, str] = {}
+    sets: dict[str, str] = {}  # name -> expression, in definition order
+    evict_costs: dict[str, int] = msgspec.field(default_factory=dict, name="evict_costs")
+
+
+class RawRouterSettings(_Raw, frozen=True):
+    groups: dict[str, RawGroup] = {}
+    matrix: RawMatrix | None = None
+
+
+class RawRouter(_Raw, frozen=True):
+    use: str = ""  # "" | "group" | "matrix"; "" is group
+    settings: RawRouterSettings = msgspec.field(default_factory=RawRouterSettings)
+
+
 class RawRouting(_Raw, frozen=True):
     scheduler: RawScheduler = msgspec.field(default_factory=RawScheduler)
+    router: RawRouter = msgspec.field(default_factory=RawRouter)
 
 
 class RawDatabase(_Raw, frozen=True):
@@ -158,6 +191,7 @@ class RawJobs(_Raw, frozen=True):
     result_retention: float | str = DEFAULT_RESULT_RETENTION_S
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
 
 class RawServer(_Raw, frozen=True):
@@ -176,6 +210,7 @@ class RawConfig(_Raw, frozen=True):
     global_ttl: float = msgspec.field(default=0.0, name="globalTTL")
     unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT
     send_loading_state: bool = False
+    include_aliases_in_list: bool = False
     # gpulane only: defaults for every model, and the grace period on SIGTERM.
     max_run_time: float | str = DEFAULT_MAX_RUN_TIME
     stream_idle_timeout: float | str = DEFAULT_STREAM_IDLE_TIMEOUT
@@ -186,6 +221,9 @@ class RawConfig(_Raw, frozen=True):
     api_keys: list[str | RawApiKey] = []
     hooks: RawHooks = msgspec.field(default_factory=RawHooks)
     routing: RawRouting = msgspec.field(default_factory=RawRouting)
+    # llama-swap's older spelling of routing.router.settings.groups / .matrix.
+    groups: dict[str, RawGroup] = {}
+    matrix: RawMatrix | None = None
     database: RawDatabase = msgspec.field(default_factory=RawDatabase)
     jobs: RawJobs = msgspec.field(default_factory=RawJobs)
     server: RawServer = msgspec.field(default_factory=RawServer)
@@ -198,21 +236,23 @@ _NOT_IMPLEMENTED = "not implemented by gpulane"
 # llama-swap keys we accept and ignore (with a warning), per raw struct.
 IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
     RawConfig: {
-        "groups": _ONE_AT_A_TIME,
-        "matrix": _ONE_AT_A_TIME,
         "profiles": _ONE_AT_A_TIME,
         "selectors": _ONE_AT_A_TIME,
-        "peers": "gpulane does not forward to peers",
+        "peers": "gpulane does not use peers yet (issue 24); their models are not served",
+        "logRequests": "gpulane records every request in its event log (gpulane explain)",
         "performance": _NOT_IMPLEMENTED,
         "captureBuffer": _NOT_IMPLEMENTED,
         "logToStdout": _NOT_IMPLEMENTED,
         "logTimeFormat": _NOT_IMPLEMENTED,
         "metricsMaxInMemory": "gpulane keeps metrics in the event log",
-        "includeAliasesInList": _NOT_IMPLEMENTED,
         "store": "use database.path",
         "ui": _NOT_IMPLEMENTED,
     },
-    RawModel: {"capabilities": _NOT_IMPLEMENTED},
+    RawModel: {
+        "capabilities": _NOT_IMPLEMENTED,
+        # llama-swap overwrites it with the top-level value too.
+        "healthCheckTimeout": "the top-level healthCheckTimeout applies to every model",
+    },
     RawTimeouts: {
         "keepalive": "gpulane sets no TCP keep-alive; streamIdleTimeout ends a silent upstream",
         "tlsHandshake": "the TLS handshake counts toward timeouts.connect",
@@ -222,8 +262,6 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
     RawCompat: {
         "ignoreWebsockets": "gpulane does not proxy websockets, so none ever holds a model",
     },
-    RawFilters: {"setParamsByID": _NOT_IMPLEMENTED},
-    RawRouting: {"router": _ONE_AT_A_TIME},
 }
 # Structs whose other keys are llama-swap features we skip (hooks other than
 # on_startup) rather than typos, unless they look like a typo of a known key.

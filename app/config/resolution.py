@@ -48,6 +48,7 @@ from app.config.raw import (
     RawSerial,
 )
 from app.config.resolved import ApiKey, Config, ModelConfig
+from app.config.routers import resolve_router
 from app.core.priority import (
     ALIASES,
     BAND_STEP,
@@ -150,7 +151,11 @@ class Resolver:
             log_level=self._choice(raw.log_level, "logLevel", LOG_LEVELS),
             api_keys=self._api_keys(),
             preload=self._preload(name_index),
+            router=resolve_router(
+                raw, name_index, self.issues, lambda name: self._unknown_model(name, name_index)
+            ),
             send_loading_state=raw.send_loading_state,
+            include_aliases_in_list=raw.include_aliases_in_list,
             scheduler=scheduler,
             aging_divisor=aging_divisor,
             aging_divisor_ns=aging_divisor_ns,
@@ -165,6 +170,7 @@ class Resolver:
             result_retention_s=self._retention(raw.jobs.result_retention),
             max_attempts=self._max_attempts(),
             min_free_disk=self._min_free_disk(),
+            max_file_bytes=self._max_file_bytes(),
             max_body_bytes=self._max_body_bytes(),
             ignore_paths=self._ignore_paths(),
             shutdown_grace=self._shutdown_grace(),
@@ -223,12 +229,13 @@ class Resolver:
             stop_text = self._expand(stop, strip_comments(m.cmd_stop), f"{path}.cmdStop")
             cmd_stop = self._argv(with_port(stop_text, f"{path}.cmdStop"), f"{path}.cmdStop")
 
+        by_id = self._set_params_by_id(m, plain, path)
         return ModelConfig(
             id=model_id,
             cmd=cmd or (),
             cmd_stop=cmd_stop or None,
             proxy=self._proxy(m, plain, port, path),
-            aliases=self._aliases(m, path),
+            aliases=self._aliases(m, path, [k for k in by_id if k != model_id]),
             env=self._env(m, plain, with_port, path),
             check_endpoint=self._check_endpoint(m, plain, with_port, path),
             ttl=self._ttl(m.ttl, global_ttl, f"{path}.ttl"),
@@ -239,6 +246,7 @@ class Resolver:
             description=m.description or None,
             strip_params=self._strip_params(m, plain, path),
             set_params=self._set_params(m, path),
+            set_params_by_id=by_id,
             concurrency_limit=self._concurrency(m.concurrency_limit, f"{path}.concurrencyLimit"),
             metadata=self._metadata(m.metadata, plain, with_port, f"{path}.metadata"),
             port=port,
@@ -327,7 +335,7 @@ class Resolver:
             self.issues.error(where, f"{text!r} is not an http:// or https:// URL with a host")
         return text.rstrip("/")
 
-    def _aliases(self, m: RawModel, path: str) -> tuple[str, ...]:
+    def _aliases(self, m: RawModel, path: str, by_id: list[str]) -> tuple[str, ...]:
         out: list[str] = []
         for i, alias in enumerate(m.aliases):
             where = f"{path}.aliases[{i}]"
@@ -340,6 +348,8 @@ class Resolver:
                 self.issues.error(where, "an alias must not be empty")
                 continue
             out.append(alias)
+        # llama-swap: each setParamsByID key (but the model's own id) is an alias too.
+        out += [k for k in by_id if k not in out]
         return tuple(out)
 
     def _env(self, m: RawModel, expander: Expander, with_port: Any, path: str) -> dict[str, str]:
@@ -385,7 +395,7 @@ class Resolver:
 
     def _strip_params(self, m: RawModel, expander: Expander, path: str) -> tuple[str, ...]:
         where = f"{path}.filters.stripParams"
-        given = m.filters.strip_params
+        given = m.filters.strip_params or m.filters.strip_params_legacy
         items = given.split(",") if isinstance(given, str) else given
         out: list[str] = []
         for item in items:
@@ -401,6 +411,24 @@ class Resolver:
         if params.pop("model", None) is not None:
             self.issues.warn(f"{path}.filters.setParams.model", "`model` cannot be set; ignored")
         return params
+
+    def _set_params_by_id(
+        self, m: RawModel, expander: Expander, path: str
+    ) -> dict[str, dict[str, Any]]:
+        """Requested id -> params; macros expanded in the ids, as llama-swap does
+        (`${MODEL_ID}:high`)."""
+        out: dict[str, dict[str, Any]] = {}
+        for key, given in m.filters.set_params_by_id.items():
+            where = join_path(f"{path}.filters.setParamsByID", key)
+            requested = (self._expand(expander, key, where) or "").strip()
+            if not requested:
+                self.issues.error(where, "an id must not be empty")
+                continue
+            params = dict(given)
+            if params.pop("model", None) is not None:
+                self.issues.warn(f"{where}.model", "`model` cannot be set; ignored")
+            out[requested] = params
+        return out
 
     def _concurrency(self, value: int, where: str) -> int:
         if value < 0:
@@ -726,6 +754,14 @@ class Resolver:
             self.issues.error(where, f"{_number(value)} is out of range; expected {allowed}")
             return None
         return seconds
+
+    def _max_file_bytes(self) -> int:
+        value = self.raw.jobs.max_file_bytes
+        if value < 1:
+            self.issues.error(
+                "jobs.maxFileBytes", f"{value} is out of range; expected bytes, an integer >= 1"
+            )
+        return value
 
     def _max_attempts(self) -> int:
         value = self.raw.jobs.max_attempts

@@ -10,6 +10,7 @@ import msgspec
 
 from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_PER_CALLER,
     DEFAULT_MAX_RUN_TIME,
@@ -19,6 +20,7 @@ from app.config.raw import (
     DEFAULT_STREAM_IDLE_TIMEOUT,
 )
 from app.core.priority import DEFAULT_TIER_SPAN
+from app.core.residency import Router
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,6 +41,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     description: str | None
     strip_params: tuple[str, ...]
     set_params: dict[str, Any]
+    set_params_by_id: dict[str, dict[str, Any]] = {}
+    """`filters.setParamsByID`: params set when the request names this id (an alias)."""
     concurrency_limit: int
     metadata: dict[str, Any]
     port: int | None  # None when cmd does not use ${PORT}
@@ -87,7 +91,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str
     api_keys: tuple[ApiKey, ...]
     preload: tuple[str, ...]  # resolved model ids
+    router: Router | None = None
+    """Which models may be resident together (`routing.router`, or the top-level
+    `groups` / `matrix`); None: one model at a time. Not used by the run loop yet."""
     send_loading_state: bool
+    include_aliases_in_list: bool = False
+    """`includeAliasesInList`: /v1/models lists each alias as an entry of its own."""
     scheduler: str  # "serial" | "fifo"
     aging_divisor: float  # seconds per point of aging; 0 disables aging
     aging_divisor_ns: int  # exact: Decimal(str(aging_divisor)) * 10**9
@@ -106,6 +115,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
     """Bytes left free on the database's disk: a durable body that would take
     more is refused with 507 (`jobs.minFreeDisk`; 0: only a full disk refuses)."""
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    """The largest file `POST /v1/files` stores (`jobs.maxFileBytes`); 413 above it."""
     max_body_bytes: int
     ignore_paths: str  # one regex, for re.search on the upstream path
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
@@ -137,9 +148,16 @@ def config_hash(config: Config) -> str:
     Warnings, the source path and the derived name index are left out; API keys
     enter only as their own sha256, so the hash can be logged and stored.
     """
-    data = msgspec.to_builtins(config)
+    data = msgspec.to_builtins(config, order="deterministic")
     for key in ("warnings", "config_hash", "source", "name_index"):
         data.pop(key, None)
+    if data.get("router") is None:
+        data.pop("router", None)  # a config without a router hashes as before
+    if not data.get("include_aliases_in_list"):
+        data.pop("include_aliases_in_list", None)  # listing only; hashes as before
+    for model in data["models"].values():
+        if not model.get("set_params_by_id"):
+            model.pop("set_params_by_id", None)
     for entry in data["api_keys"]:
         entry["key"] = hashlib.sha256(entry["key"].encode()).hexdigest()
     encoded = msgspec.json.encode(data, order="sorted")
@@ -148,7 +166,7 @@ def config_hash(config: Config) -> str:
 
 def masked(config: Config) -> dict[str, Any]:
     """The resolved config as plain data for display, API keys masked."""
-    data: dict[str, Any] = msgspec.to_builtins(config)
+    data: dict[str, Any] = msgspec.to_builtins(config, order="deterministic")
     data.pop("name_index", None)
     for entry in data["api_keys"]:
         entry["key"] = "***"

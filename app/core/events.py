@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from app.core.residency import Router
 from app.core.scoring import Breakdown
 
 __all__ = ["Breakdown"]
@@ -60,6 +61,10 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     """serial: `shortJobBonus`, the short-job term's most points (0 = off)."""
     caller_weights: dict[str, int] = {}
     """Each caller's fair-share `weight` (its API key's); a caller absent here has 1."""
+    router: Router | None = None
+    """Which models may be resident together (`routing.router`: `GroupRouter` or
+    `MatrixRouter`, tagged `group` / `matrix`); None: one implicit group, one model
+    at a time (every log before routers were used)."""
 
 
 class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
@@ -125,6 +130,10 @@ class SwapStarted(Event, tag="swap_started", frozen=True):
     to_model: str
     request_id: str | None = None
     """The request that caused the swap; None for preload."""
+    evicted: list[str] | None = None
+    """The models stopped to make room for `to_model` (sorted; `to_evict` of the
+    router), each followed by its `process_stopping` (reason `evicted`). None (logs
+    before routers): every other model in use was."""
 
 
 class ProcessStarted(Event, tag="process_started", frozen=True):
@@ -152,6 +161,10 @@ class ProcessStopping(Event, tag="process_stopping", frozen=True):
     model: str
     pid: int | None
     reason: StopReason
+    evicted_for: str | None = None
+    """With reason `evicted`: the model whose load evicted it."""
+    evicted_by: str | None = None
+    """With reason `evicted`: the request that load is for (None: a preload)."""
 
 
 class ProcessStopped(Event, tag="process_stopped", frozen=True):
@@ -159,6 +172,10 @@ class ProcessStopped(Event, tag="process_stopped", frozen=True):
     pid: int
     reason: StopReason
     exit_code: int | None = None
+    evicted_for: str | None = None
+    """With reason `evicted`: the model whose load evicted it."""
+    evicted_by: str | None = None
+    """With reason `evicted`: the request that load is for (None: a preload)."""
 
 
 class RequestStarted(Event, tag="request_started", frozen=True):

@@ -15,15 +15,16 @@ import msgspec
 
 from app.core import events as ev
 from app.core.queue import FairKeys, Pick, Queued
+from app.core.residency import to_evict
 from app.core.state import FIFO, SchedulerState
 
 Action = Literal["swap", "join", "run"]
-"""swap: load the winner's model first (every other model is stopped);
+"""swap: load the winner's model first (the models `Choice.evicted` names are stopped);
 join: its model is being loaded, it runs when that load ends;
 run: its model is resident, it runs now."""
 
 
-class Choice(msgspec.Struct, frozen=True):
+class Choice(msgspec.Struct, frozen=True, kw_only=True):
     """The next dispatch and what it means, without the scores that explain it."""
 
     pick: Pick
@@ -31,9 +32,11 @@ class Choice(msgspec.Struct, frozen=True):
     its term is off)."""
     dispatched: ev.RequestDispatched
     action: Action
+    evicted: frozenset[str] = frozenset()
+    """With `swap`: the models its load evicts (`residency.to_evict`), all idle."""
 
 
-class Decision(Choice, frozen=True):
+class Decision(Choice, frozen=True, kw_only=True):
     """A `Choice` with its `scores_computed`: what the live server records."""
 
     scores: ev.ScoresComputed
@@ -53,6 +56,7 @@ def decide(state: SchedulerState, now_ns: int) -> Decision | None:
         pick=choice.pick,
         dispatched=choice.dispatched,
         action=choice.action,
+        evicted=choice.evicted,
         # The same state as the pick's: the same fair-share terms.
         scores=_scores_event(state, choice.pick, now_ns, state.fair_keys()),
     )
@@ -61,81 +65,126 @@ def decide(state: SchedulerState, now_ns: int) -> Decision | None:
 def choose(state: SchedulerState, now_ns: int) -> Choice | None:
     """`decide` without its `scores_computed`, for a run that records nothing (the
     replay's what-if runs): the same dispatch, at the cost of the pick alone."""
-    if state.scheduler == FIFO:
-        winner = _fifo_choice(state)
-        if winner is None:
-            return None
-        pick = Pick(
-            winner=winner,
-            runner_up=None,
-            without_aging=winner,
-            without_affinity=winner,
-            without_fair_share=winner,
-            without_short_job=winner,
-        )
-    else:
-        found = _serial_pick(state)
-        if found is None:
-            return None
-        pick = found
+    found = _dispatch_pick(state)
+    if found is None:
+        return None
+    pick, evicted = found
     winner = pick.winner
-    target = state.loading or state.resident
     dispatched = ev.RequestDispatched(
         at=now_ns,
         request_id=winner.request_id,
         model=winner.model,
         attempt=state.requests[winner.request_id].attempt,
-        swap=winner.model != target,
+        swap=winner.model not in state.in_use,
     )
     if dispatched.swap:
         action: Action = "swap"
-    elif state.loading == dispatched.model:
+    elif dispatched.model in state.loads:
         action = "join"
     else:
         action = "run"
-    return Choice(pick=pick, dispatched=dispatched, action=action)
+    return Choice(pick=pick, dispatched=dispatched, action=action, evicted=evicted)
 
 
-def _serial_pick(state: SchedulerState) -> Pick | None:
-    """The dispatch rule with one model resident at a time, non-preemptive: the
-    best-scoring waiting request starts when the lane is idle (loading its model
-    if it is not resident), or when its model is the one in use (resident, or
-    being loaded for a request) and has a free slot (`SchedulerState.slots`).
-    Otherwise nothing starts: every other waiting request scores lower and wants
-    either that same full model or another one, which needs the model in use
-    evicted; so the lane drains and the best one swaps in as soon as the
-    in-flight work ends (slots cannot starve a swap). With one slot per model
-    this is one request in flight across all models, as before format 4."""
-    if not state.running and state.loading is None:
-        return state.queue.pick(state.resident, state.fair_keys())
-    target = state.loading or state.resident
-    # A load no request waits on (a preload, or one whose request left) is not
-    # joined: requests wait for it to end, then take the slots in score order.
-    if target is None:
+def _pick(state: SchedulerState, skip: frozenset[str]) -> Pick | None:
+    if state.scheduler != FIFO:
+        return state.queue.pick(state.in_use, state.fair_keys(), skip)
+    # fifo: the queue's order alone (model priority + header, then arrival).
+    winner = state.queue.best(None, skip=skip)
+    if winner is None:
         return None
-    slots = state.slots(target)
-    if slots == 1 or not 0 < state.running_on(target) < slots:
-        return None
-    found = state.queue.pick(target, state.fair_keys())
-    if found is None or found.winner.model != target:
-        return None  # another model is wanted: the lane drains for it
-    return found
+    return Pick(
+        winner=winner,
+        runner_up=None,
+        without_aging=winner,
+        without_affinity=winner,
+        without_fair_share=winner,
+        without_short_job=winner,
+    )
 
 
-def _fifo_choice(state: SchedulerState) -> Queued | None:
-    """llama-swap's fifo: the head of the queue (model priority + header, then
-    arrival) runs on its model when ready, up to its concurrency limit; a head
-    for another model waits until nothing is in flight, then swaps. Requests
-    for a model being loaded join that load."""
-    head = state.queue.best(None)
-    if head is None:
+def _dispatch_pick(state: SchedulerState) -> tuple[Pick, frozenset[str]] | None:
+    """The dispatch rule, for both schedulers: the best-scoring waiting request
+    that can start now, and the models its start evicts. Whether a request can
+    start depends only on its model, so the rule walks the models in the order
+    of their best waiting request and takes the first that can start:
+
+    - a model in use (resident, or loading) starts one more request while it has
+      a free slot (`SchedulerState.slots`); serial does not join a load no
+      request waits on (a preload), fifo does;
+    - a model not in use starts by a load, when every model the router says the
+      load evicts (`residency.to_evict`) is idle: nothing running on it, not
+      loading;
+    - a model that cannot start holds the ones below it back: its own model
+      takes no more work (full, or waited on), and when it waits for evictions,
+      the models it would evict take no new work (they drain) and no lower
+      request may evict them or load a model its load would have to evict. So
+      the swap happens as soon as the in-flight work on them ends
+      (non-preemptive; slots cannot starve a swap).
+
+    With no router and one slot per model this is the one-at-a-time rule of
+    before: the best request starts when nothing runs or loads, else nothing.
+    The recorded counterfactuals (`Pick`) are among the requests of the models
+    not held back before the winner's."""
+    pick = _pick(state, frozenset())
+    if pick is None:
         return None
-    target = state.loading or state.resident
-    if head.model == target:
-        return head if state.running_on(head.model) < state.slots(head.model) else None
-    if not state.running and state.loading is None:
-        return head
+    held: set[str] = set()
+    """Models that may take no new work and may not be evicted by a lower request."""
+    awaited: list[str] = []
+    """Targets of higher requests that wait for evictions."""
+    evicted = _can_start(state, pick.winner.model, held, awaited)
+    if evicted is not None:
+        return pick, evicted
+    skip = {pick.winner.model}
+    for model in state.queue.model_order(state.in_use, state.fair_keys()):
+        if model in skip:
+            continue
+        evicted = _can_start(state, model, held, awaited)
+        if evicted is not None:
+            found = _pick(state, frozenset(skip))
+            assert found is not None and found.winner.model == model
+            return found, evicted
+        skip.add(model)
     return None
+
+
+def _can_start(
+    state: SchedulerState, model: str, held: set[str], awaited: list[str]
+) -> frozenset[str] | None:
+    """What starting a request for `model` now evicts, or None when it cannot
+    start (then `held` and `awaited` grow with what it holds back)."""
+    if model in held:
+        return None
+    if model in state.in_use:
+        running = state.running_on(model)
+        # A load no request waits on (a preload, or one whose request left) is
+        # not joined under serial: requests wait for it to end, then take the
+        # slots in score order.
+        joinable = running > 0 or model not in state.loads or state.scheduler == FIFO
+        if joinable and running < state.slots(model):
+            return _NOTHING
+        held.add(model)
+        return None
+    if state.running_on(model):
+        held.add(model)  # its process is gone under running work: that work ends first
+        return None
+    occupied = state.occupied()
+    evict = to_evict(state.router, model, occupied)
+    if not evict.isdisjoint(held) or any(state.busy(m) for m in evict):
+        held.update(evict)
+        held.add(model)
+        awaited.append(model)
+        return None
+    after = (occupied - evict) | {model}
+    for target in awaited:
+        if model in to_evict(state.router, target, after):
+            held.add(model)  # a higher request's load would have to evict it
+            return None
+    return evict
+
+
+_NOTHING: frozenset[str] = frozenset()
 
 
 def _scores_event(
@@ -210,7 +259,8 @@ def _changed(winner: str, without: tuple[str | None, ...]) -> list[str]:
 
 
 def next_resident(state: SchedulerState) -> str | None:
-    """The model loaded at the next decision: the one loading now, else the resident one."""
+    """The model loaded at the next decision: the one loading now, else the resident
+    one (with several lanes, the last of each; `SchedulerState.in_use` has them all)."""
     return state.loading or state.resident
 
 
@@ -220,4 +270,4 @@ def ahead_of(state: SchedulerState, request_id: str) -> int | None:
     to "where am I in the queue" for every reader (`/v1/jobs`, `/api/queue`,
     `gpulane queue`, the loading-state chunks): ranked against the model that
     will be resident at the next decision."""
-    return state.queue.position(request_id, next_resident(state), state.fair_keys())
+    return state.queue.position(request_id, state.in_use, state.fair_keys())

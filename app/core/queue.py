@@ -35,7 +35,7 @@ outnumber live ones, so memory stays proportional to the queue.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from typing import Final
 
 import msgspec
@@ -71,6 +71,19 @@ class Pick(msgspec.Struct, frozen=True):
     without_short_job: Queued
 
 
+Affine = str | Set[str] | None
+"""The models whose requests get the swap-affinity bonus: every model in use
+(resident or loading; `SchedulerState.in_use`), or one model (or None)."""
+
+
+def _affine(resident: Affine) -> Set[str] | tuple[str, ...]:
+    if resident is None:
+        return ()
+    if isinstance(resident, str):
+        return (resident,)
+    return resident
+
+
 FairKeys = Mapping[str | None, int]
 """Each active caller's fair-share term in key units (`SchedulerState.fair_keys`)."""
 NO_FAIR: FairKeys = {}
@@ -88,7 +101,7 @@ _SPARE_LANES: Final = 1024
 _SHORT_KEYS: Final = 4096
 
 _Entry = tuple[int, int, str]
-"""What `lane_heaps` hands out: (negated key, order, request id)."""
+"""What `lanes_in_order` hands out: (negated key, order, request id)."""
 
 
 class _Lane:
@@ -281,14 +294,19 @@ class ScoreQueue:
         """Models with at least one waiting request."""
         return list(dict.fromkeys(lane.model for lane in self._lanes.values()))
 
-    def best(self, resident: str | None, fair: FairKeys = NO_FAIR) -> Queued | None:
-        """The request that would be dispatched now."""
+    def best(
+        self, resident: Affine, fair: FairKeys = NO_FAIR, skip: Set[str] = frozenset()
+    ) -> Queued | None:
+        """The request that would be dispatched now (of a model not in `skip`)."""
         bonus = self._bonus
         by_caller = self._by_caller
+        affine = _affine(resident)
         best = _NONE
         for lane in self._lanes.values():
+            if skip and lane.model in skip:
+                continue
             entry = lane.aging[0] - lane.short[0]  # live: `remove` keeps it so
-            if lane.model == resident:
+            if lane.model in affine:
                 entry -= bonus
             if by_caller:
                 entry -= fair.get(lane.caller, 0) << _SHIFT
@@ -296,8 +314,29 @@ class ScoreQueue:
                 best = entry
         return None if best == _NONE else self._by_order[best & _ORDER]
 
-    def pick(self, resident: str | None, fair: FairKeys = NO_FAIR) -> Pick | None:
-        """The winner, the runner-up and the winners without each term."""
+    def model_order(self, resident: Affine, fair: FairKeys = NO_FAIR) -> list[str]:
+        """Models with waiting requests, by their best request's score, best first
+        (ties by arrival): the order the dispatch rule considers them in."""
+        bonus = self._bonus
+        by_caller = self._by_caller
+        affine = _affine(resident)
+        tops: dict[str, int] = {}
+        for lane in self._lanes.values():
+            entry = lane.aging[0] - lane.short[0]
+            if lane.model in affine:
+                entry -= bonus
+            if by_caller:
+                entry -= fair.get(lane.caller, 0) << _SHIFT
+            known = tops.get(lane.model)
+            if known is None or entry < known:
+                tops[lane.model] = entry
+        return sorted(tops, key=tops.__getitem__)
+
+    def pick(
+        self, resident: Affine, fair: FairKeys = NO_FAIR, skip: Set[str] = frozenset()
+    ) -> Pick | None:
+        """The winner, the runner-up and the winners without each term, among the
+        requests of models not in `skip` (`resident`: the models with affinity)."""
         # One pass over the lanes answers every question: a lane's top minus the
         # terms a question counts (shifted to the key's bits) is that lane's
         # candidate, and the smallest candidate wins, exactly as `best`.
@@ -309,10 +348,13 @@ class ScoreQueue:
         win = runner = aging_w = aff_w = fair_w = short_w = _NONE
         win_lane: _Lane | None = None
         win_adjust = fair_key = 0
+        affine = _affine(resident)
         for lane in self._lanes.values():
+            if skip and lane.model in skip:
+                continue
             top = lane.aging[0]
             sj = lane.short[0]  # 0 unless the short-job term is per lane
-            aff = bonus if lane.model == resident else 0
+            aff = bonus if lane.model in affine else 0
             if by_caller:
                 fair_key = fair.get(lane.caller, 0) << _SHIFT
             adjust = aff + fair_key + sj
@@ -356,29 +398,47 @@ class ScoreQueue:
             without_short_job=by_order[short_w & _ORDER] if short else winner,
         )
 
-    def lane_heaps(self) -> list[tuple[str, str | None, list[_Entry]]]:
-        """(model, caller, a heap of its live entries) per lane: a copy a reader may
-        pop to follow dispatch order without touching the queue (O(n))."""
-        by_order = self._by_order
-        out = []
-        for lane in self._lanes.values():
-            sj = lane.short[0]
-            heap = [
-                ((e - sj) >> _SHIFT, e & _ORDER, by_order[e & _ORDER].request_id)
-                for e in lane.aging
-                if e & _ORDER in by_order
-            ]
-            heapq.heapify(heap)
-            out.append((lane.model, lane.caller, heap))
-        return out
+    def lanes_in_order(self) -> list[tuple[str, str | None, Iterator[_Entry]]]:
+        """(model, caller, its live entries in dispatch order) per lane, for a reader
+        that follows dispatch order without copying or touching the queue: each
+        iterator walks its lane's heap best-first (O(log n) a step, nothing read
+        before it is asked for), so the first k of 10,000 cost O(k log k). Valid
+        only until the queue next changes: consume them before any `await`."""
+        return [
+            (lane.model, lane.caller, self._walk(lane.aging, lane.short[0]))
+            for lane in self._lanes.values()
+        ]
 
-    def ranked(self, resident: str | None, fair: FairKeys = NO_FAIR) -> list[Queued]:
+    def _walk(self, heap: list[int], short: int) -> Iterator[_Entry]:
+        """A heap's live entries, smallest first: a frontier of (entry, index) over
+        the heap's tree (a child is never smaller than its parent), dead entries
+        skipped but their children still visited."""
+        by_order = self._by_order
+        n = len(heap)
+        frontier = [(heap[0], 0)] if n else []
+        while frontier:
+            entry, i = _heappop(frontier)
+            child = 2 * i + 1
+            if child < n:
+                _heappush(frontier, (heap[child], child))
+                if child + 1 < n:
+                    _heappush(frontier, (heap[child + 1], child + 1))
+            item = by_order.get(entry & _ORDER)
+            if item is not None:
+                yield ((entry - short) >> _SHIFT, entry & _ORDER, item.request_id)
+
+    def waiting_by_model(self) -> dict[str, int]:
+        """Model -> how many wait for it (O(lanes))."""
+        counts: dict[str, int] = {}
+        for lane in self._lanes.values():
+            counts[lane.model] = counts.get(lane.model, 0) + lane.live
+        return counts
+
+    def ranked(self, resident: Affine, fair: FairKeys = NO_FAIR) -> list[Queued]:
         """Every waiting request in dispatch order as of now (O(n log n), for reports)."""
         return sorted(self._live.values(), key=lambda q: self._rank_key(q, resident, fair))
 
-    def position(
-        self, request_id: str, resident: str | None, fair: FairKeys = NO_FAIR
-    ) -> int | None:
+    def position(self, request_id: str, resident: Affine, fair: FairKeys = NO_FAIR) -> int | None:
         """0-based place in dispatch order as of now (O(n), no sort); None if not queued."""
         item = self._live.get(request_id)
         if item is None:
@@ -386,7 +446,7 @@ class ScoreQueue:
         mine = self._rank_key(item, resident, fair)
         return sum(1 for q in self._live.values() if self._rank_key(q, resident, fair) < mine)
 
-    def ahead(self, item: Queued, resident: str | None, fair: FairKeys = NO_FAIR) -> list[Queued]:
+    def ahead(self, item: Queued, resident: Affine, fair: FairKeys = NO_FAIR) -> list[Queued]:
         """The waiting requests that go before `item` as of now (O(n), no sort);
         `item` need not be queued: one about to arrive has `enqueued_ns` now and
         the next order, so it goes after every equal score."""
@@ -397,15 +457,15 @@ class ScoreQueue:
             if q.request_id != item.request_id and self._rank_key(q, resident, fair) < mine
         ]
 
-    def leading(self, count: int, resident: str | None, fair: FairKeys = NO_FAIR) -> list[Queued]:
+    def leading(self, count: int, resident: Affine, fair: FairKeys = NO_FAIR) -> list[Queued]:
         """The first `count` of `ranked` (O(n log count))."""
         return heapq.nsmallest(
             count, self._live.values(), key=lambda q: self._rank_key(q, resident, fair)
         )
 
-    def _rank_key(self, q: Queued, resident: str | None, fair: FairKeys) -> tuple[int, int]:
+    def _rank_key(self, q: Queued, resident: Affine, fair: FairKeys) -> tuple[int, int]:
         key = self.params.base_key(q.priority, q.enqueued_ns, self.expected(q))
-        if q.model == resident:
+        if q.model in _affine(resident):
             key += self.params.affinity_key()
         if self._by_caller:
             key += fair.get(q.caller, 0)

@@ -196,5 +196,5 @@ def describe(router: Router | None) -> str:
         names = ", ".join(g.name for g in router.groups)
         return f"group router ({len(router.groups)} groups: {names})"
     names = ", ".join(dict.fromkeys(s.name for s in router.sets))
-    return f"matrix router ({len(router.sets)} model sets from: {names})"
-
+    count = len(router.sets)
+    return f"matrix router ({count} model set{'' if count == 1 else 's'} from: {names})"

@@ -36,6 +36,7 @@ import msgspec
 
 from app.core import events as ev
 from app.core.queue import NO_FAIR, FairKeys, Queued, ScoreQueue
+from app.core.residency import Router, to_evict
 from app.core.scoring import Breakdown, ScoringParams
 
 # Scheduler names and fifo's per-model limit, owned here so the config (which
@@ -87,6 +88,7 @@ class SchedulerState:
         config_hash: str = "",
         caller_weights: Mapping[str, int] | None = None,
         log_format: int = ev.LOG_FORMAT,
+        router: Router | None = None,
     ) -> None:
         self._reset(
             params or ScoringParams(),
@@ -96,6 +98,7 @@ class SchedulerState:
             config_hash,
             caller_weights,
             log_format,
+            router,
         )
 
     def _reset(
@@ -107,6 +110,7 @@ class SchedulerState:
         config_hash: str,
         caller_weights: Mapping[str, int] | None = None,
         log_format: int = ev.LOG_FORMAT,
+        router: Router | None = None,
     ) -> None:
         """A new process's state: these parameters, nothing queued, loaded or running.
         `log_format` 3 on: the short-job term is per (model, endpoint), from the
@@ -129,10 +133,18 @@ class SchedulerState:
         """Insertion order is first arrival: a re-queue keeps a request's place here."""
         self.running: dict[str, str] = {}
         """request id -> model, for dispatched requests not yet finished."""
-        self.resident: str | None = None
-        """The model that is loaded and ready."""
-        self.loading: str | None = None
-        """The model being loaded by a swap in progress."""
+        self._running_by_model: dict[str, int] = {}
+        """model -> how many of `running` are on it (absent: none)."""
+        self.router = router
+        """Which models may be resident together (None: one at a time)."""
+        self.residents: dict[str, None] = {}
+        """The resident set: models loaded and ready, in the order they became so."""
+        self.loads: dict[str, str | None] = {}
+        """Loads in progress (at most one per lane): model -> the request it was
+        dispatched for (None: a preload), in the order they began."""
+        self.in_use: frozenset[str] = frozenset()
+        """`residents` and `loads` together: the models whose requests get the
+        swap-affinity bonus, and what `to_evict` weighs a load against."""
         self.next_order = 0
         self.caller_weights = dict(caller_weights or {})
         self._weights = {c: max(1, w) for c, w in self.caller_weights.items()}
@@ -149,8 +161,47 @@ class SchedulerState:
         """The most of any caller's `attained` (it only grows): kept, not
         searched for, when a caller arrives at an idle server."""
 
+    @property
+    def resident(self) -> str | None:
+        """The model that became ready last (with one lane, the one resident)."""
+        return next(reversed(self.residents), None)
+
+    @property
+    def loading(self) -> str | None:
+        """The load begun last (with one lane, the one in progress)."""
+        return next(reversed(self.loads), None)
+
     def running_on(self, model: str) -> int:
-        return sum(1 for m in self.running.values() if m == model)
+        return self._running_by_model.get(model, 0)
+
+    def busy(self, model: str) -> bool:
+        """Running requests, or loading: a model that cannot be evicted now."""
+        return model in self._running_by_model or model in self.loads
+
+    def occupied(self) -> frozenset[str]:
+        """The models in use and those with running requests: what a load is
+        weighed against (`residency.to_evict`)."""
+        if not self._running_by_model.keys() - self.in_use:
+            return self.in_use
+        return self.in_use.union(self._running_by_model)
+
+    def _set_running(self, request_id: str, model: str) -> None:
+        if self.running.get(request_id) is None:
+            self._running_by_model[model] = self._running_by_model.get(model, 0) + 1
+        self.running[request_id] = model
+
+    def _pop_running(self, request_id: str) -> str | None:
+        model = self.running.pop(request_id, None)
+        if model is not None:
+            left = self._running_by_model[model] - 1
+            if left:
+                self._running_by_model[model] = left
+            else:
+                del self._running_by_model[model]
+        return model
+
+    def _residency_changed(self) -> None:
+        self.in_use = frozenset(self.residents).union(self.loads)
 
     def slots(self, model: str) -> int:
         """How many requests `model` may run at once: its `concurrencyLimit` as
@@ -179,7 +230,7 @@ class SchedulerState:
             q.priority,
             q.enqueued_ns,
             now_ns,
-            q.model == (self.loading or self.resident),
+            q.model in self.in_use,
             expected_run_ns=self.queue.expected(q),
             fair_key=fair_key if self.queue.params.fair_share_bonus else 0,
         )
@@ -233,7 +284,7 @@ class SchedulerState:
                 self._most_attained = served
 
     def _finish(self, request_id: str, at: int | None = None) -> None:
-        if self.running.pop(request_id, None) is None:
+        if self._pop_running(request_id) is None:
             self.queue.remove(request_id)  # a running request is no longer queued
         request = self.requests.pop(request_id, None)
         if request is None:
@@ -298,19 +349,23 @@ def _dispatched(state: SchedulerState, event: Any) -> None:
     request.running = True
     request.attempt = event.attempt
     request.dispatched_ns = event.at
-    state.running[event.request_id] = event.model
     if event.swap:
         # The swap is committed from this moment, before SwapStarted is
-        # recorded: fifo must not dispatch to the outgoing model meanwhile,
-        # and requests for the incoming one join this load.
-        state.loading = event.model
+        # recorded: what it evicts takes no more work (the decision found it
+        # idle), and requests for the incoming model join this load.
+        for model in to_evict(state.router, event.model, state.occupied()):
+            state.residents.pop(model, None)
+        state.residents.pop(event.model, None)
+        state.loads[event.model] = event.request_id
+        state._residency_changed()
+    state._set_running(event.request_id, event.model)
 
 
 def _requeued(state: SchedulerState, event: Any) -> None:
     request = state.requests.get(event.request_id)
     if request is None:
         return
-    state.running.pop(event.request_id, None)
+    state._pop_running(event.request_id)
     state.queue.remove(event.request_id)
     state._charge(request, event.at)
     request.attempt = event.attempt
@@ -318,26 +373,40 @@ def _requeued(state: SchedulerState, event: Any) -> None:
 
 
 def _swap_started(state: SchedulerState, event: Any) -> None:
-    state.loading = event.to_model
-    state.resident = None
+    # What it evicts leaves the resident set now (its process_stopping follows);
+    # a log before routers names nothing: every other model in use was evicted.
+    target = event.to_model
+    if event.evicted is None:
+        state.residents.clear()
+        request = state.loads.get(target, event.request_id)
+        state.loads.clear()
+    else:
+        for model in event.evicted:
+            state.residents.pop(model, None)
+            state.loads.pop(model, None)
+        state.residents.pop(target, None)
+        request = state.loads.pop(target, event.request_id)
+    state.loads[target] = request
+    state._residency_changed()
 
 
 def _swap_finished(state: SchedulerState, event: Any) -> None:
-    state.resident = event.model
-    if state.loading == event.model:
-        state.loading = None
+    if state.router is None:
+        state.residents.clear()  # one model at a time
+    state.residents[event.model] = None
+    state.loads.pop(event.model, None)
+    state._residency_changed()
 
 
 def _swap_failed(state: SchedulerState, event: Any) -> None:
-    if state.loading == event.model:
-        state.loading = None
-    if state.resident == event.model:
-        state.resident = None
+    state.loads.pop(event.model, None)
+    state.residents.pop(event.model, None)
+    state._residency_changed()
 
 
 def _process_stopped(state: SchedulerState, event: Any) -> None:
-    if state.resident == event.model:
-        state.resident = None
+    if state.residents.pop(event.model, 1) is None:
+        state._residency_changed()
 
 
 def _ended(state: SchedulerState, event: Any) -> None:
@@ -361,6 +430,7 @@ def _server_started(state: SchedulerState, event: Any) -> None:
         event.config_hash,
         event.caller_weights,
         event.log_format,
+        event.router,
     )
     for request in kept:
         state._enqueue(request)

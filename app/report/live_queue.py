@@ -5,23 +5,27 @@ and scores are the ones the next decision will use. Pure: the caller passes
 the state, the dispatch times of what is running, `now` and the measured run
 times. `explain` uses the same functions on a replayed state.
 
-Estimated starts simulate the serial policy on a copy of the queue: the
+Estimated starts simulate the serial policy on a copy of the queue: each
 running job ends after its model's median run time (counted from its
-dispatch, plus a median load if its model is still loading), then the best
-request given the model that would then be resident goes next, paying a
-median load when its model differs, and so on. Requests arriving later can
-overtake; the estimate is for the queue as it stands.
+dispatch, plus a median load if its model is still loading), and the waiting
+requests go in the queue's own dispatch order: one for the model in use takes
+its first free slot (a model has `SchedulerState.slots`, one unless its
+`concurrencyLimit` says more), one for another model waits until every slot
+has drained, then pays a median load. Requests arriving later can overtake;
+the estimate is for the queue as it stands.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping, Sequence
+import itertools
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import msgspec
 
 from app.core.policy import ahead_of, next_resident
 from app.core.priority import band_of
+from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, Breakdown
 from app.core.state import SchedulerState
 from app.report.run_times import RunTimes
@@ -85,27 +89,38 @@ def estimate_starts(
     those dispatched up to the last of `wanted`: the queue is followed in dispatch
     order (the resident model changing as it would), each request taking its
     model's median run and a swap its median load."""
-    busy_until = now_ns
+    resident = next_resident(state)
+    ends: list[int] = []  # when each running request of the model in use ends
+    others = now_ns  # when the running work on any other model ends
     for request_id, model in state.running.items():
         expected = times.run(model) + (times.swap(model) if state.loading == model else 0.0)
         elapsed = (now_ns - running_since.get(request_id, now_ns)) / NS_PER_S
-        busy_until = max(busy_until, now_ns + _ns(max(0.0, expected - elapsed)))
-    lanes = state.queue.lane_heaps()
+        end = now_ns + _ns(max(0.0, expected - elapsed))
+        if model == resident:
+            ends.append(end)
+        else:
+            others = max(others, end)
+    # When each slot of the model in use frees (a heap): its running requests'
+    # ends, the rest free now; more running than slots free as the last ones end.
+    width = 1 if resident is None else state.slots(resident)
+    ends.sort()
+    free = [max(end, others) for end in ends[-width:]]
+    free[:0] = [others] * (width - len(free))
+    lanes = state.queue.lanes_in_order()
     bonus = state.queue.params.affinity_key()
-    resident = next_resident(state)
     fair = state.fair_keys()  # as of now: charging later runs is beyond an estimate
-    # The queue's own pick (ScoreQueue.best) over the copied lanes: the affinity
-    # bonus is the same for every lane of one model, so per model a heap of its
-    # lanes' tops (each less its caller's fair-share term) orders them, and each
-    # step compares one top per model, not one per lane.
-    tops: dict[str, list[tuple[int, int, int]]] = {}
-    for i, (model, caller, heap) in enumerate(lanes):
-        if heap:
-            tops.setdefault(model, []).append((heap[0][0] - fair.get(caller, 0), heap[0][1], i))
+    # The queue's own pick (ScoreQueue.best), following each lane lazily: the
+    # affinity bonus is the same for every lane of one model, so per model a heap
+    # of its lanes' next entries (each less its caller's fair-share term) orders
+    # them, and each step compares one top per model, not one per lane.
+    tops: dict[str, list[tuple[int, int, int, str]]] = {}
+    for i, (model, caller, entries) in enumerate(lanes):
+        head = next(entries, None)
+        if head is not None:
+            tops.setdefault(model, []).append((head[0] - fair.get(caller, 0), head[1], i, head[2]))
     for model_tops in tops.values():
         heapq.heapify(model_tops)
     left = None if wanted is None else {rid for rid in wanted if rid in state.queue}
-    t = busy_until
     starts: dict[str, int] = {}
     while left is None or left:
         best: tuple[int, int, str] | None = None
@@ -117,16 +132,20 @@ def estimate_starts(
         if best is None:
             break
         model = best[2]
-        i = heapq.heappop(tops[model])[2]
-        _, caller, heap = lanes[i]
-        request_id = heapq.heappop(heap)[2]
-        if heap:
-            heapq.heappush(tops[model], (heap[0][0] - fair.get(caller, 0), heap[0][1], i))
+        _, _, i, request_id = tops[model][0]
+        _, caller, entries = lanes[i]
+        head = next(entries, None)
+        if head is None:
+            heapq.heappop(tops[model])
+        else:
+            heapq.heapreplace(tops[model], (head[0] - fair.get(caller, 0), head[1], i, head[2]))
         if model != resident:
-            t += _ns(times.swap(model))
+            # the model in use drains, then this one loads, all its slots free
+            free = [max(free) + _ns(times.swap(model))] * state.slots(model)
             resident = model
+        t = heapq.heappop(free)
         starts[request_id] = t
-        t += _ns(times.run(model))
+        heapq.heappush(free, t + _ns(times.run(model)))
         if left is not None:
             left.discard(request_id)
     return starts
@@ -165,23 +184,30 @@ def queue_view(
     fair = state.fair_keys()
     listed: Sequence[int]
     wanted: list[str] | None
+    in_order = _in_dispatch_order(state, resident, fair)
     if count is not None:
-        ranked = state.queue.leading(first + count, resident, fair)
+        ranked = list(itertools.islice(in_order, first + count))
         listed = range(first, len(ranked))
         wanted = [ranked[i].request_id for i in listed]
     elif caller is not None:
-        ranked = state.queue.ranked(resident, fair)
+        # Only as far down the queue as its last row: its rows' positions.
+        left = sum(1 for q in state.queue if q.caller == caller)
+        ranked = []
+        for q in in_order if left else ():
+            ranked.append(q)
+            if q.caller == caller:
+                left -= 1
+                if not left:
+                    break
         mine = [i for i, q in enumerate(ranked) if q.caller == caller]
         listed = sorted({j for i in mine for j in (i - 1, i) if j >= first})
         wanted = [ranked[i].request_id for i in listed]
     else:
-        ranked = state.queue.ranked(resident, fair)
+        ranked = list(in_order)
         listed = range(first, len(ranked))
         wanted = None
     starts = estimate_starts(state, running_since, now_ns, times, wanted)
-    by_model: dict[str, int] = {}
-    for q in state.queue:
-        by_model[q.model] = by_model.get(q.model, 0) + 1
+    by_model = state.queue.waiting_by_model()
     waiting = []
     for index in listed:
         item = ranked[index]
@@ -236,6 +262,36 @@ def queue_view(
         total_waiting=len(state.queue),
         waiting_by_model=by_model,
     )
+
+
+def _in_dispatch_order(
+    state: SchedulerState, resident: str | None, fair: FairKeys
+) -> Iterator[Queued]:
+    """The waiting requests in dispatch order as of now (`ScoreQueue.ranked`),
+    lazily: a merge of the lanes' own orders, so the first k cost O(k log k +
+    lanes), not a sort of the whole queue."""
+    bonus = state.queue.params.affinity_key()
+    lanes = state.queue.lanes_in_order()
+    heads: list[tuple[int, int, int, str]] = []
+    adjust = [
+        fair.get(caller, 0) + (bonus if model == resident else 0) for model, caller, _ in lanes
+    ]
+    for i, (_, _, entries) in enumerate(lanes):
+        head = next(entries, None)
+        if head is not None:
+            heads.append((head[0] - adjust[i], head[1], i, head[2]))
+    heapq.heapify(heads)
+    get = state.queue.get
+    while heads:
+        _, _, i, request_id = heads[0]
+        head = next(lanes[i][2], None)
+        if head is None:
+            heapq.heappop(heads)
+        else:
+            heapq.heapreplace(heads, (head[0] - adjust[i], head[1], i, head[2]))
+        item = get(request_id)
+        assert item is not None  # the walk yields live entries only
+        yield item
 
 
 def _ns(seconds: float) -> int:

@@ -36,6 +36,7 @@ from app.config import Config, ModelConfig
 from app.core import events as ev
 from app.core.policy import ahead_of, decide
 from app.core.priority import band_of
+from app.core.residency import describe, plan_preload, to_evict
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
@@ -171,6 +172,7 @@ def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
         fair_share_bonus=config.fair_share_bonus,
         short_job_bonus=config.short_job_bonus,
         caller_weights={k.label: k.weight for k in config.api_keys if k.weight != 1},
+        router=config.router,
     )
 
 
@@ -248,7 +250,8 @@ class Scheduler:
         self.tickets: dict[str, Ticket] = {}
         self.upstreams: dict[str, Upstream] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
-        self._swap_task: asyncio.Task[None] | None = None
+        self._swap_tasks: dict[str, asyncio.Task[None]] = {}
+        """Loads in progress, by model: one per lane, several lanes in parallel."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_used: dict[str, int] = {}
         self.running_since: dict[str, int] = {}
@@ -272,7 +275,16 @@ class Scheduler:
 
     @property
     def resident(self) -> str | None:
+        """The model that became ready last (`residents` has them all)."""
         return self.state.resident
+
+    @property
+    def residents(self) -> list[str]:
+        """The models loaded and ready, in the order they became so."""
+        return list(self.state.residents)
+
+    def is_resident(self, model: str) -> bool:
+        return model in self.state.residents
 
     def live(self) -> LiveState:
         return LiveState(state=self.state, running_since=self.running_since, now_ns=self.clock())
@@ -291,7 +303,7 @@ class Scheduler:
 
     def model_status(self, model: str) -> ModelStatus:
         proc = self.upstreams.get(model)
-        if self.state.loading == model:
+        if model in self.state.loads:
             state: Literal["starting", "ready", "stopped"] = "starting"
         elif proc is not None and proc.running:
             state = "ready"
@@ -560,7 +572,7 @@ class Scheduler:
         for name in list(self.upstreams):
             if model is not None and name != model:
                 continue
-            if self.state.running_on(name) or self.state.loading == name:
+            if self.state.busy(name):
                 continue
             self._stop(name, reason)
             stopped.append(name)
@@ -584,7 +596,7 @@ class Scheduler:
         if ticket is None or request_id not in self.state.running or self.draining:
             return False
         ticket.ready = asyncio.get_running_loop().create_future()
-        if self.state.loading != model:
+        if model not in self.state.loads:
             self._begin_swap(model, request_id)
         try:
             await ticket.ready
@@ -592,14 +604,32 @@ class Scheduler:
             return False
         return True
 
-    def preload(self, model: str) -> None:
-        if (
-            not self.draining
-            and self.state.loading is None
-            and self.state.resident != model
-            and not self.state.running
-        ):
-            self._begin_swap(model, request_id=None)
+    def preload_all(self, models: Iterable[str]) -> list[str]:
+        """`hooks.on_startup.preload`: load every listed model the router lets be
+        resident together, in order (`residency.plan_preload`: one that would
+        evict a model listed before it is left out, with a warning naming both).
+        Loads in different lanes run in parallel. Returns the models loading."""
+        plan = plan_preload(self.config.router, models)
+        for skipped in plan.skipped:
+            log.warning(
+                "preload: %s is not loaded: with %s it would evict %s, preloaded before it",
+                skipped.model,
+                describe(self.config.router),
+                ", ".join(skipped.conflicts),
+            )
+        return [model for model in plan.load if self.preload(model)]
+
+    def preload(self, model: str) -> bool:
+        """Load `model` for no request, if that evicts only idle models; True when
+        its load began."""
+        state = self.state
+        if self.draining or model in state.in_use:
+            return False
+        evict = to_evict(state.router, model, state.occupied())
+        if any(state.busy(m) for m in evict):
+            return False
+        self._begin_swap(model, request_id=None, evicted=evict)
+        return True
 
     def pump(self) -> None:
         """Dispatch until the policy says nothing more can run now. Nothing
@@ -620,7 +650,7 @@ class Scheduler:
                 ticket.score = decision.scores.winner.total
                 ticket.queue_wait_ms = (now - enqueued) / 1e6
             if decision.action == "swap":
-                self._begin_swap(dispatched.model, dispatched.request_id)
+                self._begin_swap(dispatched.model, dispatched.request_id, decision.evicted)
             elif decision.action == "run":
                 self._release(dispatched.request_id, dispatched.model)
             # "join": released by _swap_done when the load in progress ends
@@ -763,26 +793,58 @@ class Scheduler:
             Detached(504, "upstream_timeout", message),
         )
 
-    def _begin_swap(self, model: str, request_id: str | None) -> None:
-        now = self.clock()
+    def _begin_swap(
+        self, model: str, request_id: str | None, evicted: Iterable[str] | None = None
+    ) -> None:
+        """Load `model` (for `request_id`, None: a preload), evicting `evicted`: the
+        decision's, else what the router says of the idle models in use (a reload
+        after a crash leaves busy ones alone)."""
+        state = self.state
+        if evicted is None:
+            evicted = [
+                m for m in to_evict(state.router, model, state.occupied()) if not state.busy(m)
+            ]
+        names = sorted(evicted)
+        if state.router is None:
+            from_model = state.resident
+        else:
+            from_model = names[0] if len(names) == 1 else None
         self.emit(
             [
                 ev.SwapStarted(
-                    at=now, from_model=self.state.resident, to_model=model, request_id=request_id
+                    at=self.clock(),
+                    from_model=from_model,
+                    to_model=model,
+                    request_id=request_id,
+                    evicted=names,
                 )
             ]
         )
-        self._swap_task = self._spawn(self._swap(model))
+        task = self._spawn(self._swap(model, names, request_id))
+        self._swap_tasks[model] = task
+        task.add_done_callback(
+            lambda t: self._swap_tasks.pop(model) if self._swap_tasks.get(model) is t else None
+        )
 
-    async def _swap(self, model: str) -> None:
+    async def _swap(self, model: str, evicted: list[str], request_id: str | None) -> None:
         t0 = self.clock()
         try:
-            # Serial means one model at a time: stop every other one first.
-            for other in list(self.upstreams):
-                if other != model:
-                    self._stop(other, "evicted")
-            for task in list(self._stopping.values()):
-                await task
+            router = self.state.router
+            if router is None:
+                # One model at a time: stop every other one first.
+                evicted = [other for other in self.upstreams if other != model]
+            for other in evicted:
+                if other in self.upstreams:
+                    self._stop(other, "evicted", evicted_for=model, evicted_by=request_id)
+            # Wait for the evicted to free their GPU, and for any other stop in
+            # progress the router would have had this load evict (its lane), or
+            # of this model's previous process.
+            stopping = set(self._stopping)
+            wait_for = stopping if router is None else to_evict(router, model, stopping)
+            for other in sorted(wait_for | (stopping & {model, *evicted})):
+                task = self._stopping.get(other)
+                if task is not None:
+                    await task
             proc = self.upstreams.get(model)
             if proc is None or not proc.running:
                 proc = self._new_upstream(
@@ -856,11 +918,29 @@ class Scheduler:
                 self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502))
         self.pump()
 
-    def _stop(self, model: str, reason: ev.StopReason) -> None:
+    def _stop(
+        self,
+        model: str,
+        reason: ev.StopReason,
+        *,
+        evicted_for: str | None = None,
+        evicted_by: str | None = None,
+    ) -> None:
         proc = self.upstreams.pop(model, None)
         if proc is None:
             return
-        self.emit([ev.ProcessStopping(at=self.clock(), model=model, pid=proc.pid, reason=reason)])
+        self.emit(
+            [
+                ev.ProcessStopping(
+                    at=self.clock(),
+                    model=model,
+                    pid=proc.pid,
+                    reason=reason,
+                    evicted_for=evicted_for,
+                    evicted_by=evicted_by,
+                )
+            ]
+        )
 
         async def stop() -> None:
             try:
@@ -879,6 +959,8 @@ class Scheduler:
                             pid=proc.pid,
                             reason=reason,
                             exit_code=code,
+                            evicted_for=evicted_for,
+                            evicted_by=evicted_by,
                         )
                     ]
                 )
@@ -913,11 +995,7 @@ class Scheduler:
 
     def _ttl_check(self, model: str) -> None:
         ttl = self.config.models[model].ttl
-        if (
-            model not in self.upstreams
-            or self.state.loading == model
-            or self.state.running_on(model)
-        ):
+        if model not in self.upstreams or self.state.busy(model):
             return  # busy: the request's end arms the TTL again
         early = ttl - (self.clock() - self._last_used.get(model, 0)) / 1e9
         if early > 0:
@@ -941,11 +1019,11 @@ class Scheduler:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
         for model in list(self.upstreams):
             self._stop(model, "shutdown")
-        if self._swap_task is not None:
+        for swap in list(self._swap_tasks.values()):
             # Its process is stopped, so it ends now and records how (a swap
             # cancelled instead would leave its swap_started unfinished).
             with contextlib.suppress(Exception):
-                await self._swap_task
+                await swap
         for model in list(self.upstreams):
             self._stop(model, "shutdown")  # one that swap had not spawned yet
         for task in list(self._stopping.values()):

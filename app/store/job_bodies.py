@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine, and_, exists, func, literal_column, select
 from sqlalchemy import delete as sql_delete
 
-from app.store.tables import OPEN_STATUSES, job_bodies, requests
+from app.store.tables import OPEN_STATUSES, batch_lines, job_bodies, requests
 
 _CHUNK = 1 << 20
 """Bytes written per blob write: memory stays flat whatever the body's size."""
@@ -108,6 +108,8 @@ def prune_bodies(engine: Engine, orphans_before: float) -> int:
     )
     orphan = and_(
         ~exists().where(requests.c.id == job_bodies.c.request_id),
+        # A batch's line not queued yet (a crash mid-way): queued on resume.
+        ~exists().where(batch_lines.c.request_id == job_bodies.c.request_id),
         job_bodies.c.stored_at < orphans_before,
     )
     with engine.begin() as conn:

@@ -168,3 +168,68 @@ server_lease = Table(
     Column("renewed_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
 )
+
+# Files of the OpenAI Files API (`/v1/files`): a Batch API input, or a batch's
+# output and error files. Not a read model: contents are not in the events. A
+# file is written whole in one transaction, so it is never half there.
+files = Table(
+    "files",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("caller", Text),
+    Column("purpose", Text, nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("bytes", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("content", LargeBinary, nullable=False),
+    Index("ix_files_caller_created_at", "caller", "created_at"),
+)
+
+# Batches of the OpenAI Batch API (`/v1/batches`). Each line of the input file
+# is a durable job (`batch_lines.request_id` -> `requests.id`); a batch's
+# progress derives from its lines' jobs, and its row holds only what is the
+# batch's own: its status once decided, its times and its output files.
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("caller", Text),
+    Column("endpoint", Text, nullable=False),
+    Column("input_file_id", Text, nullable=False),
+    Column("completion_window", Text, nullable=False),
+    Column("metadata", JSON),
+    Column("priority", Integer, nullable=False),
+    # validating, failed, in_progress, cancelling, completed, expired, cancelled
+    Column("status", Text, nullable=False),
+    Column("errors", JSON),
+    Column("total", Integer, nullable=False),
+    Column("output_file_id", Text),
+    Column("error_file_id", Text),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("in_progress_at", Float),
+    Column("finalizing_at", Float),
+    Column("completed_at", Float),
+    Column("failed_at", Float),
+    Column("expired_at", Float),
+    Column("cancelling_at", Float),
+    Column("cancelled_at", Float),
+    Index("ix_batches_caller_created_at", "caller", "created_at"),
+    Index("ix_batches_status", "status"),
+)
+
+# One row per line of a batch's input file, written with the batch: its
+# custom_id and the durable job that answers it (NULL when the line was
+# answered without one: `error` says why, e.g. its model is not configured).
+batch_lines = Table(
+    "batch_lines",
+    metadata,
+    Column("batch_id", Text, primary_key=True),
+    Column("line", Integer, primary_key=True),
+    Column("custom_id", Text, nullable=False),
+    # The configured model its job runs on (its body may name it otherwise: useModelName).
+    Column("model", Text),
+    Column("request_id", Text),
+    Column("error", JSON),
+    Index("ix_batch_lines_request_id", "request_id"),
+)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -13,34 +12,20 @@ from litestar import Litestar, MediaType, Request, Response, asgi, get, post
 from litestar.datastructures import State
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath, FromQuery
-from litestar.response import Stream
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine
 
 from app.config import Config
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
-from app.web.access import ACCESS_HANDLERS, admin_only, identity, model_fields, only_caller
+from app.web.access import ACCESS_HANDLERS, admin_only, identity, only_caller
 from app.web.auth import api_key_middleware
 from app.web.console import Live, console_routes, open_console_assets
 from app.web.console.security import add_security_headers
 from app.web.errors import EXCEPTION_HANDLERS, send_error
+from app.web.llama_swap_routes import listing_routes, log_routes
+from app.web.model_routes import model_in_path, model_route_handlers
 from app.web.proxy import Proxy
-
-JSON_ROUTES = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/rerank",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/images/generations",
-    "/v1/audio/speech",
-    "/completion",
-    "/infill",
-)
-FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/images/edits")
-
 
 _UPSTREAM_PREFIX = "/upstream"
 
@@ -58,12 +43,8 @@ def create_app(
     on_shutdown: Sequence[Callable[[], Any]] = (),
 ) -> Litestar:
     handlers: list[BaseRouteHandler] = [
-        asgi(path=list(JSON_ROUTES), is_mount=False, copy_scope=False)(
-            _post_only(proxy.handler("json"))
-        ),
-        asgi(path=list(FORM_ROUTES), is_mount=False, copy_scope=False)(
-            _post_only(proxy.handler("form"))
-        ),
+        # Every route llama-swap dispatches by model (app/web/model_routes.py).
+        *model_route_handlers(proxy.inference),
         # An upstream's own pages (/slots, /metrics) show every caller's work: admin only.
         asgi(path="/upstream", is_mount=True, copy_scope=False, guards=[admin_only])(
             _upstream_mount(proxy)
@@ -82,48 +63,6 @@ def create_app(
             headers={"Retry-After": str(max(1, math.ceil(scheduler.store.retry_in)))},
         )
 
-    @get("/v1/models", sync_to_thread=False)
-    def models() -> dict[str, Any]:
-        created = int(time.time())
-        data = []
-        for spec in config.models.values():
-            if spec.unlisted:
-                continue
-            entry: dict[str, Any] = {
-                "id": spec.id,
-                "object": "model",
-                "created": created,
-                "owned_by": "gpulane",
-                "state": scheduler.model_status(spec.id).state,
-            }
-            if spec.name:
-                entry["name"] = spec.name
-            if spec.description:
-                entry["description"] = spec.description
-            if spec.metadata:
-                entry["meta"] = spec.metadata
-            data.append(entry)
-        return {"object": "list", "data": data}
-
-    @get("/running", sync_to_thread=False)
-    def running(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        who = identity(request.scope)
-        out = []
-        for model in scheduler.loaded_models():
-            spec = config.models[model]
-            status = scheduler.model_status(model)
-            row = {
-                "model": model,
-                "state": status.state,
-                "pid": status.pid,
-                "proxy": spec.proxy,
-                "ttl": spec.ttl,
-                "cmd": " ".join(spec.cmd),
-                "in_flight": status.in_flight,
-            }
-            out.append(model_fields(who, row))  # a user key never sees cmd or proxy
-        return {"running": out}
-
     @get("/unload", media_type=MediaType.TEXT, sync_to_thread=False, guards=[admin_only])
     def unload_all_get() -> str:
         scheduler.unload(None)
@@ -133,10 +72,15 @@ def create_app(
     def unload_all() -> dict[str, Any]:
         return {"unloaded": scheduler.unload(None)}
 
+    # {model:path}: an id may hold slashes (org/model), sent as / or %2F.
     @post(
-        "/api/models/unload/{model:str}", status_code=200, sync_to_thread=False, guards=[admin_only]
+        "/api/models/unload/{model:path}",
+        status_code=200,
+        sync_to_thread=False,
+        guards=[admin_only],
     )
     def unload_one(model: FromPath[str]) -> Response[dict[str, Any]]:
+        model = model.lstrip("/")
         resolved = config.resolve_model(model)
         if resolved is None:
             return Response(
@@ -160,18 +104,6 @@ def create_app(
     def logs_text() -> str:
         return logs.text()
 
-    @get("/logs/stream", sync_to_thread=False, guards=[admin_only])
-    def logs_stream() -> Stream:
-        # Subscribed before the response starts, so no line after the request is missed.
-        subscription = logs.subscribe()
-
-        async def lines() -> AsyncIterator[bytes]:
-            async with subscription:  # unsubscribes when the client leaves
-                async for line in subscription:
-                    yield line.format().encode() + b"\n"
-
-        return Stream(lines(), media_type=MediaType.TEXT)
-
     @get("/api/activity")
     async def activity_page(
         request: Request[Any, Any, Any], limit: FromQuery[int] = 50, offset: FromQuery[int] = 0
@@ -188,16 +120,15 @@ def create_app(
 
     handlers += [
         health,
-        models,
-        running,
         unload_all_get,
         unload_all,
         unload_one,
         metrics,
         logs_text,
-        logs_stream,
         activity_page,
     ]
+    # /v1/models, /models, /running and the log streams, in llama-swap's shapes.
+    handlers += listing_routes(config, scheduler) + log_routes(config, logs)
     handlers += list(extra_handlers)
     # The web console (/ui/, and / redirects there); its shells and assets need no key.
     handlers += console_routes(engine, Live(config, scheduler, logs))
@@ -244,14 +175,21 @@ def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
         # path: /upstream/MODEL/REST -> model MODEL, path /REST (still %-encoded,
         # as the client sent it).
         raw = scope.get("raw_path") or scope["path"].encode("utf-8")
-        rest = raw.decode("latin-1").split("?", 1)[0][len(_UPSTREAM_PREFIX) :]
-        model, _, path = rest.lstrip("/").partition("/")
+        rest = raw.decode("latin-1").split("?", 1)[0][len(_UPSTREAM_PREFIX) :].lstrip("/")
+        # The longest configured id or alias the path starts with: an id may hold
+        # slashes (org/model), sent as / or %2F.
+        found = model_in_path(proxy.config.name_index, rest)
+        if found is not None:
+            model, _, path = found
+        else:
+            first, _, tail = rest.partition("/")
+            model, path = unquote(first), "/" + tail
         if not model:
             await send_error(
                 send, 404, "use /upstream/MODEL/PATH to reach a model's server", code="not_found"
             )
             return
-        scope["path_params"] = {"model": unquote(model), "path": "/" + path}
+        scope["path_params"] = {"model": model, "path": path}
         await proxy.upstream(scope, receive, send)
 
     return upstream

@@ -24,11 +24,13 @@ from app.runtime.upstream import UpstreamStartError
 from app.web.auth import ANONYMOUS, identify
 from app.web.errors import retry_after, send_error
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
+from app.web.model_routes import forwarded_path
 from app.web.request_body import (
     BadRequest,
     form_model,
     json_model,
     max_wait_ns,
+    query_model,
     read_body,
     rename_form_model,
     rewrite,
@@ -62,7 +64,7 @@ class Proxy:
         """Set by serve: takes requests sent with `Prefer: respond-async`."""
 
     def handler(
-        self, source: Literal["json", "form"]
+        self, source: Literal["json", "form", "query"]
     ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         async def handle(scope: Scope, receive: Receive, send: Send) -> None:
             await self.inference(scope, receive, send, source)
@@ -70,6 +72,8 @@ class Proxy:
         return handle
 
     async def inference(self, scope: Scope, receive: Receive, send: Send, source: str) -> None:
+        """A model-dispatched route (app/web/model_routes.py): the model is read
+        from the JSON body, a form field or (`query`) the query string."""
         headers = _headers(scope)
         endpoint = scope["path"]
         asked = read_priority(headers.get(HEADER.lower()))
@@ -81,9 +85,11 @@ class Proxy:
             priority = identity.grant(asked)
             max_wait = max_wait_ns(headers)
             body = await read_body(receive, self.config.max_body_bytes)
-            if source == "form":
+            doc: dict[str, Any] | None = None
+            if source == "query":
+                model_requested = query_model(scope.get("query_string", b""))
+            elif source == "form":
                 model_requested = form_model(body, headers.get("content-type", ""))
-                doc = None
             else:
                 doc, model_requested = json_model(body)
                 asked = _with_service_tier(asked, doc)
@@ -97,10 +103,10 @@ class Proxy:
                     "model_not_found",
                 )
             spec = self.config.models[model]
-            if doc is None and spec.use_model_name and spec.use_model_name != model_requested:
+            if source == "form" and spec.use_model_name and spec.use_model_name != model_requested:
                 body = rename_form_model(body, headers["content-type"], spec.use_model_name)
             elif doc is not None:
-                changed = rewrite(doc, spec)
+                changed = rewrite(doc, spec, model_requested)
                 if changed is not None:
                     body = json.dumps(changed).encode()
         except BadRequest as exc:
@@ -120,13 +126,16 @@ class Proxy:
             caller=identity.caller,
             max_wait_ns=max_wait,
         )
+        path = forwarded_path(endpoint)
         progress = (
             spec.send_loading_state
-            and endpoint == "/v1/chat/completions"
+            and path == "/v1/chat/completions"
             and doc is not None
             and doc.get("stream") is True
         )
-        await self._run(scope, receive, send, admission, body, headers, progress=progress)
+        await self._run(
+            scope, receive, send, admission, body, headers, upstream_path=path, progress=progress
+        )
 
     async def upstream(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/upstream/{model}/{path}: any method, passed through to that model's server."""
@@ -138,7 +147,7 @@ class Proxy:
             )
             return
         path = "/" + params.get("path", "").lstrip("/")
-        if self._ignore.search(path) and self.scheduler.resident != model:
+        if self._ignore.search(path) and not self.scheduler.is_resident(model):
             # A browser asking for a favicon must not trigger a model swap.
             await send_error(
                 send,

@@ -7,6 +7,7 @@ import json
 import re
 from decimal import Decimal
 from typing import Any, Final
+from urllib.parse import parse_qs
 
 from litestar.types import Receive
 
@@ -209,9 +210,22 @@ def _form_delimiter(content_type: str) -> bytes:
     return b"--" + boundary.encode()
 
 
-def rewrite(doc: dict[str, Any], spec: Any) -> dict[str, Any] | None:
-    """Apply useModelName and filters; None when the body needs no change,
-    so an untouched body passes through byte for byte."""
+def query_model(query_string: bytes) -> str:
+    """The `model` query parameter of a GET route (`/props?model=...`)."""
+    values = parse_qs(query_string.decode("latin-1"), encoding="utf-8").get("model", [])
+    model = values[0].strip() if values else ""
+    if not model:
+        raise BadRequest(
+            400, "request has no 'model' query parameter (?model=NAME)", "missing_model"
+        )
+    return model
+
+
+def rewrite(doc: dict[str, Any], spec: Any, requested: str | None = None) -> dict[str, Any] | None:
+    """Apply useModelName and filters (stripParams, setParams, then the
+    setParamsByID entry of the `requested` name, which wins, as in llama-swap);
+    None when the body needs no change, so an untouched body passes through
+    byte for byte."""
     changed = False
     if spec.use_model_name and doc.get("model") != spec.use_model_name:
         doc["model"] = spec.use_model_name
@@ -220,8 +234,9 @@ def rewrite(doc: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         if name != "model" and name in doc:
             del doc[name]
             changed = True
-    for name, value in spec.set_params.items():
-        if name != "model" and doc.get(name) != value:
+    by_id = spec.set_params_by_id.get(requested, {}) if requested is not None else {}
+    for name, value in {**spec.set_params, **by_id}.items():
+        if name != "model" and (name not in doc or doc[name] != value):
             doc[name] = value
             changed = True
     return doc if changed else None

@@ -36,6 +36,8 @@ from app.store.queries import activity
 from app.store.samples import recent_runs
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
+from app.web.batches import BatchRunner, batch_routes
+from app.web.files import FileStore, file_routes
 from app.web.forward import Forwarder
 from app.web.jobs import JobRunner, job_routes
 from app.web.limits import server_options
@@ -51,16 +53,31 @@ FENCED_EXIT = 3
 """Exit status of a server whose lease another gpulane took over (app/runtime/leadership.py)."""
 
 
-def serve_command(config_path: str, listen: str, db: str | None) -> int:
+def serve_command(
+    config_path: str,
+    listen: str,
+    db: str | None,
+    tls: tuple[str | None, str | None] = (None, None),
+) -> int:
     try:
         config = load_config(config_path)
     except (ConfigError, OSError) as exc:
         print(f"gpulane: config {config_path}: {exc}", file=sys.stderr)
         return 2
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        print(f"gpulane: --listen must be HOST:PORT, not {listen!r}", file=sys.stderr)
+    host, colon, port = listen.rpartition(":")
+    if not colon or not port.isdigit():
+        print(f"gpulane: --listen must be HOST:PORT or :PORT, not {listen!r}", file=sys.stderr)
         return 2
+    # `:PORT` is every interface, as in llama-swap (Go); `[::1]:PORT` is IPv6.
+    host = host.removeprefix("[").removesuffix("]") or "0.0.0.0"
+    cert, key = tls
+    if bool(cert) != bool(key):
+        print("gpulane: TLS needs both --tls-cert-file and --tls-key-file", file=sys.stderr)
+        return 2
+    for path in (cert, key):
+        if path and not os.access(path, os.R_OK):
+            print(f"gpulane: TLS file {path!r} cannot be read", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level={"debug": logging.DEBUG, "warn": logging.WARNING, "error": logging.ERROR}.get(
             config.log_level, logging.INFO
@@ -86,13 +103,20 @@ def serve_command(config_path: str, listen: str, db: str | None) -> int:
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
     try:
-        uvloop.run(_serve(config, engine, host, int(port), lease))
+        uvloop.run(_serve(config, engine, host, int(port), lease, tls))
     except KeyboardInterrupt:
         pass
     return 0
 
 
-async def _serve(config: Config, engine: Engine, host: str, port: int, lease: Lease) -> None:
+async def _serve(
+    config: Config,
+    engine: Engine,
+    host: str,
+    port: int,
+    lease: Lease,
+    tls: tuple[str | None, str | None] = (None, None),
+) -> None:
     logs = LogBuffer()
     _capture_logs(logs)
     store = SqliteEventStore(engine, fence=partial(lease_fence, lease.term))
@@ -115,22 +139,25 @@ async def _serve(config: Config, engine: Engine, host: str, port: int, lease: Le
     proxy = Proxy(config, scheduler, forwarder)
     jobs = JobRunner(config, scheduler, forwarder, engine)
     proxy.jobs = jobs
+    batches = BatchRunner(jobs)
     background: list[asyncio.Task[None]] = []
 
     async def startup() -> None:
         for ticket, job in recovered.jobs:
             jobs.run(ticket, job)
         background.append(asyncio.get_running_loop().create_task(jobs.prune_forever()))
-        for model in config.preload:
-            scheduler.preload(model)
+        # Batches: queue what a crash left unqueued, finish those whose lines ended.
+        background.append(asyncio.get_running_loop().create_task(batches.watch()))
+        scheduler.preload_all(config.preload)
         scheduler.pump()
         # What exists after start-up lives as long as the server: keep the collector
         # from re-walking it in full collections that stall the proxy path.
         gc.collect()
         gc.freeze()
         log.info(
-            "gpulane %s listening on http://%s:%d (db %s)",
+            "gpulane %s listening on %s://%s:%d (db %s)",
             __version__,
+            "https" if tls[0] else "http",
             host,
             port,
             engine.url.database,
@@ -155,7 +182,7 @@ async def _serve(config: Config, engine: Engine, host: str, port: int, lease: Le
         logs,
         activity=lambda limit, offset, caller: activity(engine, limit, offset, caller),
         engine=engine,
-        extra_handlers=extra_routes(scheduler, jobs, engine),
+        extra_handlers=extra_routes(scheduler, jobs, engine, batches),
         on_startup=[startup],
         on_shutdown=[shutdown],
     )
@@ -167,6 +194,8 @@ async def _serve(config: Config, engine: Engine, host: str, port: int, lease: Le
             port=port,
             **server_options(),  # httptools, with limits on the request head
             server_header=False,  # the upstream's own Server header passes through
+            ssl_certfile=tls[0],
+            ssl_keyfile=tls[1],
             log_level="warning",
             access_log=False,
             lifespan="on",
@@ -177,10 +206,19 @@ async def _serve(config: Config, engine: Engine, host: str, port: int, lease: Le
     await server.serve()
 
 
-def extra_routes(scheduler: Scheduler, jobs: JobRunner, engine: Engine) -> list[BaseRouteHandler]:
-    """The routes serve gives `create_app` beside its own: jobs, reports, admin
-    (tests/e2e/test_user_view.py walks them all with a user key)."""
-    return [*job_routes(jobs), *report_routes(scheduler, engine), *admin_routes(scheduler)]
+def extra_routes(
+    scheduler: Scheduler, jobs: JobRunner, engine: Engine, batches: BatchRunner | None = None
+) -> list[BaseRouteHandler]:
+    """The routes serve gives `create_app` beside its own: jobs, files and
+    batches, reports, admin (tests/e2e/test_user_view.py walks them all with a
+    user key)."""
+    return [
+        *job_routes(jobs),
+        *file_routes(FileStore(jobs.config, engine)),
+        *batch_routes(batches or BatchRunner(jobs)),
+        *report_routes(scheduler, engine),
+        *admin_routes(scheduler),
+    ]
 
 
 def _fenced(scheduler: Scheduler, reason: str) -> None:

@@ -178,6 +178,8 @@ ADMIN_ONLY = [
     ("POST", "/api/models/unload/A"),
     ("GET", "/logs"),
     ("GET", "/logs/stream"),
+    ("GET", "/logs/stream/proxy"),
+    ("GET", "/logs/stream/A"),
     ("GET", "/metrics"),
     ("GET", "/upstream/A/echo"),
     ("POST", "/upstream/A/echo"),
@@ -194,7 +196,7 @@ def test_server_wide_routes_need_an_admin_key(world: World, method: str, path: s
         error = r.json()["error"]
         assert error["code"] == "admin_key_required"
         assert path in error["message"] and "admin" in error["message"]
-    # The log stream never ends: its status is enough.
+    # A log stream never ends: its status is enough.
     with client.stream(method, path, headers=as_key("admin")) as r:
         assert r.status_code == 200, path
 

@@ -93,6 +93,13 @@ def test_api_keys_guard_every_route_but_health(gateway: Start) -> None:
             ("GET", "/api/activity"),
             ("GET", "/upstream/A/echo"),
             ("GET", "/unload"),
+            # llama-swap's routes (tests/e2e/test_llama_swap_routes.py).
+            ("GET", "/models"),
+            ("POST", "/v1/messages/count_tokens"),
+            ("POST", "/v/chat/completions"),
+            ("GET", "/props?model=A"),
+            ("GET", "/logs/stream/proxy"),
+            ("POST", "/api/models/unload/A"),
         ):
             r = anon.request(method, path, json=chat("A") if method == "POST" else None)
             assert r.status_code == 401, (path, r.text)
@@ -262,7 +269,7 @@ def test_models_list_hides_unlisted_models_and_shows_their_state(gateway: Start)
         assert ids == ["A", "B"]
 
 
-def test_logs_hold_upstream_output_and_the_stream_sends_new_lines(gateway: Start) -> None:
+def test_logs_hold_upstream_output_and_the_stream_replays_then_follows(gateway: Start) -> None:
     gw = gateway(config(model("A"), model("B")))
     with gw.client() as client:
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
@@ -294,8 +301,9 @@ def test_logs_hold_upstream_output_and_the_stream_sends_new_lines(gateway: Start
             assert found.wait(10), seen
             follower.result()
         assert "[upstream:B] B handled POST /v1/chat/completions" in seen
-        # Old lines are not replayed; the stream only carries what came after.
-        assert not any("A handled POST" in line for line in seen)
+        # As in llama-swap, the lines held are replayed first, then the new ones.
+        replayed = seen.index("[upstream:A] A handled POST /v1/chat/completions")
+        assert replayed < seen.index("[upstream:B] B handled POST /v1/chat/completions")
         # A closed stream leaves the server serving.
         assert client.post("/v1/chat/completions", json=chat("B")).status_code == 200
 

@@ -238,15 +238,20 @@ class HeldStore(InMemoryEventStore):
 def config_text(
     models: dict[str, dict[str, Any]],
     scheduler: str = "serial",
+    *,
+    router: dict[str, Any] | None = None,
     **settings: Any,
 ) -> str:
-    """A config file (JSON is YAML) with these models (extra keys in camelCase)
-    and the scheduler's settings (`swapAffinityBonus=0`, `priority={...}`)."""
+    """A config file (JSON is YAML) with these models (extra keys in camelCase),
+    the scheduler's settings (`swapAffinityBonus=0`, `priority={...}`) and
+    `routing.router` (`{"use": "group", "settings": {"groups": ...}}`)."""
     entries = {
         name: {"cmd": f"fake-server --name {name} --port ${{PORT}}"} | keys
         for name, keys in models.items()
     }
-    routing = {"scheduler": {"use": scheduler, "settings": {scheduler: settings}}}
+    routing: dict[str, Any] = {"scheduler": {"use": scheduler, "settings": {scheduler: settings}}}
+    if router is not None:
+        routing["router"] = router
     return json.dumps({"routing": routing, "models": entries})
 
 

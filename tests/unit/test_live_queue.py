@@ -73,6 +73,26 @@ def test_estimated_starts_follow_the_queues_own_dispatch_order(params: ScoringPa
     assert len(partial) < len(full) or set(some) >= set(full)
 
 
+def test_estimated_starts_fill_the_free_slots_then_drain_for_another_model() -> None:
+    d = CoreDriver(ScoringParams(), resident="a", concurrency={"a": 3})
+    d.enqueue("running", "a")
+    d.step()
+    for rid in ("a0", "a1", "a2", "a3"):
+        d.enqueue(rid, "a")
+    d.enqueue("b0", "b", -100)
+    now, s = d.now, NS_PER_S
+    starts = estimate_starts(d.state, {"running": now}, now, TIMES)
+    # two slots free now, the third when `running` ends (5 s); then as they free;
+    # b waits for all three to drain (10 s), then its 20 s load
+    assert {rid: (t - now) // s for rid, t in starts.items()} == {
+        "a0": 0,
+        "a1": 0,
+        "a2": 5,
+        "a3": 5,
+        "b0": 30,
+    }
+
+
 @pytest.mark.parametrize("params", PARAMS)
 def test_a_window_of_the_view_is_that_slice_of_the_whole(params: ScoringParams) -> None:
     state = busy_state(params)
@@ -114,3 +134,31 @@ def test_a_user_keys_page_from_its_own_rows_is_its_page_from_the_whole_view() ->
             page = queue_page(own, TIMES, offset, limit, caller)
             assert page == queue_page(whole, TIMES, offset, limit, caller)
             assert page["waiting"] or offset >= len(mine)
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_the_view_lists_the_queues_own_order_after_cancels_below_the_tops(
+    params: ScoringParams,
+) -> None:
+    # The view walks the lanes' heaps in place (no copy, no sort): entries cancelled
+    # below a heap's top stay in it, dead, and must be skipped, their children not.
+    rng = random.Random(2)
+    driver = CoreDriver(params, resident="a")
+    driver.enqueue("running", "a", 0, caller="x")
+    driver.step()
+    for i in range(400):
+        driver.advance(rng.randrange(3) * NS_PER_S)
+        driver.enqueue(
+            f"r{i}", rng.choice("ab"), rng.choice((100, 0, -100)), caller=rng.choice("xy")
+        )
+    for i in rng.sample(range(400), 150):
+        driver.cancel(f"r{i}")
+    state = driver.state
+    now = max(q.enqueued_ns for q in state.queue)
+    running_since = dict.fromkeys(state.running, now)
+    whole = queue_view(state, running_since, now, TIMES)
+    expected = state.queue.ranked(state.resident, state.fair_keys())
+    assert [w.request_id for w in whole.waiting] == [q.request_id for q in expected]
+    assert estimate_starts(state, running_since, now, TIMES) == reference_starts(state, now)
+    window = queue_view(state, running_since, now, TIMES, first=10, count=20)
+    assert window.waiting == whole.waiting[10:30]

@@ -7,8 +7,6 @@ the log generated at that point. The bounds are what was measured (docs/replay.m
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from app.core.scoring import ScoringParams
@@ -27,9 +25,7 @@ FILM_BOUNDS = {
 
 
 def test_film_seeds_1_to_3_replayed_against_ground_truth() -> None:
-    t0 = time.perf_counter()
     comparisons = check("film", [1, 2, 3], GRID)
-    took = time.perf_counter() - t0
     assert len(comparisons) == 12
     errors = worst(comparisons)
     for band, (p50, p95, top, left) in FILM_BOUNDS.items():
@@ -52,7 +48,6 @@ def test_film_seeds_1_to_3_replayed_against_ground_truth() -> None:
             assert c.within()["interactive"]["wait_p95_s"] is True
     text = table(comparisons)
     assert "worst |predicted - true|" in text and "within predicted ± printed error" in text
-    assert took < 15  # measured about 1.6 s with --shake 10
 
 
 def test_each_points_printed_error_holds_the_truth() -> None:

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from app.core import events as ev
-from app.runtime.scheduler import Detached, Refused, Ticket
+from app.runtime.scheduler import Detached, Refused, Ticket, server_started
 from app.runtime.upstream import UpstreamStartError
 from app.store.port import StoreError
 from tests.unit.run_loop_fakes import HeldStore, Lane, config_text, settle
+from tools.replay.verify import verify
 
 NS = 10**9
 
@@ -528,6 +529,107 @@ async def test_preload_waits_for_nobody_and_swaps_nothing_out_from_under_a_reque
     await settle()
     assert swaps_to(lane) == ["A"]
     await lane.finish(ticket)
+
+
+# -- serial with slots (concurrencyLimit) ---------------------------------------------
+
+
+def with_slots(**limits: int) -> str:
+    return config_text({m: {"concurrencyLimit": n} for m, n in limits.items()})
+
+
+def verified(lane: Lane) -> bool:
+    """`replay --verify` of the lane's log, after the `server_started` serve records."""
+    log = [server_started(lane.config, 0, 0), *lane.events()]
+    result = verify(enumerate(log, start=1))
+    return result.ok and result.decisions == len(lane.dispatched())
+
+
+async def test_serial_runs_a_resident_model_up_to_its_concurrency_limit() -> None:
+    lane = Lane(with_slots(A=3, B=1))
+    blocker = await running(lane, "B")
+    tickets = [lane.admit("A", p) for p in (-100, -100, 0, 100)]
+    await settle()
+    assert not any(t.ready.done() for t in tickets)
+    await lane.finish(blocker)
+    # the best three take A's slots in score order; the last batch one waits
+    assert [t.ready.done() for t in tickets] == [True, False, True, True]
+    assert lane.order(tickets) == [3, 2, 0]
+    assert len(lane.events(ev.SwapStarted)) == 2  # B, then A once (the others joined)
+    await lane.finish(tickets[2])
+    assert tickets[1].ready.done()
+    await lane.serve_all()
+    assert lane.upstreams.calls == [("start", "B"), ("stop", "B"), ("start", "A")]
+    assert verified(lane)
+
+
+async def test_serial_requests_join_the_load_their_model_is_in_up_to_its_slots() -> None:
+    lane = Lane(with_slots(A=3), auto_load=False)
+    tickets = [lane.admit("A") for _ in range(4)]
+    await settle()
+    assert [e.swap for e in lane.events(ev.RequestDispatched)] == [True, False, False]
+    assert not any(t.ready.done() for t in tickets)
+    lane.upstreams.last("A").load()
+    await settle()
+    assert [t.ready.done() for t in tickets] == [True, True, True, False]
+    await lane.serve_all()
+    assert len(lane.events(ev.SwapStarted)) == 1
+    assert verified(lane)
+
+
+async def test_serial_a_higher_request_for_another_model_drains_the_slots_then_swaps() -> None:
+    lane = Lane(with_slots(A=3, B=1))
+    a1, a2 = await running(lane, "A"), await running(lane, "A")
+    b = lane.admit("B", 0)
+    later = lane.admit("A", -100)  # a slot of A is free, but b outranks it
+    await settle()
+    assert not b.ready.done() and not later.ready.done()
+    await lane.finish(a1)
+    assert swaps_to(lane) == ["A"] and not later.ready.done()
+    await lane.finish(a2)  # drained: the swap happens now
+    assert swaps_to(lane) == ["A", "B"] and b.ready.done()
+    await lane.finish(b)
+    assert later.ready.done() and swaps_to(lane) == ["A", "B", "A"]
+    await lane.finish(later)
+    assert verified(lane)
+
+
+async def test_serial_a_failed_load_fails_every_request_that_joined_it() -> None:
+    lane = Lane(with_slots(A=2, B=1), auto_load=False)
+    joined = [lane.admit("A") for _ in range(2)]
+    other = lane.admit("B")
+    await settle()
+    lane.upstreams.last("A").fail()
+    await settle()
+    assert [lane.ended(t).http_status for t in joined] == [502, 502]
+    lane.upstreams.last("B").load()
+    await lane.finish(other)
+    assert verified(lane)
+
+
+async def test_serial_a_preload_is_not_joined_its_slots_fill_when_it_ends() -> None:
+    lane = Lane(with_slots(A=2), auto_load=False)
+    lane.scheduler.preload("A")
+    tickets = [lane.admit("A") for _ in range(3)]
+    await settle()
+    assert lane.dispatched() == []
+    lane.upstreams.last("A").load()
+    await settle()
+    assert [t.ready.done() for t in tickets] == [True, True, False]
+    assert not any(e.swap for e in lane.events(ev.RequestDispatched))
+    await lane.serve_all()
+    assert verified(lane)
+
+
+async def test_serial_without_a_concurrency_limit_runs_one_at_a_time() -> None:
+    lane = Lane(serial())
+    assert lane.events() == [] and lane.scheduler.state.slots("A") == 1
+    first = await running(lane, "A")
+    second = lane.admit("A")
+    await settle()
+    assert not second.ready.done()
+    await lane.finish(first)
+    await lane.finish(second)
 
 
 # -- fifo ------------------------------------------------------------------------------
