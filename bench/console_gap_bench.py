@@ -17,7 +17,10 @@ interleaved. The queue's depth at each arm's start and end is printed.
 The gap is gpulane's own: from the events, each `request_completed.at` to the
 next `request_started.at`, for completions inside an arm (its first 0.3 s left
 out). Per arm: p50, p99, max; then the ratio of each round's p99 (five polling
-over none) and the median of those ratios.
+over none), the median of those ratios, and the p99 of every arm's gaps pooled.
+The gap is stamped by the run loop at both ends, so a stall of the loop shows in
+it only when it falls between a completion and the next start; the clients'
+latency (p99 per arm, and pooled) shows every stall.
 """
 
 from __future__ import annotations
@@ -71,8 +74,11 @@ def consoles(url: str, stop: threading.Event, polls: list[float]) -> list[thread
     return threads
 
 
-async def clients(port: int, n: int, done: threading.Event) -> None:
-    """`n` closed-loop interactive clients until `done`."""
+async def clients(
+    port: int, n: int, done: threading.Event, answered: list[tuple[int, float]]
+) -> None:
+    """`n` closed-loop interactive clients until `done`; each answer's (unix ns,
+    latency in ms) goes to `answered`."""
     body = json.dumps({"model": "A", "messages": [{"role": "user", "content": "hi"}]}).encode()
     payload = request_bytes(
         port, "/v1/chat/completions", body, "X-LlamaSwap-Priority: interactive\r\n"
@@ -80,7 +86,9 @@ async def clients(port: int, n: int, done: threading.Event) -> None:
 
     async def client() -> None:
         while not done.is_set():
+            t = time.perf_counter()
             status = await _one(port, payload)
+            answered.append((time.time_ns(), (time.perf_counter() - t) * 1000))
             if status != 200:
                 raise RuntimeError(f"a client's request failed: {status}")
 
@@ -142,9 +150,11 @@ def main() -> int:
             t0 = time.perf_counter()
             fill(gw, args.waiting, ("batch", "normal"))
             print(f"queued {args.waiting:,} durable jobs in {time.perf_counter() - t0:.1f} s")
-            done = threading.Event()
+            done, answered = threading.Event(), list[tuple[int, float]]()
             load = threading.Thread(
-                target=asyncio.run, args=(clients(gw.port, args.clients, done),), daemon=True
+                target=asyncio.run,
+                args=(clients(gw.port, args.clients, done, answered),),
+                daemon=True,
             )
             load.start()
             time.sleep(0.5)  # the clients queued behind the hanging request
@@ -153,7 +163,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for kind in ("none", "five"):
                     before = depth(gw.url)
-                    stop, polls = threading.Event(), []
+                    stop, polls = threading.Event(), list[float]()
                     start = time.time_ns()
                     threads = consoles(gw.url, stop, polls) if kind == "five" else []
                     time.sleep(args.arm_s)
@@ -166,17 +176,23 @@ def main() -> int:
             load.join()
             time.sleep(0.5)  # the last events committed (group commit)
             print(
-                f"{'arm':>5} {'depth':>13} {'gaps':>5} {'p50 ms':>7} {'p99 ms':>7} "
-                f"{'max ms':>7} {'poll wall ms (median)':>22}"
+                f"{'arm':>5} {'depth':>13} {'gaps':>5} {'gap p50':>8} {'gap p99':>8} "
+                f"{'gap max':>8} {'client p99':>10} {'poll wall, median':>18}   (ms)"
             )
             p99: dict[str, list[float]] = {"none": [], "five": []}
+            pooled: dict[str, list[float]] = {"none": [], "five": []}
+            latency: dict[str, list[float]] = {"none": [], "five": []}
             for kind, start, end, d0, d1, polls in arms:
-                g = gaps(gw.db, start + int(SETTLE_S * 1e9), end)
+                since = start + int(SETTLE_S * 1e9)
+                g = gaps(gw.db, since, end)
+                lat = [ms for at, ms in answered if since <= at < end]
                 p99[kind].append(_pct(g, 0.99))
+                pooled[kind] += g
+                latency[kind] += lat
                 poll = f"{statistics.median(polls):.1f} ({len(polls)})" if polls else "-"
                 print(
-                    f"{kind:>5} {d0:>6}-{d1:<6} {len(g):>5} {_pct(g, 0.5):7.3f} "
-                    f"{_pct(g, 0.99):7.3f} {max(g):7.3f} {poll:>22}"
+                    f"{kind:>5} {d0:>6}-{d1:<6} {len(g):>5} {_pct(g, 0.5):8.3f} "
+                    f"{_pct(g, 0.99):8.3f} {max(g):8.3f} {_pct(lat, 0.99):10.1f} {poll:>18}"
                 )
             ratios = [f / n for f, n in zip(p99["five"], p99["none"], strict=True)]
             print(
@@ -184,6 +200,12 @@ def main() -> int:
                 + ", ".join(f"{r:.2f}" for r in ratios)
                 + f"; median {statistics.median(ratios):.2f}"
             )
+            for label, figures in (("dispatch gap", pooled), ("client latency", latency)):
+                none, five = _pct(figures["none"], 0.99), _pct(figures["five"], 0.99)
+                print(
+                    f"{label} p99, all arms pooled: none {none:.2f} ms, five consoles "
+                    f"{five:.2f} ms ({five / none:.2f}x)"
+                )
         finally:
             gw.stop()
     return 0

@@ -15,6 +15,10 @@ header holding the same JSON (the header wins field by field):
 request body exactly as it arrived, so a test can check that large bodies pass
 through unchanged without getting them back.
 
+It answers `/v1/chat/completions`, `/v1/completions` (streamed or not),
+`/v1/embeddings` and `/v1/responses` (the Responses API's shape, one output
+message, not streamed) in OpenAI's shapes, and echoes any other request.
+
 Every reply names the server (``served_by`` field, ``X-Served-By`` header) and
 echoes the ``model`` it received, so tests can tell which upstream served them.
 One line per request goes to stdout so log capture can be tested.
@@ -165,6 +169,8 @@ class FakeHandler(BaseHTTPRequestHandler):
             self._completion(body, model, fake, chat=False)
         elif path == "/v1/embeddings" and self.command == "POST":
             self._embeddings(body, model)
+        elif path == "/v1/responses" and self.command == "POST":
+            self._response(body, model, fake)
         else:
             self._echo(raw, model)
 
@@ -253,6 +259,44 @@ class FakeHandler(BaseHTTPRequestHandler):
             "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "served_by": self.server.name,
+        }
+        self._send_json(200, result, model)
+
+    def _response(self, body: dict[str, Any], model: Any, fake: Behaviour) -> None:
+        """The Responses API's shape (non-streamed): one assistant message."""
+        reply = fake.reply if fake.reply is not None else f"Hello from {self.server.name}."
+        given = body.get("input", "")
+        input_n = max(1, len(str(given).split()))
+        output_n = max(1, len(reply.split()))
+        message = {
+            "type": "message",
+            "id": f"msg_{uuid.uuid4().hex[:24]}",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": reply, "annotations": []}],
+        }
+        result = {
+            "id": f"resp_{uuid.uuid4().hex[:24]}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": model,
+            "output": [message],
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.get("instructions"),
+            "metadata": body.get("metadata") or {},
+            "parallel_tool_calls": True,
+            "temperature": body.get("temperature"),
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": body.get("top_p"),
+            "background": body.get("background", False),
+            "usage": {
+                "input_tokens": input_n,
+                "output_tokens": output_n,
+                "total_tokens": input_n + output_n,
+            },
         }
         self._send_json(200, result, model)
 

@@ -57,6 +57,7 @@ from app.core.priority import (
     band_lift_error,
     tier_offset,
 )
+from app.core.residency import describe, plan_preload
 from app.core.scoring import DEFAULT_AGING_DIVISOR_NS
 from app.core.state import FIFO, SCHEDULERS, default_concurrency
 
@@ -142,7 +143,7 @@ class Resolver:
         aging_divisor, aging_divisor_ns = self._aging_divisor(serial.aging_divisor)
         bonus = serial.swap_affinity_bonus
         self._check_bands(serial)
-        return Config(
+        config = Config(
             models=models,
             health_check_timeout=self._positive(
                 raw.health_check_timeout, "healthCheckTimeout", "seconds > 0"
@@ -180,6 +181,18 @@ class Resolver:
             ),
             name_index=name_index,
         )
+        self._check_preload(config)
+        return config
+
+    def _check_preload(self, config: Config) -> None:
+        """A preload the router cannot keep resident together is warned of here
+        (`check-config`) as serve warns of it at start-up."""
+        for skipped in plan_preload(config.router, config.preload).skipped:
+            self.issues.warn(
+                "hooks.on_startup.preload",
+                f"{skipped.model!r} is not preloaded: with {describe(config.router)} it "
+                f"would evict {', '.join(map(repr, skipped.conflicts))}, listed before it",
+            )
 
     # -- models
 

@@ -154,6 +154,11 @@ def _can_start(
 ) -> frozenset[str] | None:
     """What starting a request for `model` now evicts, or None when it cannot
     start (then `held` and `awaited` grow with what it holds back)."""
+    if not state.running and not state.loads and not held:
+        # Nothing runs or loads (the usual moment of a one-lane decision): every
+        # model is idle, so anything can start.
+        in_use = state.in_use
+        return _NOTHING if model in in_use else to_evict(state.router, model, in_use)
     if model in held:
         return None
     if model in state.in_use:
@@ -176,11 +181,12 @@ def _can_start(
         held.add(model)
         awaited.append(model)
         return None
-    after = (occupied - evict) | {model}
-    for target in awaited:
-        if model in to_evict(state.router, target, after):
-            held.add(model)  # a higher request's load would have to evict it
-            return None
+    if awaited:
+        after = (occupied - evict) | {model}
+        for target in awaited:
+            if model in to_evict(state.router, target, after):
+                held.add(model)  # a higher request's load would have to evict it
+                return None
     return evict
 
 

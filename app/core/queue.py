@@ -205,6 +205,25 @@ class ScoreQueue:
             copy.note_estimate(model, endpoint, expected)
         return copy
 
+    def snapshot(self) -> ScoreQueue:
+        """A copy that stays as this queue is now while this one moves on, for a
+        reader that follows it in slices between the run loop's other work: heaps
+        and maps copied at C speed (O(n)), the frozen entries shared."""
+        copy = self.empty_copy()
+        copy._live = dict(self._live)
+        copy._by_order = dict(self._by_order)
+        copy._dead = self._dead
+        for key, lane in self._lanes.items():
+            cell = copy._zero
+            if self._by_lane:
+                cell = copy._cells.setdefault((key[0], key[1]), [lane.short[0]])
+            twin = _Lane(lane.model, lane.caller, self._aging, self._short_heap, cell)
+            twin.live = lane.live
+            for mine, theirs in zip(twin.heaps, lane.heaps, strict=True):
+                mine[:] = theirs
+            copy._lanes[key] = twin
+        return copy
+
     def expected(self, item: Queued) -> int | None:
         """The expected run time `item` is scored with: its (model, endpoint)'s
         current estimate with `short_by_lane`, else its own."""

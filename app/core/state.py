@@ -6,8 +6,18 @@ the whole log from scratch into `SchedulerState()` gives the state the server ha
 
 A `server_started` is a new process: its parameters (scheduler, agingDivisor,
 swapAffinityBonus, fairShareBonus, shortJobBonus, caller weights, fifo priorities
-and limits) replace the old ones, nothing is loaded, loading or running, and every
-caller's attained service starts again from 0. What is queued then is what recovery puts back:
+and limits, the router) replace the old ones, nothing is loaded, loading or running, and every
+caller's attained service starts again from 0.
+
+Residency: `residents` (loaded and ready) and `loads` (in progress, one per lane)
+may hold several models when `server_started.router` says they may be resident
+together. A dispatch that swaps commits its load at once: the models the router
+evicts for it leave `residents` (its `swap_started` names them again; a log
+before routers names none there, meaning every other model in use), and the
+target is loading. With no router (every log before routers), a finished load
+leaves its model the only resident one: the fold is the one-model fold of before.
+
+What is queued then is what recovery puts back:
 - `log_format` 4 (this version): as 3, and under `serial` a model runs up to its
   `concurrency` (`concurrencyLimit`, default 1) requests at once (`slots`); a
   serial log of an older format ran one at a time, whatever `concurrency` it
@@ -170,6 +180,15 @@ class SchedulerState:
     def loading(self) -> str | None:
         """The load begun last (with one lane, the one in progress)."""
         return next(reversed(self.loads), None)
+
+    def snapshot(self) -> SchedulerState:
+        """A copy for a reader that works in slices while this state moves on (the
+        live queue view): the queue and every container copied, O(n) at C speed."""
+        copy = object.__new__(SchedulerState)
+        for name, value in vars(self).items():
+            setattr(copy, name, value.copy() if isinstance(value, dict | list | set) else value)
+        copy.queue = self.queue.snapshot()
+        return copy
 
     def running_on(self, model: str) -> int:
         return self._running_by_model.get(model, 0)
@@ -353,9 +372,12 @@ def _dispatched(state: SchedulerState, event: Any) -> None:
         # The swap is committed from this moment, before SwapStarted is
         # recorded: what it evicts takes no more work (the decision found it
         # idle), and requests for the incoming model join this load.
-        for model in to_evict(state.router, event.model, state.occupied()):
-            state.residents.pop(model, None)
-        state.residents.pop(event.model, None)
+        if state.router is None:
+            state.residents.clear()  # one model at a time: every other one goes
+        else:
+            for model in to_evict(state.router, event.model, state.occupied()):
+                state.residents.pop(model, None)
+            state.residents.pop(event.model, None)
         state.loads[event.model] = event.request_id
         state._residency_changed()
     state._set_running(event.request_id, event.model)

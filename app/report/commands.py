@@ -11,7 +11,7 @@ import msgspec
 
 from app.report.explain import explain
 from app.report.live_queue import QueueView
-from app.report.render import explanation_text, queue_text
+from app.report.render import explanation_text, queue_text, runs_text
 from app.store.engine import DatabaseError, open_database
 
 
@@ -58,4 +58,6 @@ def queue_command(url: str, api_key: str | None, as_json: bool) -> int:
         return 0
     view = msgspec.json.decode(response.content, type=QueueView)
     sys.stdout.write(queue_text(view))
+    runs = msgspec.json.decode(response.content).get("runs") or []
+    sys.stdout.write(runs_text(runs))
     return 0

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
+from typing import TypeVar, cast
 
 import msgspec
 
@@ -29,6 +30,13 @@ from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, Breakdown
 from app.core.state import SchedulerState
 from app.report.run_times import RunTimes
+
+SLICE = 128
+"""Rows of work between two yields of `queue_view_steps` (~1 ms at most)."""
+
+T = TypeVar("T")
+Steps = Generator[None, None, T]
+"""A computation in slices: yields between them, returns its result."""
 
 
 class WaitingEntry(msgspec.Struct, frozen=True):
@@ -89,6 +97,16 @@ def estimate_starts(
     those dispatched up to the last of `wanted`: the queue is followed in dispatch
     order (the resident model changing as it would), each request taking its
     model's median run and a swap its median load."""
+    return _finish(_estimate_steps(state, running_since, now_ns, times, wanted))
+
+
+def _estimate_steps(
+    state: SchedulerState,
+    running_since: Mapping[str, int],
+    now_ns: int,
+    times: RunTimes,
+    wanted: Collection[str] | None,
+) -> Steps[dict[str, int]]:
     resident = next_resident(state)
     ends: list[int] = []  # when each running request of the model in use ends
     others = now_ns  # when the running work on any other model ends
@@ -148,6 +166,8 @@ def estimate_starts(
         heapq.heappush(free, t + _ns(times.run(model)))
         if left is not None:
             left.discard(request_id)
+        if len(starts) % SLICE == 0:
+            yield
     return starts
 
 
@@ -177,36 +197,65 @@ def queue_view(
     caller: str | None = None,
 ) -> QueueView:
     """The live queue; with `count`, only positions `first`..`first + count - 1`
-    (0-based) are listed, for O(n log k) instead of O(n x lanes) work. With
-    `caller` (a user key's page), only its requests and the one just ahead of
-    each (for its reason) are listed, at their places in the whole queue."""
+    (0-based) are listed, for O(k log k) work (the lanes are followed lazily, see
+    `ScoreQueue.lanes_in_order`), not O(n). With `caller` (a user key's page),
+    only its requests and the one just ahead of each (for its reason) are
+    listed, at their places in the whole queue (as far down as its last row)."""
+    steps = queue_view_steps(
+        state, running_since, now_ns, times, first=first, count=count, caller=caller
+    )
+    return _finish(steps)
+
+
+def queue_view_steps(
+    state: SchedulerState,
+    running_since: Mapping[str, int],
+    now_ns: int,
+    times: RunTimes,
+    *,
+    first: int = 0,
+    count: int | None = None,
+    caller: str | None = None,
+) -> Steps[QueueView]:
+    """`queue_view` in slices: a generator that yields after every `SLICE` rows of
+    work and returns the view. Between slices the caller may do other work (the
+    run loop's), as long as `state` does not change meanwhile: pass a
+    `SchedulerState.snapshot()` and a copy of `running_since`."""
     resident = next_resident(state)
     fair = state.fair_keys()
     listed: Sequence[int]
     wanted: list[str] | None
     in_order = _in_dispatch_order(state, resident, fair)
+    ranked: list[Queued] = []
     if count is not None:
-        ranked = list(itertools.islice(in_order, first + count))
+        for q in itertools.islice(in_order, first + count):
+            ranked.append(q)
+            if len(ranked) % SLICE == 0:
+                yield
         listed = range(first, len(ranked))
         wanted = [ranked[i].request_id for i in listed]
     elif caller is not None:
         # Only as far down the queue as its last row: its rows' positions.
         left = sum(1 for q in state.queue if q.caller == caller)
-        ranked = []
         for q in in_order if left else ():
             ranked.append(q)
             if q.caller == caller:
                 left -= 1
                 if not left:
                     break
+            if len(ranked) % SLICE == 0:
+                yield
         mine = [i for i, q in enumerate(ranked) if q.caller == caller]
         listed = sorted({j for i in mine for j in (i - 1, i) if j >= first})
         wanted = [ranked[i].request_id for i in listed]
     else:
-        ranked = list(in_order)
+        for q in in_order:
+            ranked.append(q)
+            if len(ranked) % SLICE == 0:
+                yield
         listed = range(first, len(ranked))
         wanted = None
-    starts = estimate_starts(state, running_since, now_ns, times, wanted)
+    starts = yield from _estimate_steps(state, running_since, now_ns, times, wanted)
     by_model = state.queue.waiting_by_model()
     waiting = []
     for index in listed:
@@ -230,6 +279,8 @@ def queue_view(
                 caller=request.caller,
             )
         )
+        if len(waiting) % SLICE == 0:
+            yield
     running = []
     for request_id, model in sorted(
         state.running.items(), key=lambda kv: running_since.get(kv[0], now_ns)
@@ -262,6 +313,15 @@ def queue_view(
         total_waiting=len(state.queue),
         waiting_by_model=by_model,
     )
+
+
+def _finish(steps: Steps[T]) -> T:
+    """Run `steps` to the end, at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return cast(T, done.value)
 
 
 def _in_dispatch_order(

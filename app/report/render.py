@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
 
 from app.core.scoring import Breakdown
 from app.report.live_queue import QueueView
+from app.report.progress import Progress
 from app.report.story import Cause, Explanation
 from app.report.visibility import ANOTHER_CALLER
 
@@ -231,3 +235,42 @@ def queue_text(q: QueueView) -> str:
             f"  {w.caller or '-'}"
         )
     return "\n".join(out) + "\n"
+
+
+def progress_text(p: Progress) -> str:
+    """One line: `40/174 done, 1 running, 133 waiting, 0 failed; ends ~2025-01-06
+    14:32:10.000 UTC (in 9h03m): median run wan-video 4m02s, 3 ahead, 1 load`."""
+    head = f"{p.done}/{p.total} done, {p.running} running, {p.waiting} waiting, {p.failed} failed"
+    if p.estimated_finish_at is None or p.estimated_finish_in_s is None or p.basis is None:
+        return head
+    b = p.basis
+    runs = ", ".join(f"{m} {duration(s)}" for m, s in b.run_s.items())
+    loads = f"{b.swaps} load" + ("" if b.swaps == 1 else "s")
+    return (
+        f"{head}; ends ~{stamp(p.estimated_finish_at)} "
+        f"(in {duration(p.estimated_finish_in_s)}): median run {runs}, "
+        f"{b.ahead} ahead, {loads}"
+    )
+
+
+def runs_text(runs: list[dict[str, Any]]) -> str:
+    """The open batches of `/api/queue`'s `runs`, one line each."""
+    out = []
+    for run in runs:
+        found = run.get("progress")
+        who = f" caller {run['caller']}" if run.get("caller") else ""
+        line = f"batch {run['id']} {run['status']}{who}"
+        if found is not None:
+            line += ": " + progress_text(msgspec.convert(found, Progress))
+        out.append(line)
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `4m02s`, `2h03m`."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -109,13 +109,17 @@ def line_summary(engine: Engine, batch_id: str) -> dict[str, int]:
     return {k: int(row[k] or 0) for k in ("total", "ended", "succeeded", "unqueued")}
 
 
-def line_states(engine: Engine, batch_id: str) -> list[RowMapping]:
-    """Each line with its job's status (NULL: not queued yet, or never: `error`)."""
+def line_states(
+    engine: Engine, batch_id: str, offset: int = 0, limit: int | None = None
+) -> list[RowMapping]:
+    """Each line with its job's status (NULL: not queued yet, or never: `error`);
+    with `limit`, only lines `offset`.. (in line order)."""
     query = (
         select(
             batch_lines.c.line,
             batch_lines.c.custom_id,
             batch_lines.c.request_id,
+            batch_lines.c.model,
             batch_lines.c.error.label("line_error"),
             requests.c.status,
             requests.c.http_status,
@@ -126,6 +130,8 @@ def line_states(engine: Engine, batch_id: str) -> list[RowMapping]:
         .where(batch_lines.c.batch_id == batch_id)
         .order_by(batch_lines.c.line)
     )
+    if limit is not None:
+        query = query.offset(offset).limit(limit)
     with engine.connect() as conn:
         return list(conn.execute(query).mappings().all())
 
@@ -202,3 +208,10 @@ def finish_batch(
         for row in outputs:
             insert_file(conn, row)
     return True
+
+
+def batch_of_request(engine: Engine, request_id: str) -> str | None:
+    """The batch whose line `request_id` is (an indexed lookup), or None."""
+    query = select(batch_lines.c.batch_id).where(batch_lines.c.request_id == request_id)
+    with engine.connect() as conn:
+        return conn.execute(query.limit(1)).scalar()

@@ -47,7 +47,9 @@ class LogAudit:
         self.events = 0
         self.violations: list[Violation] = []
         self._requests: dict[str, _Request] = {}
-        self._swap: _Swap | None = None
+        self._swaps: dict[str, _Swap] = {}
+        """Loads in progress by model: one per model, and one in all without a
+        router (one lane); with one, lanes load in parallel."""
         self._process = 0
         self._restart_seq = 0
         self._state = SchedulerState()
@@ -91,18 +93,23 @@ class LogAudit:
             ):
                 self._terminal(seq, event)
             case ev.SwapStarted(to_model=model):
-                if self._swap is not None:
+                unfinished = self._swaps.get(model)
+                if unfinished is None and self._state.router is None and self._swaps:
+                    unfinished = next(iter(self._swaps.values()))
+                if unfinished is not None:
                     self.flag(
                         seq,
-                        f"swap to {model} started while the swap to {self._swap.model} "
-                        f"(seq {self._swap.seq}) is unfinished",
+                        f"swap to {model} started while the swap to {unfinished.model} "
+                        f"(seq {unfinished.seq}) is unfinished",
                     )
-                self._swap = _Swap(seq, model)
+                    if unfinished.model != model:
+                        del self._swaps[unfinished.model]
+                self._swaps[model] = _Swap(seq, model)
             case ev.SwapFinished(model=model) | ev.SwapFailed(model=model):
                 self._swap_ended(seq, ev.type_name(event), model)
             case ev.ServerStarted(log_format=log_format):
-                # The previous process died: whatever swap it was doing is over.
-                self._swap = None
+                # The previous process died: whatever swaps it was doing are over.
+                self._swaps.clear()
                 if log_format >= 2:
                     # Its queue is what the restores after this put back.
                     self._process += 1
@@ -126,14 +133,18 @@ class LogAudit:
                     f"{busy} running and no room beside it: a terminal event is missing",
                 )
             self._dispatched_at[event.request_id] = seq
-        elif isinstance(event, ev.SwapStarted) and event.from_model is not None:
-            serving = [rid for rid, m in state.running.items() if m == event.from_model]
-            if serving:
-                self.flag(
-                    seq,
-                    f"swap from {event.from_model} started while the log has "
-                    f"{', '.join(serving)} still running on it: a terminal event is missing",
-                )
+        elif isinstance(event, ev.SwapStarted):
+            evicted = event.evicted
+            if evicted is None:
+                evicted = [] if event.from_model is None else [event.from_model]
+            for model in evicted:
+                serving = [rid for rid, m in state.running.items() if m == model]
+                if serving:
+                    self.flag(
+                        seq,
+                        f"swap from {model} started while the log has "
+                        f"{', '.join(serving)} still running on it: a terminal event is missing",
+                    )
 
     def _new_attempt(self, rid: str, attempt: int) -> None:
         state = self._requests.get(rid)
@@ -186,15 +197,17 @@ class LogAudit:
             state.terminal_seq = seq
 
     def _swap_ended(self, seq: int, kind: str, model: str) -> None:
-        if self._swap is None:
-            self.flag(seq, f"{kind} for {model} with no swap in progress")
-        elif self._swap.model != model:
+        if self._swaps.pop(model, None) is not None:
+            return
+        if self._state.router is None and self._swaps:
+            other = self._swaps.pop(next(iter(self._swaps)))
             self.flag(
                 seq,
-                f"{kind} for {model} but the swap in progress (seq {self._swap.seq}) "
-                f"is to {self._swap.model}",
+                f"{kind} for {model} but the swap in progress (seq {other.seq}) "
+                f"is to {other.model}",
             )
-        self._swap = None
+        else:
+            self.flag(seq, f"{kind} for {model} with no swap in progress")
 
 
 def audit(items: Iterable[tuple[int, ev.AnyEvent]]) -> LogAudit:

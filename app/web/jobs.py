@@ -58,6 +58,7 @@ from app.web.access import identity, may_see, only_caller
 from app.web.auth import Identity
 from app.web.errors import retry_after, send_error, send_json
 from app.web.forward import HOP_BY_HOP, Forwarder, Reply, priority_headers, upstream_url
+from app.web.responses import DOOR, response_object
 
 log = logging.getLogger("gpulane.jobs")
 
@@ -121,7 +122,10 @@ class JobRunner:
         query: str,
         body: bytes,
         headers: dict[str, str],
+        door: str | None = None,
     ) -> None:
+        """Admit a durable job and answer 202 with its view; `door` names another
+        door's shape for the answer (`background`: app/web/responses.py)."""
         # Hashing tens of MiB takes a while; hashlib lets go of the GIL meanwhile.
         digest = await asyncio.to_thread(_sha256, body) if len(body) > 1 << 20 else _sha256(body)
         key = headers.get("idempotency-key") or None
@@ -136,7 +140,7 @@ class JobRunner:
                 # key may have been admitted meanwhile, and it is in `_keys` now.
                 existing = self._keys.get(scoped) or found
             if existing is not None:
-                await self._send_existing(send, key, existing, digest)
+                await self._send_existing(send, key, existing, digest, door)
                 return
         short = self._disk_too_full(len(body))
         if short is not None:
@@ -154,6 +158,8 @@ class JobRunner:
             "body_bytes": len(body),
             "body_sha256": digest,
         }
+        if door is not None:
+            job["door"] = door
         admission = msgspec.structs.replace(
             admission, durable=True, idempotency_key=key, job=job, request_id=request_id
         )
@@ -178,6 +184,9 @@ class JobRunner:
         self.run(ticket, job)
         view = await self.view(ticket.request_id) or {"id": ticket.request_id}
         granted = priority_headers(admission.priority, admission.requested_priority)
+        if door == DOOR:
+            await _send_json(send, 200, response_object(view), ticket.request_id, granted)
+            return
         await _send_json(send, 202, view, ticket.request_id, granted)
 
     async def _record(
@@ -255,7 +264,7 @@ class JobRunner:
         task.add_done_callback(self._background.discard)
 
     async def _send_existing(
-        self, send: Send, key: str, existing: tuple[str, str], digest: str
+        self, send: Send, key: str, existing: tuple[str, str], digest: str, door: str | None
     ) -> None:
         request_id, existing_digest = existing
         if existing_digest != digest:
@@ -278,7 +287,7 @@ class JobRunner:
             )
             return
         view = await self.view(request_id) or {"id": request_id}
-        await _send_json(send, 200, view, request_id)
+        await _send_json(send, 200, response_object(view) if door == DOOR else view, request_id)
 
     # -- running --------------------------------------------------------------
 
@@ -389,6 +398,9 @@ class JobRunner:
                 http_status=row["http_status"],
                 error=row["error"],
             )
+            door = (row["job"] or {}).get("door")
+            if door is not None:
+                out["door"] = door
         if live is not None:
             out.update(status=live.status, attempt=live.attempt)
             if live.ahead is not None:

@@ -35,6 +35,7 @@ from app.web.request_body import (
     rename_form_model,
     rewrite,
 )
+from app.web.responses import DOOR, is_background
 
 log = logging.getLogger("gpulane.proxy")
 
@@ -51,6 +52,7 @@ class JobIntake(Protocol):
         query: str,
         body: bytes,
         headers: dict[str, str],
+        door: str | None = None,
     ) -> None: ...
 
 
@@ -127,6 +129,22 @@ class Proxy:
             max_wait_ns=max_wait,
         )
         path = forwarded_path(endpoint)
+        if self.jobs is not None and is_background(path, doc):
+            # The Responses API's `background: true`: a durable job (app/web/responses.py).
+            assert doc is not None
+            if doc.get("stream") is True:
+                message = "background responses are not streamed here; poll GET /v1/responses/{id}"
+                self.scheduler.reject(
+                    endpoint, 400, message, model_requested, priority, identity.caller
+                )
+                await send_error(send, 400, message, code="unsupported_parameter")
+                return
+            # The body as rewritten for the model (useModelName, filters), less `background`.
+            sent = json.loads(body)
+            body = json.dumps({k: v for k, v in sent.items() if k != "background"}).encode()
+            query = bytes(scope.get("query_string", b"")).decode("latin-1")
+            await self.jobs.accept(send, admission, "POST", path, query, body, headers, DOOR)
+            return
         progress = (
             spec.send_loading_state
             and path == "/v1/chat/completions"

@@ -9,7 +9,7 @@ own requests' stories, where other callers' work is "another caller's request"
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from litestar import Request, Response, get
@@ -18,24 +18,39 @@ from litestar.params import FromPath
 from sqlalchemy import Engine
 
 from app.report.explain import explain, live_position
-from app.report.live_queue import QueueView, position_of, queue_view
+from app.report.live_queue import position_of
 from app.report.run_times import CachedRunTimes
 from app.report.visibility import queue_seen_by, story_seen_by
 from app.runtime.scheduler import Scheduler
 from app.web.access import identity, may_see, only_caller
 from app.web.errors import error_body
+from app.web.live_queue_view import live_queue_view
 
 
-def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRouteHandler]:
-    """The handlers; scheduler state is read on the event loop, the database in threads."""
+class Runs(Protocol):
+    """The batches' progress (app/web/batches.py, BatchRunner)."""
+
+    async def runs(self, caller: str | None) -> list[dict[str, Any]]: ...
+
+    async def run_of(self, request_id: str) -> dict[str, Any] | None: ...
+
+
+def report_routes(
+    scheduler: Scheduler, engine: Engine | None, runs: Runs | None = None
+) -> list[BaseRouteHandler]:
+    """The handlers; scheduler state is read on the event loop, the database in
+    threads. `runs` gives the open batches with their progress and ETA: listed
+    in `/api/queue` as `runs`, and a line's explanation carries its `batch`."""
     run_times = CachedRunTimes(engine)
 
     @get("/api/queue")
-    async def live_queue(request: Request[Any, Any, Any]) -> QueueView:
+    async def live_queue(request: Request[Any, Any, Any]) -> Response[Any]:
         times = await asyncio.to_thread(run_times.get)
-        live = scheduler.live()
-        view = queue_view(live.state, live.running_since, live.now_ns, times)
-        return queue_seen_by(view, only_caller(identity(request.scope)))
+        view = await live_queue_view(scheduler, times)  # in slices: the loop moves on
+        caller = only_caller(identity(request.scope))
+        doc = msgspec.to_builtins(queue_seen_by(view, caller))
+        doc["runs"] = [] if runs is None else await runs.runs(caller)
+        return Response(doc)
 
     @get("/api/requests/{request_id:str}/explain")
     async def explain_request(
@@ -57,7 +72,10 @@ def report_routes(scheduler: Scheduler, engine: Engine | None) -> list[BaseRoute
         found = position_of(live.state, live.running_since, live.now_ns, times, request_id)
         if found is not None:
             story = msgspec.structs.replace(story, waiting=live_position(found, live.now_ns))
-        return Response(story)
+        run = None if runs is None else await runs.run_of(request_id)
+        if run is None:
+            return Response(story)
+        return Response(msgspec.to_builtins(story) | {"batch": run})
 
     return [live_queue, explain_request]
 

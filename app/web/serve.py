@@ -43,6 +43,7 @@ from app.web.jobs import JobRunner, job_routes
 from app.web.limits import server_options
 from app.web.proxy import Proxy
 from app.web.report_routes import report_routes
+from app.web.responses import response_routes
 
 log = logging.getLogger("gpulane")
 
@@ -212,11 +213,13 @@ def extra_routes(
     """The routes serve gives `create_app` beside its own: jobs, files and
     batches, reports, admin (tests/e2e/test_user_view.py walks them all with a
     user key)."""
+    batches = batches or BatchRunner(jobs)
     return [
         *job_routes(jobs),
         *file_routes(FileStore(jobs.config, engine)),
-        *batch_routes(batches or BatchRunner(jobs)),
-        *report_routes(scheduler, engine),
+        *batch_routes(batches),
+        *response_routes(jobs),
+        *report_routes(scheduler, engine, batches),
         *admin_routes(scheduler),
     ]
 

@@ -56,6 +56,7 @@ def test_a_slow_request_on_a_does_not_hold_a_request_for_c(gateway: Start) -> No
         assert not slow.done()  # C finished while A still runs
         a = slow.result(timeout=30)
     assert a.status_code == 200
+    poll(lambda: not gw.sql("SELECT 1 FROM requests WHERE finished_at IS NULL"), "both recorded")
     rows = {
         r["model"]: r
         for r in gw.sql("SELECT model, started_at, finished_at FROM requests ORDER BY id")
@@ -74,4 +75,6 @@ def test_a_slow_request_on_a_does_not_hold_a_request_for_c(gateway: Start) -> No
     started = json.loads(gw.sql("SELECT data FROM events WHERE type = 'server_started'")[0]["data"])
     assert started["router"]["type"] == "group"
     gw.stop()
+    checked = gw.db_check()  # two loads in flight at once are sound: one per lane
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     assert_log_replays(gw.db)

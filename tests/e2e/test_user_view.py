@@ -124,7 +124,7 @@ def fill(path: str, request_id: str, model: str) -> list[str]:
     """The URLs to fetch for a route: its parameters filled with the viewer's own
     request and model, plus the query variants that widen what a listing shows."""
     values = {"request_id": request_id, "job_id": request_id, "model": model}
-    values |= {"file_id": request_id, "batch_id": request_id}
+    values |= {"file_id": request_id, "batch_id": request_id, "response": "resp_" + request_id}
     values |= {"name": "main.js", "path": "openapi.json"}
 
     def one(m: re.Match[str]) -> str:

@@ -79,7 +79,6 @@ def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
             "logToStdout",
             "metricsMaxInMemory",
             "captureBuffer",
-            "groups",
             "profiles",
             "peers",
             f"{gpt}.timeouts.keepalive",

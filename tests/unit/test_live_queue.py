@@ -10,7 +10,7 @@ import pytest
 
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState
-from app.report.live_queue import estimate_starts, queue_view
+from app.report.live_queue import SLICE, estimate_starts, queue_view, queue_view_steps
 from app.report.run_times import RunTimes
 from app.web.console.queue_page import page_window, queue_page
 from tests.unit.core_driver import CoreDriver
@@ -162,3 +162,42 @@ def test_the_view_lists_the_queues_own_order_after_cancels_below_the_tops(
     assert estimate_starts(state, running_since, now, TIMES) == reference_starts(state, now)
     window = queue_view(state, running_since, now, TIMES, first=10, count=20)
     assert window.waiting == whole.waiting[10:30]
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_the_view_in_slices_of_a_snapshot_is_the_view_while_the_state_moves_on(
+    params: ScoringParams,
+) -> None:
+    # The web layer computes a whole view in slices on the run loop, between its
+    # other work: of a snapshot, which the run loop's changes do not reach.
+    rng = random.Random(3)
+    driver = CoreDriver(params, resident="a")
+    driver.enqueue("running", "a", 0, caller="x")
+    driver.step()
+    for i in range(3 * SLICE):
+        driver.advance(rng.randrange(3) * NS_PER_S)
+        driver.enqueue(
+            f"r{i}", rng.choice("abc"), rng.choice((100, 0, -100)), caller=rng.choice("xy")
+        )
+    state = driver.state
+    now = max(q.enqueued_ns for q in state.queue)
+    running_since = dict.fromkeys(state.running, now)
+    for kw in ({}, {"caller": "y"}, {"first": 5, "count": 2 * SLICE}):
+        expected = queue_view(state, running_since, now, TIMES, **kw)
+        steps = queue_view_steps(state.snapshot(), dict(running_since), now, TIMES, **kw)
+        slices = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                assert done.value == expected
+                break
+            slices += 1
+            # the run loop moves on between slices
+            driver.complete(next(iter(state.running)))
+            driver.step()
+            driver.cancel(rng.choice([q.request_id for q in state.queue]))
+            driver.enqueue(f"late{slices}{kw}", "c", 100, caller="y")
+        assert slices >= 2
+        now = max(q.enqueued_ns for q in state.queue)
+        running_since = dict.fromkeys(state.running, now)

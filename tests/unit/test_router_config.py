@@ -229,3 +229,26 @@ def test_a_router_changes_the_hash_and_no_router_keeps_it() -> None:
 def test_preload_is_resolved_to_model_ids() -> None:
     config = parse("hooks: {on_startup: {preload: [chat, embed]}}")
     assert config.preload == ("llm", "embed")
+
+
+def test_a_preload_the_router_cannot_keep_together_is_warned_of() -> None:
+    config = parse(
+        """
+        groups:
+          llms: {members: [llm, whisper]}
+          helpers: {swap: false, exclusive: false, members: [embed]}
+        hooks:
+          on_startup:
+            preload: [llm, embed, whisper]
+        """
+    )
+    assert config.preload == ("llm", "embed", "whisper")  # serve skips whisper (exclusive)
+    preload = [w for w in config.warnings if w.startswith("hooks.on_startup.preload")]
+    assert preload == [
+        "hooks.on_startup.preload: 'whisper' is not preloaded: with group router "
+        "(3 groups: llms, helpers, (default)) it would evict 'embed', 'llm', listed before it"
+    ]
+    assert [w for w in parse("hooks: {on_startup: {preload: [llm, embed]}}").warnings] == [
+        "hooks.on_startup.preload: 'embed' is not preloaded: with no router (one model at "
+        "a time) it would evict 'llm', listed before it"
+    ]

@@ -14,6 +14,7 @@ import pytest
 
 from app.core import events as ev
 from app.runtime.scheduler import Ticket, server_started
+from app.store.invariants import audit
 from tests.unit.run_loop_fakes import Lane, config_text, settle
 from tools.replay.verify import verify
 
@@ -42,10 +43,13 @@ def two_lanes(scheduler: str = "serial", **limits: int) -> str:
 
 
 def verified(lane: Lane) -> bool:
-    """`replay --verify` of the lane's log, after the `server_started` serve records."""
-    log = [server_started(lane.config, 0, 0), *lane.events()]
+    """`replay --verify` of the lane's log, after the `server_started` serve records,
+    as the store keeps it (encoded: the router decodes from its tag)."""
+    log = [ev.decode(ev.encode(e)) for e in [server_started(lane.config, 0, 0), *lane.events()]]
+    assert log[0] == server_started(lane.config, 0, 0)
     result = verify(enumerate(log, start=1))
     assert result.divergence is None, result.divergence.describe()
+    assert audit(enumerate(log, start=1)).violations == []  # and `db check` finds it sound
     return result.decisions == len(lane.dispatched())
 
 
@@ -265,4 +269,42 @@ async def test_ttl_stops_one_model_and_leaves_the_other_lane() -> None:
     assert [(e.model, e.reason) for e in lane.events(ev.ProcessStopped)] == [("A", "ttl")]
     assert lane.scheduler.residents == ["C"]
     await lane.finish(c)
+    assert verified(lane)
+
+
+async def test_a_lower_request_may_not_load_a_model_a_waiting_swap_would_evict() -> None:
+    config = config_text(
+        models("L", "E", "X"),
+        router=groups(
+            llm={"exclusive": True, "members": ["L"]},
+            helper={"exclusive": False, "members": ["E"]},
+            extra={"exclusive": False, "members": ["X"]},
+        ),
+    )
+    lane = Lane(config)
+    e_job = await running(lane, "E")
+    llm = lane.admit("L", 100)  # must evict E: waits for it to drain
+    x = lane.admit("X", 0)  # X evicts nothing, but L would then have to evict X
+    await settle()
+    assert not llm.ready.done() and not x.ready.done()
+    await lane.finish(e_job)
+    assert llm.ready.done()
+    await lane.serve_all()
+    assert lane.order([llm, x]) == [0, 1]
+    assert evictions(lane) == [("E", []), ("L", ["E"]), ("X", [])]
+    assert verified(lane)
+
+
+async def test_a_request_that_outscores_the_waiting_swap_still_takes_a_free_slot() -> None:
+    lane = Lane(two_lanes(A=2))
+    job = await running(lane, "A")
+    b = lane.admit("B", 0)  # needs A evicted: A drains
+    high = lane.admit("A", 100)  # outscores B: it takes A's free slot
+    await settle()
+    assert high.ready.done() and not b.ready.done()
+    await lane.finish(job)
+    assert not b.ready.done()  # A still runs `high`
+    await lane.finish(high)
+    assert b.ready.done()
+    await lane.serve_all()
     assert verified(lane)

@@ -329,7 +329,7 @@ class _Sim:
             gone[i] = 1
             order.append(i)
             if decision.action == "swap":
-                took = self._begin_swap(i, dispatched.model, now)
+                took = self._begin_swap(i, dispatched.model, now, decision.evicted)
                 busy += took
                 load_end = now + took
                 continue
@@ -394,7 +394,7 @@ class _Sim:
                 i = self.index[dispatched.request_id]
                 self.result.order.append(i)
                 if decision.action == "swap":
-                    self._begin_swap(i, dispatched.model, now)
+                    self._begin_swap(i, dispatched.model, now, decision.evicted)
                     self._gpu_changed(now)
                 elif decision.action == "join":
                     self.load_waiters.append(i)  # joins the load in progress
@@ -500,9 +500,10 @@ class _Sim:
         if nxt is not None:
             heapq.heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
 
-    def _begin_swap(self, i: int, model: str, now: int) -> int:
-        """SwapStarted (and, recorded, the processes' events); returns its duration."""
-        frm = self.state.resident
+    def _begin_swap(self, i: int, model: str, now: int, evicted: frozenset[str]) -> int:
+        """SwapStarted (and, recorded, the processes' events); returns its duration.
+        One lane: the decision evicts the resident model, if any (`evicted`)."""
+        frm = min(evicted) if evicted else None
         unload, load = self.swap_cost(frm, model)
         event = ev.SwapStarted(
             at=now, from_model=frm, to_model=model, request_id=self.reqs[i].request_id

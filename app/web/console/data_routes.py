@@ -24,7 +24,6 @@ from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config
-from app.report.live_queue import queue_view
 from app.report.run_times import CachedRunTimes
 from app.report.visibility import event_data_seen_by, request_ids_in, swaps_seen_by
 from app.runtime.log_buffer import LogBuffer
@@ -35,6 +34,7 @@ from app.web.console.queue_page import page_window, queue_page
 from app.web.console.security import SECURITY_HEADERS
 from app.web.console.wait_percentiles import BANDS, wait_percentiles
 from app.web.errors import error_body
+from app.web.live_queue_view import live_queue_view
 
 MAX_PAGE = 500
 """Waiting or history rows per page: the browser draws a window, never 10,000 rows."""
@@ -95,20 +95,12 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
             return _json({"live": False})
         offset, limit = max(0, offset), max(1, min(limit, MAX_PAGE))
         times = await asyncio.to_thread(run_times.get)
-        state = live.scheduler.live()
         caller = only_caller(identity(request.scope))
-        # On the event loop: an admin's page costs O(n log page), not the whole view;
-        # a user's lists only its own rows (and the one ahead of each).
+        # An admin's page is a window (O(page log page)); a user's lists only its
+        # own rows (and the one ahead of each). A view that walks far is computed
+        # in slices, the run loop's work between them (app/web/live_queue_view.py).
         first, count = page_window(offset, limit) if caller is None else (0, None)
-        view = queue_view(
-            state.state,
-            state.running_since,
-            state.now_ns,
-            times,
-            first=first,
-            count=count,
-            caller=caller,
-        )
+        view = await live_queue_view(live.scheduler, times, first=first, count=count, caller=caller)
         return _json(queue_page(view, times, offset, limit, caller))
 
     @get("/ui/api/timeline", response_headers=SECURITY_HEADERS)

@@ -63,15 +63,19 @@ async def add_security_headers(message: Message, scope: Scope) -> None:
 
 
 PAGES = ("/ui/", "/ui/timeline", "/ui/models", "/ui/history")
-"""Page paths (plus /ui/requests/ID): each serves the same shell, which draws the page."""
+"""Page paths (plus /ui/requests/ID and /ui/batches/ID): each serves the same shell,
+which draws the page."""
 
 
 def is_open_console_path(path: str) -> bool:
     """A path with no data behind it: `/`, the shells and the static assets."""
     if path in ("/", "/ui") or path in PAGES or path.startswith("/ui/static/"):
         return True
-    rest = path.removeprefix("/ui/requests/")
-    return rest != path and "/" not in rest
+    for page in ("/ui/requests/", "/ui/batches/"):
+        rest = path.removeprefix(page)
+        if rest != path and "/" not in rest:
+            return True
+    return False
 
 
 def open_console_assets(

@@ -47,6 +47,12 @@ export async function render(main, info, id) {
     const o = story.outcome;
     facts.push(["outcome", `${o.status} at ${clock(o.at)}` + (o.http_status ? ` · HTTP ${o.http_status}` : "") + (o.error ? ` · ${o.error}` : "") + (o.cancel_reason ? ` · reason ${o.cancel_reason}` : "")]);
   }
+  if (story.batch) {
+    const b = story.batch;
+    const p = b.progress;
+    const eta = p && p.estimated_finish_at !== null ? `, expected to end at ${clock(p.estimated_finish_at)}` : "";
+    facts.push(["batch", [h("a", { href: "/ui/batches/" + encodeURIComponent(b.id), id: "story-batch" }, b.id), p ? ` · ${p.done + p.failed} of ${p.total} ended${eta}` : ""]]);
+  }
   if (story.waiting) {
     const w = story.waiting;
     facts.push(["position", `${w.position} of ${w.queue_depth}, expected to start at ${clock(w.estimated_start_at)} (in ${duration(w.estimated_start_in_s)})`]);

@@ -1,0 +1,128 @@
+"""Progress and an estimated finish for a run of jobs: a batch, or a chain.
+
+Pure, like the live queue it builds on: the caller passes the state, the
+dispatch times of what is running, `now`, the measured run times and which of
+the run's jobs are open (its ended lines are counted by the caller, from the
+log). The estimate is the live queue's own (`estimate_starts`): the queue as it
+stands, in its dispatch order, each request taking its model's median run time
+learnt from the log and each change of model a median load. The run ends when
+its last open job is expected to end, plus, for lines not queued yet (a batch
+still queueing, the shots of a chain still to be submitted), one median run
+each after that. Work that arrives later and overtakes it is not foreseen: the
+estimate is a floor for a run at batch priority on a busy GPU (docs/jobs.md
+measures its error on the film scenario).
+
+`Basis` says what the figure rests on: how many other requests are expected to
+go first, how many model loads, and the medians used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import msgspec
+
+from app.core.policy import next_resident
+from app.core.scoring import NS_PER_S
+from app.core.state import SchedulerState
+from app.report.live_queue import estimate_starts
+from app.report.run_times import RunTimes
+
+
+class Basis(msgspec.Struct, frozen=True):
+    """What an estimated finish rests on."""
+
+    ahead: int
+    """Other requests expected to start before the run's last queued job."""
+    swaps: int
+    """Model loads expected before then (the run's own included)."""
+    run_s: dict[str, float]
+    """Median run time per model of the run's jobs, learnt from the log."""
+    swap_s: dict[str, float]
+    """Median load time of those models."""
+    unqueued: int = 0
+    """Jobs not in the queue yet, counted at one median run each after the rest."""
+
+
+class Progress(msgspec.Struct, frozen=True):
+    total: int
+    done: int
+    """Ended with a success."""
+    failed: int
+    """Ended otherwise (an error answer, a failure, cancelled, expired, refused)."""
+    running: int
+    waiting: int
+    """In the queue, or not queued yet."""
+    estimated_finish_at: float | None = None
+    """Unix seconds when its last job is expected to end; None once nothing is open."""
+    estimated_finish_in_s: float | None = None
+    basis: Basis | None = None
+
+
+def progress(
+    state: SchedulerState,
+    running_since: Mapping[str, int],
+    now_ns: int,
+    times: RunTimes,
+    open_ids: Collection[str],
+    *,
+    done: int,
+    failed: int,
+    unqueued_models: Collection[str] = (),
+) -> Progress:
+    """The progress of a run whose open jobs are `open_ids` (those not open in
+    `state` are taken as ended: the caller counted them in `done`/`failed`),
+    with `unqueued_models` the model of each line not queued yet."""
+    waiting = [rid for rid in open_ids if rid in state.queue]
+    running = [rid for rid in open_ids if rid in state.requests and rid not in state.queue]
+    total = done + failed + len(waiting) + len(running) + len(unqueued_models)
+    pending = len(waiting) + len(running) + len(unqueued_models)
+    if not pending:
+        return Progress(total, done, failed, 0, 0)
+    models: set[str] = set(unqueued_models)
+    finish = now_ns
+    for rid in running:
+        model = state.running.get(rid) or state.requests[rid].model
+        models.add(model)
+        expected = times.run(model) + (times.swap(model) if state.loading == model else 0.0)
+        elapsed = (now_ns - running_since.get(rid, now_ns)) / NS_PER_S
+        finish = max(finish, now_ns + _ns(max(0.0, expected - elapsed)))
+    ahead = 0
+    swaps = 0
+    if waiting:
+        starts = estimate_starts(state, running_since, now_ns, times, waiting)
+        mine = set(waiting)
+        resident = next_resident(state)
+        requests = state.requests
+        for rid, start in starts.items():  # in dispatch order
+            model = requests[rid].model
+            if model != resident:
+                swaps += 1
+                resident = model
+            if rid in mine:
+                models.add(model)
+                finish = max(finish, start + _ns(times.run(model)))
+            else:
+                ahead += 1
+    for model in unqueued_models:
+        finish += _ns(times.run(model))
+    return Progress(
+        total=total,
+        done=done,
+        failed=failed,
+        running=len(running),
+        waiting=len(waiting) + len(unqueued_models),
+        estimated_finish_at=finish / NS_PER_S,
+        estimated_finish_in_s=(finish - now_ns) / NS_PER_S,
+        basis=Basis(
+            ahead=ahead,
+            swaps=swaps,
+            run_s={m: times.run(m) for m in sorted(models)},
+            swap_s={m: times.swap(m) for m in sorted(models)},
+            unqueued=len(unqueued_models),
+        ),
+    )
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * NS_PER_S)

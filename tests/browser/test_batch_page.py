@@ -1,0 +1,63 @@
+"""The console's batch page (issue 25, item 5) in a real browser: its progress
+bar, its estimated finish and what it rests on, its lines linked to their stories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.e2e.gateway import Gateway, poll
+from tests.e2e.test_batches import client, config, line, submit, wait_batch
+
+pytestmark = pytest.mark.browser
+
+Start = Callable[[str], Gateway]
+
+
+def test_a_batch_page_shows_its_progress_its_eta_and_its_lines(gateway: Start, page: Page) -> None:
+    gw = gateway(config())
+    oa = client(gw)
+    warm = submit(oa, [line("warm", delay=0.3)])
+    wait_batch(oa, warm.id, "completed")
+    batch = submit(oa, [line("slow", delay=3.0)] + [line(f"w{i}", delay=0.3) for i in range(3)])
+    with gw.client() as http:
+        poll(
+            lambda: http.get(f"/v1/batches/{batch.id}").json()["gpulane_progress"]["running"],
+            "its first line to run",
+        )
+        shell = http.get(f"/ui/batches/{batch.id}")
+    assert "script-src 'self'" in shell.headers["content-security-policy"]
+    assert shell.headers["x-content-type-options"] == "nosniff"
+
+    page.goto(f"{gw.url}/ui/batches/{batch.id}")
+    expect(page.locator("#batch-id")).to_have_text(batch.id)
+    expect(page.locator("#batch-progress")).to_have_attribute("max", "4")
+    expect(page.locator("#batch-summary")).to_contain_text("1 running, 3 waiting, 0 failed of 4")
+    expect(page.locator("#batch-eta")).to_contain_text("Expected to end at")
+    expect(page.locator("main")).to_contain_text("median run A")
+    rows = page.locator("#batch-lines tbody tr")
+    expect(rows).to_have_count(4)
+    expect(rows.nth(0)).to_contain_text("running")
+    rows.nth(1).locator("a").click()
+    expect(page.locator("#story-batch")).to_have_text(batch.id)
+    page.locator("#story-batch").click()
+    expect(page.locator("#batch-id")).to_have_text(batch.id)
+    wait_batch(oa, batch.id, "completed")
+    page.reload()
+    expect(page.locator("#batch-progress")).to_have_attribute("value", "4")
+    expect(page.locator("#batch-summary")).to_contain_text("4 done, 0 running, 0 waiting")
+
+
+def test_a_user_key_cannot_read_another_callers_batch_lines(gateway: Start) -> None:
+    keys = "apiKeys:\n  - key: sk-a-1\n    label: a\n  - key: sk-b-2\n    label: b\n"
+    gw = gateway(config(keys))
+    batch = submit(client(gw, "sk-a-1"), [line("mine")])
+    with httpx.Client(base_url=gw.url) as http:
+        path = f"/ui/api/batches/{batch.id}/lines"
+        mine = http.get(path, headers={"Authorization": "Bearer sk-a-1"})
+        theirs = http.get(path, headers={"Authorization": "Bearer sk-b-2"})
+    assert mine.status_code == 200 and mine.json()["data"][0]["custom_id"] == "mine"
+    assert theirs.status_code == 404

@@ -1,0 +1,78 @@
+"""A batch's progress and estimated finish (issue 25, item 5): in
+`GET /v1/batches/{id}` (`gpulane_progress`), `/api/queue` (`runs`),
+`gpulane queue` and a line's explanation, through `gpulane serve`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+from tests.e2e.gateway import REPO, Gateway, poll
+from tests.e2e.test_batches import client, config, line, submit, wait_batch
+
+Start = Callable[[str], Gateway]
+
+
+def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> None:
+    gw = gateway(config())
+    oa = client(gw)
+    # Run times are learnt from the log: two lines of 0.4 s first.
+    warm = submit(oa, [line(f"warm{i}", delay=0.4) for i in range(2)])
+    wait_batch(oa, warm.id, "completed")
+    batch = submit(oa, [line(f"shot-{i}", delay=0.4) for i in range(10)])
+    with gw.client() as http:
+        seen = poll(
+            lambda: (
+                (p := http.get(f"/v1/batches/{batch.id}").json()["gpulane_progress"])["done"] >= 1
+                and p["running"] == 1
+                and p["basis"]["run_s"]["A"] > 0.3  # learnt (refreshed every 2 s)
+                and p
+            ),
+            "a line done, one running, and the run time learnt",
+        )
+        assert seen["total"] == 10 and seen["failed"] == 0
+        assert seen["done"] + seen["running"] + seen["waiting"] == 10
+        basis = seen["basis"]
+        assert basis["run_s"]["A"] < 1.5 and basis["ahead"] == 0
+        # What is left: the running line's rest and a median run per waiting line.
+        left = seen["waiting"] * basis["run_s"]["A"]
+        assert left <= seen["estimated_finish_in_s"] <= left + basis["run_s"]["A"] + 0.1
+        queue = http.get("/api/queue").json()
+        [run] = [r for r in queue["runs"] if r["id"] == batch.id] or [None]
+        assert run is None or run["progress"]["total"] == 10  # it may have ended meanwhile
+        job = http.get("/v1/jobs?limit=1").json()["data"][0]
+        story = http.get(f"/api/requests/{job['id']}/explain").json()
+        assert story["batch"]["id"] == batch.id and story["batch"]["progress"]["total"] == 10
+    shown = subprocess.run(
+        [sys.executable, "-m", "app.cli", "queue", "--url", gw.url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    done = wait_batch(oa, batch.id, "completed")
+    with gw.client() as http:
+        final = http.get(f"/v1/batches/{done.id}").json()["gpulane_progress"]
+    assert (final["done"], final["failed"], final["waiting"], final["running"]) == (10, 0, 0, 0)
+    assert final["estimated_finish_at"] is None
+
+
+def test_gpulane_queue_shows_an_open_batch_with_its_eta(gateway: Start) -> None:
+    gw = gateway(config())
+    oa = client(gw)
+    batch = submit(oa, [line("slow", delay=2.0)] + [line(f"w{i}") for i in range(3)])
+    with gw.client() as http:
+        poll(
+            lambda: http.get(f"/v1/batches/{batch.id}").json()["gpulane_progress"]["running"],
+            "its first line to run",
+        )
+    shown = subprocess.run(
+        [sys.executable, "-m", "app.cli", "queue", "--url", gw.url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"batch {batch.id} in_progress" in shown.stdout
+    assert "0/4 done, 1 running, 3 waiting, 0 failed; ends ~" in shown.stdout
