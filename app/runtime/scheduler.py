@@ -805,10 +805,9 @@ class Scheduler:
                 m for m in to_evict(state.router, model, state.occupied()) if not state.busy(m)
             ]
         names = sorted(evicted)
-        if state.router is None:
-            from_model = state.resident
-        else:
-            from_model = names[0] if len(names) == 1 else None
+        # The dispatch that asked for this swap is applied already: what it evicts
+        # says where the lane comes from (several: `evicted` names them).
+        from_model = names[0] if len(names) == 1 else None
         self.emit(
             [
                 ev.SwapStarted(

@@ -416,6 +416,8 @@ def _truth(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     t0 = time.perf_counter()
     if args.shake < 0 or not 0 <= args.noise < 1:
         parser.error("--shake must be >= 0 and --noise in [0, 1)")
+    if args.fifo_concurrency < 1:
+        parser.error("--fifo-concurrency must be >= 1")
     comparisons = truth.check(
         args.scenario,
         seeds,
@@ -424,10 +426,13 @@ def _truth(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         days=args.days,
         shake=args.shake,
         noise=args.noise,
+        references=not args.no_reference,
+        fifo_concurrency=args.fifo_concurrency,
     )
     if args.json:
         print(truth.to_json(comparisons))
     else:
         print(truth.table(comparisons), end="")
-        print(f"\n{len(seeds)} seeds x {len(grid)} points in {time.perf_counter() - t0:.1f}s")
+        refs = "" if args.no_reference else " and the reference policies"
+        print(f"\n{len(seeds)} seeds x {len(grid)} points{refs} in {time.perf_counter() - t0:.1f}s")
     return 0

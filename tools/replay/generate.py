@@ -243,12 +243,20 @@ SCENARIOS: dict[str, Callable[..., Scenario]] = {"film": film, "fair": fair}
 
 
 def generate_events(
-    scenario: Scenario, params: ScoringParams, scheduler: str = SERIAL, label: str = "film"
+    scenario: Scenario,
+    params: ScoringParams,
+    scheduler: str = SERIAL,
+    label: str = "film",
+    *,
+    policy: Policy | None = None,
 ) -> list[ev.AnyEvent]:
-    """The events a server with `params` would have logged for this scenario."""
+    """The events a server with `params` would have logged for this scenario; with
+    `policy`, a server running that policy instead (`params` and `scheduler` unused):
+    a reference policy's ground truth (`simulate.reference_policies`: the fifo
+    scheduler, aging off, or every request enqueued at priority 0)."""
     workload = scenario.workload
     start = min((r.arrival_ns for r in workload.requests), default=T0) - NS_PER_S
-    policy = Policy("generate", params, scheduler=scheduler)
+    policy = policy or Policy("generate", params, scheduler=scheduler)
     # The log starts with the server_started whose fold is the simulation's state.
     started = started_event(
         policy,

@@ -7,7 +7,14 @@ defaults (what a user would have recorded), replays it at each grid point as
 `gpulane replay DB --fair-share-bonus N --short-job-bonus N` does (extraction, the
 patience model, the simulation, the report's figures), generates the ground truth at
 that point, and compares the two per band and per model: wait p50 / p95 / max and
-clients who gave up. An error is predicted - true.
+clients who gave up. An error is predicted - true. With `references`, the reference
+policies the replay prints beside its grid (`simulate.reference_policies`: arrival
+order, priority without aging, the fifo scheduler) are checked too: the generator
+runs the scenario through the real core under each of them.
+
+The point the replay marks `*` (what `gpulane replay DB --sweep GRID --shake N`
+recommends) is marked in each seed's comparisons (`Comparison.recommended`), so its
+prediction and its truth can be read together.
 
 The figures on both sides come from `report.figures` (the replay's simulated row, and
 the truth log's recorded row), so the comparison measures the prediction, not a
@@ -26,7 +33,7 @@ from tools.replay import report
 from tools.replay.generate import SCENARIOS, generate_events
 from tools.replay.patience import PatienceModel, with_patience
 from tools.replay.report import BANDS, Figures
-from tools.replay.simulate import Policy
+from tools.replay.simulate import Policy, reference_policies
 from tools.replay.sweep import Shake, label_of, run_policies
 from tools.replay.workload import DEFAULT_CHAIN_GAP_NS, Workload, extract_events
 
@@ -45,9 +52,25 @@ class Comparison:
     seed: int
     params: ScoringParams
     predicted: Figures
-    """The replay of the defaults log at `params` (a simulated row)."""
+    """The replay of the defaults log at `params` (a simulated row), or under a
+    reference policy (a reference row)."""
     true: Figures
-    """The log generated at `params` (its recorded row)."""
+    """The log generated at `params`, or under the reference policy (its recorded
+    row)."""
+    label: str = ""
+    """The point's name: `label_of(params)`, or the reference policy's label."""
+    reference: bool = False
+    """A reference policy (arrival order, priority without aging, fifo), not a point
+    of the grid."""
+
+    @property
+    def point(self) -> str:
+        return self.label or label_of(self.params)
+
+    @property
+    def recommended(self) -> bool:
+        """The replay marked this point `*` among its seed's grid."""
+        return bool(self.predicted.get("best"))
 
     def groups(self) -> list[tuple[str, dict[str, float | None], dict[str, float | None]]]:
         """(group, predicted figures, true figures): the bands with requests, then
@@ -96,11 +119,21 @@ def _minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 3)
 
 
-def _log(scenario: str, seed: int, params: ScoringParams, days: int) -> Workload:
-    """The workload and recorded run of the log `generate` writes at `params`."""
+def _log(
+    scenario: str, seed: int, params: ScoringParams, days: int, policy: Policy | None = None
+) -> Workload:
+    """The workload and recorded run of the log `generate` writes at `params` (or under
+    `policy`)."""
     built = SCENARIOS[scenario](seed, days=days)  # fresh: its swap costs are drawn
-    events = generate_events(built, params, label=f"{scenario}-seed{seed}")
-    return extract_events(enumerate(events, 1), DEFAULT_CHAIN_GAP_NS)
+    priority = {r.request_id: r.priority for r in built.workload.requests}
+    events = generate_events(built, params, label=f"{scenario}-seed{seed}", policy=policy)
+    logged = extract_events(enumerate(events, 1), DEFAULT_CHAIN_GAP_NS)
+    if policy is not None and policy.ignore_priority:
+        # Arrival order enqueues every request at priority 0; its figures are per
+        # band of the priority the client asked for, as the replay's reference row's.
+        for r in logged.requests:
+            r.priority = priority[r.request_id]
+    return logged
 
 
 def check(
@@ -114,10 +147,13 @@ def check(
     jobs: int | None = 1,
     shake: int = DEFAULT_SHAKE,
     noise: float = 0.05,
+    references: bool = False,
+    fifo_concurrency: int = 10,
 ) -> list[Comparison]:
     """For each seed, the log generated at `recorded` (default: the defaults)
     replayed at each of `grid` with `shake` shaken runs (as `--shake` does: each
-    prediction gets its printed error), against the log generated at that point."""
+    prediction gets its printed error), against the log generated at that point;
+    with `references`, also under each reference policy (after the grid's points)."""
     recorded = recorded or ScoringParams()
     patience = patience or PatienceModel()
     out = []
@@ -129,7 +165,10 @@ def check(
         # the recorded parameters are the baseline the error is measured on.
         points = list(grid) if recorded in grid else [recorded, *grid]
         policies = [Policy(label_of(p), p, caller_weights=weights) for p in points]
-        rows = run_policies(logged, policies, jobs=jobs, shake=Shake(shake, noise, 0, patience))
+        refs = reference_policies(logged, recorded, fifo_concurrency) if references else []
+        rows = run_policies(
+            logged, policies + refs, jobs=jobs, shake=Shake(shake, noise, 0, patience)
+        )
         first = report.figures(
             logged,
             logged.recorded,
@@ -139,21 +178,34 @@ def check(
             scheduler=logged.scheduler,
         )
         report.judge([first, *rows], label_of(recorded))
-        by_params = dict(zip(points, rows, strict=True))
+        by_params = dict(zip(points, rows[: len(points)], strict=True))
         for params in grid:
             predicted = by_params[params]
-            truth = _log(scenario, seed, params, days)
-            assert truth.recorded is not None
-            true = report.figures(
-                truth,
-                truth.recorded,
-                label=label_of(params),
-                kind="recorded",
-                params=params,
-                scheduler=truth.scheduler,
+            true = _true(_log(scenario, seed, params, days), label_of(params), params)
+            out.append(Comparison(scenario, seed, params, predicted, true, label_of(params)))
+        for policy, predicted in zip(refs, rows[len(points) :], strict=True):
+            true = _true(
+                _log(scenario, seed, policy.params, days, policy), policy.label, policy.params
             )
-            out.append(Comparison(scenario, seed, params, predicted, true))
+            out.append(
+                Comparison(
+                    scenario, seed, policy.params, predicted, true, policy.label, reference=True
+                )
+            )
     return out
+
+
+def _true(truth: Workload, label: str, params: ScoringParams) -> Figures:
+    """The figures of a generated log's recorded run."""
+    assert truth.recorded is not None
+    return report.figures(
+        truth,
+        truth.recorded,
+        label=label,
+        kind="recorded",
+        params=params,
+        scheduler=truth.scheduler,
+    )
 
 
 def worst(comparisons: Sequence[Comparison]) -> dict[str, dict[str, float]]:
@@ -193,7 +245,14 @@ def table(comparisons: Sequence[Comparison], recorded: ScoringParams | None = No
         "true (predicted - true), marked ! where the truth lies outside the printed error"
     ]
     for c in comparisons:
-        lines.append(f"\n{c.scenario} seed {c.seed}, {label_of(c.params)}")
+        mark = (
+            " (reference)"
+            if c.reference
+            else " (*: the replay recommends it)"
+            if c.recommended
+            else ""
+        )
+        lines.append(f"\n{c.scenario} seed {c.seed}, {c.point}{mark}")
         rows = [["group", *(_NAMES[k] for k in COMPARED)]]
         errors, printed, within = c.errors(), c.printed_errors(), c.within()
         for group, p, t in c.groups():
@@ -207,21 +266,80 @@ def table(comparisons: Sequence[Comparison], recorded: ScoringParams | None = No
                 ]
             )
         lines.extend(_aligned(rows))
-    lines.append("\nworst |predicted - true| over every seed and point")
-    rows = [["group", *(_NAMES[k] for k in COMPARED)]]
-    for group, errs in worst(comparisons).items():
-        rows.append([group, *(_fmt(errs.get(k), k) for k in COMPARED)])
-    lines.extend(_aligned(rows))
-    cover = coverage(comparisons)
-    if any(cover.values()):
-        lines.append("\ntrue value within predicted ± printed error, points of all")
+    points = [c for c in comparisons if not c.reference]
+    refs = [c for c in comparisons if c.reference]
+    for title, plural, part in (
+        ("point", "points", points),
+        ("reference policy", "reference policies", refs),
+    ):
+        if not part:
+            continue
+        lines.append(f"\nworst |predicted - true| over every seed and {title}")
         rows = [["group", *(_NAMES[k] for k in COMPARED)]]
-        for group, figs in cover.items():
-            rows.append(
-                [group, *(f"{figs[k][0]} of {figs[k][1]}" if k in figs else "-" for k in COMPARED)]
-            )
+        for group, errs in worst(part).items():
+            rows.append([group, *(_fmt(errs.get(k), k) for k in COMPARED)])
         lines.extend(_aligned(rows))
+        cover = coverage(part)
+        if any(cover.values()):
+            lines.append(f"\ntrue value within predicted ± printed error, {plural} of all")
+            rows = [["group", *(_NAMES[k] for k in COMPARED)]]
+            for group, figs in cover.items():
+                rows.append(
+                    [
+                        group,
+                        *(f"{figs[k][0]} of {figs[k][1]}" if k in figs else "-" for k in COMPARED),
+                    ]
+                )
+            lines.extend(_aligned(rows))
+    if lines_of_summary := summary(comparisons):
+        lines.append("")
+        lines.extend(lines_of_summary)
     return "\n".join(lines) + "\n"
+
+
+def summary(
+    comparisons: Sequence[Comparison], band: str = "interactive", key: str = "wait_p95_s"
+) -> list[str]:
+    """One line per point (and reference policy), one column per seed: `band`'s `key`
+    as predicted ±printed error / true, `*` on the point the replay recommends; then,
+    per seed, the point with the lowest true value and the recommended point's."""
+    seeds = sorted({c.seed for c in comparisons})
+    points = list(dict.fromkeys(c.point for c in comparisons))
+    at = {(c.point, c.seed): c for c in comparisons}
+    if not any(c.true["bands"][band].get(key) is not None for c in comparisons):
+        return []
+    rows = [[f"{band} {_NAMES[key]}", *(f"seed {s}" for s in seeds)]]
+    for point in points:
+        cells = []
+        for seed in seeds:
+            c = at.get((point, seed))
+            p = c.predicted["bands"][band] if c else {}
+            t = c.true["bands"][band] if c else {}
+            if c is None or t.get(key) is None:
+                cells.append("-")
+                continue
+            printed = c.printed_errors().get(band, {}).get(key)
+            told = "" if printed is None else f" ±{_fmt(printed, key)}"
+            mark = "* " if c.recommended else ""
+            cells.append(f"{mark}{_fmt(p.get(key), key)}{told} / {_fmt(t[key], key)}")
+        rows.append([point, *cells])
+    lines = [f"{band} {_NAMES[key]}, predicted ±printed error / true (* the replay's pick)"]
+    lines.extend(_aligned(rows))
+    for seed in seeds:
+        mine = [c for c in comparisons if c.seed == seed and not c.reference]
+        valued = [c for c in mine if c.true["bands"][band].get(key) is not None]
+        if not valued:
+            continue
+        best = min(valued, key=lambda c: c.true["bands"][band][key])
+        text = (
+            f"seed {seed}: lowest true {band} {_NAMES[key]} over the points "
+            f"{_fmt(best.true['bands'][band][key], key)} at {best.point}"
+        )
+        pick = next((c for c in mine if c.recommended), None)
+        if pick is not None:
+            text += f"; the replay's pick {pick.point}: {_fmt(pick.true['bands'][band][key], key)}"
+        lines.append(text)
+    return lines
 
 
 def _fmt(value: float | None, key: str, signed: bool = False) -> str:
@@ -264,7 +382,9 @@ def to_json(comparisons: Sequence[Comparison]) -> str:
                 {
                     "scenario": c.scenario,
                     "seed": c.seed,
-                    "point": label_of(c.params),
+                    "point": c.point,
+                    "reference": c.reference,
+                    "recommended": c.recommended,
                     "groups": {
                         group: {
                             k: {
@@ -320,6 +440,18 @@ def build_truth_parser(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--noise", type=float, default=0.05, metavar="F", help="the replay's --noise (0.05)"
+    )
+    p.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="leave out the reference policies (arrival order, priority without aging, fifo)",
+    )
+    p.add_argument(
+        "--fifo-concurrency",
+        type=int,
+        default=10,
+        metavar="N",
+        help="requests in flight per model in the fifo reference (default 10)",
     )
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
     return p
