@@ -40,6 +40,7 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.activity_bench
 	$(PY) -m bench.event_store_bench
 	$(PY) -m bench.proxy_bench
+	$(PY) -m bench.peer_bench
 	$(PY) -m bench.recovery_bench
 	$(PY) -m bench.replay_bench
 	if command -v valgrind >/dev/null; then $(PY) -m bench.replay_instructions; \
@@ -48,6 +49,7 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.console_bench
 	$(PY) -m bench.live_queue_bench
 	$(PY) -m bench.job_body_bench
+	$(PY) -m bench.batch_bench
 
 screenshots: $(STAMP) chromium ## PNGs of every console page from a real run, into docs/ui/
 	$(PY) -m tests.browser.screenshots docs/ui

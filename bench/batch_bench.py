@@ -1,6 +1,7 @@
 """A 10,000-line batch against 10,000 single durable jobs, side by side. Prints figures.
 
     python -m bench.batch_bench [--lines 10000] [--runs 3] [--concurrency 8] [--tree DIR]
+                                [--before DIR] [--no-singles]
 
 Each run starts `gpulane serve` as a user does, on a fresh database, in front
 of tools/fake_upstream, with `maxQueuedPerCaller` raised above the line count
@@ -21,10 +22,10 @@ measured from just before the spawn: until `/health` answers, until the first
 answer about the work (`GET /v1/batches/{id}` with its progress, or `GET
 /v1/jobs/{id}` of the last single), the server's CPU time and peak RSS then,
 and the open jobs recovery put back. The two kinds alternate within a run;
-each figure is the median of --runs runs, and `ratio` is batch / singles of
-those medians, so the host's speed cancels out. `--tree` runs another
-checkout (`git archive REV | tar -x -C DIR`) with this interpreter, for a
-before/after.
+each figure is the median of --runs runs, and the ratios are the batch's
+median over the others', so the host's speed cancels out. `--tree` runs
+another checkout (`git archive REV | tar -x -C DIR`) with this interpreter;
+`--before DIR` runs that checkout's batch too, interleaved, for a before/after.
 """
 
 from __future__ import annotations
@@ -261,27 +262,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8, help="singles in flight")
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout to run")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout whose batch is run alongside, for a before/after",
+    )
+    parser.add_argument("--no-singles", action="store_true", help="only the batch (and --before)")
     args = parser.parse_args(argv)
     print(
-        f"tree {args.tree}, {args.lines} lines, {args.runs} runs, "
+        f"tree {args.tree}, before {args.before}, {args.lines} lines, {args.runs} runs, "
         f"singles {args.concurrency} at a time, load {os.getloadavg()[0]:.1f}"
     )
-    runs: dict[str, list[dict[str, float]]] = {"batch": [], "singles": []}
-    for _ in range(args.runs):
-        for kind in runs:
-            runs[kind].append(one_run(args.tree, kind, args.lines, args.concurrency))
-    print(f"| median of {args.runs} | batch | {args.lines} singles | batch / singles |")
-    print("|---|--:|--:|--:|")
-    for key, label, unit in ROWS:
-        cells = []
-        for kind in runs:
-            values = [r[key] for r in runs[kind] if key in r]
+    kinds: dict[str, tuple[Path, str]] = {"batch": (args.tree, "batch")}
+    if args.before is not None:
+        kinds["batch (before)"] = (args.before, "batch")
+    if not args.no_singles:
+        kinds[f"{args.lines} singles"] = (args.tree, "singles")
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    for _ in range(args.runs):  # interleaved: the host's speed moves between runs
+        for label, (tree, kind) in kinds.items():
+            runs[label].append(one_run(tree, kind, args.lines, args.concurrency))
+    labels = list(kinds)
+    ratios = [f"batch / {label}" for label in labels[1:]]
+    print("| median of " + " | ".join([str(args.runs), *labels, *ratios]) + " |")
+    print("|---" + "|--:" * (len(labels) + len(ratios)) + "|")
+    for key, name, unit in ROWS:
+        cells: list[float | None] = []
+        for label in labels:
+            values = [r[key] for r in runs[label] if key in r]
             cells.append(statistics.median(values) if values else None)
-        b, s = cells
-        ratio = f"{b / s:.2f}" if b is not None and s else "-"
         fmt = "{:.0f}" if unit in ("MiB", "") else "{:.2f}"
-        shown = [fmt.format(c) + (f" {unit}" if unit else "") if c is not None else "-" for c in cells]
-        print(f"| {label} | {shown[0]} | {shown[1]} | {ratio} |")
+        shown = ["-" if c is None else fmt.format(c) + (f" {unit}" if unit else "") for c in cells]
+        first = cells[0]
+        shown += [f"{first / c:.2f}" if first is not None and c else "-" for c in cells[1:]]
+        print(f"| {name} | " + " | ".join(shown) + " |")
 
 
 if __name__ == "__main__":

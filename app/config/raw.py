@@ -37,6 +37,11 @@ DEFAULT_RESPONSE_HEADER_TIMEOUT: Final = 3600.0
 DEFAULT_MAX_RUN_TIME: Final = 7200.0
 DEFAULT_STREAM_IDLE_TIMEOUT: Final = 1200.0
 DEFAULT_SHUTDOWN_GRACE: Final = 30.0
+# A model that fails to load waits 5 s before its next load, doubling up to
+# 5 minutes; after 3 failures in a row its waiting requests fail.
+DEFAULT_LOAD_BACKOFF: Final = 5.0
+DEFAULT_LOAD_BACKOFF_MAX: Final = 300.0
+DEFAULT_LOAD_FAILURE_LIMIT: Final = 3
 # Static assets a web UI behind /upstream/<model>/ asks for; they must not
 # trigger a swap. Anchored, so re.search and re.match agree.
 DEFAULT_IGNORE_PATHS: Final = (
@@ -104,6 +109,19 @@ class RawModel(_Raw, frozen=True):
     # gpulane only: credential headers forwarded to this model; unset = forward
     # them when no apiKeys are configured, strip them when some are.
     pass_credentials: bool | list[str] | None = None
+
+
+class RawPeer(_Raw, frozen=True):
+    """A `peers` entry: another server (a gpulane, a llama-swap, any OpenAI-compatible
+    server) whose `models` are served here as `<peer>/<model>`."""
+
+    proxy: str
+    models: list[str]
+    api_key: str = ""
+    filters: RawFilters = msgspec.field(default_factory=RawFilters)
+    timeouts: RawTimeouts = msgspec.field(default_factory=RawTimeouts)
+    # gpulane only: requests sent to the peer at once, across all its models.
+    concurrency_limit: int = 1
 
 
 DEFAULT_MAX_QUEUED = 100_000
@@ -215,6 +233,9 @@ class RawConfig(_Raw, frozen=True):
     max_run_time: float | str = DEFAULT_MAX_RUN_TIME
     stream_idle_timeout: float | str = DEFAULT_STREAM_IDLE_TIMEOUT
     shutdown_grace: float | str = DEFAULT_SHUTDOWN_GRACE
+    load_backoff: float | str = DEFAULT_LOAD_BACKOFF
+    load_backoff_max: float | str = DEFAULT_LOAD_BACKOFF_MAX
+    load_failure_limit: int = DEFAULT_LOAD_FAILURE_LIMIT
     max_queued: int = DEFAULT_MAX_QUEUED
     max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
     macros: dict[str, MacroValue] = {}
@@ -229,6 +250,7 @@ class RawConfig(_Raw, frozen=True):
     server: RawServer = msgspec.field(default_factory=RawServer)
     upstream: RawUpstream = msgspec.field(default_factory=RawUpstream)
     models: dict[str, RawModel] = {}
+    peers: dict[str, RawPeer] = {}
 
 
 _ONE_AT_A_TIME = "gpulane runs one model at a time"
@@ -238,7 +260,6 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
     RawConfig: {
         "profiles": _ONE_AT_A_TIME,
         "selectors": _ONE_AT_A_TIME,
-        "peers": "gpulane does not use peers yet (issue 24); their models are not served",
         "logRequests": "gpulane records every request in its event log (gpulane explain)",
         "performance": _NOT_IMPLEMENTED,
         "captureBuffer": _NOT_IMPLEMENTED,

@@ -32,9 +32,12 @@ from app.config.macros import (
     split_args,
     strip_comments,
 )
+from app.config.peers import PeerResolver
 from app.config.raw import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LOAD_BACKOFF,
+    DEFAULT_LOAD_BACKOFF_MAX,
     DEFAULT_MAX_RUN_TIME,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
     DEFAULT_RESULT_RETENTION_S,
@@ -100,6 +103,7 @@ class Resolver:
             {k for k in declared if isinstance(k, str)} if isinstance(declared, dict) else set()
         )
         self.global_origins = {name: join_path("macros", name) for name in raw.macros}
+        self._choices: set[str] = set()
 
     def run(self) -> Config:
         raw = self.raw
@@ -138,6 +142,13 @@ class Resolver:
             )
         name_index = self._name_index(models)
         self._check_fifo_keys(fifo, name_index)
+        router = resolve_router(
+            raw, name_index, self.issues, lambda name: self._unknown_model(name, name_index)
+        )
+        # Peers after the local names (local ids and aliases first) and the router.
+        peers, router = PeerResolver(self, run_limits).run(models, name_index, router)
+        models = dict(sorted(models.items()))
+        self._choices = {m for m, spec in models.items() if spec.choices}
 
         serial = raw.routing.scheduler.settings.serial
         aging_divisor, aging_divisor_ns = self._aging_divisor(serial.aging_divisor)
@@ -152,9 +163,8 @@ class Resolver:
             log_level=self._choice(raw.log_level, "logLevel", LOG_LEVELS),
             api_keys=self._api_keys(),
             preload=self._preload(name_index),
-            router=resolve_router(
-                raw, name_index, self.issues, lambda name: self._unknown_model(name, name_index)
-            ),
+            router=router,
+            peers=peers,
             send_loading_state=raw.send_loading_state,
             include_aliases_in_list=raw.include_aliases_in_list,
             scheduler=scheduler,
@@ -175,6 +185,7 @@ class Resolver:
             max_body_bytes=self._max_body_bytes(),
             ignore_paths=self._ignore_paths(),
             shutdown_grace=self._shutdown_grace(),
+            **self._load_backoff(),
             max_queued=self._at_least_one(raw.max_queued, "maxQueued"),
             max_queued_per_caller=self._at_least_one(
                 raw.max_queued_per_caller, "maxQueuedPerCaller"
@@ -671,6 +682,11 @@ class Resolver:
                     f"hooks.on_startup.preload[{i}]",
                     self._unknown_model(name, index, ", not preloaded"),
                 )
+            elif model_id in self._choices:
+                self.issues.warn(
+                    f"hooks.on_startup.preload[{i}]",
+                    f"{name!r} is served by several peers; name one (peer/model) to preload it",
+                )
             elif model_id not in out:
                 out.append(model_id)
         return tuple(out)
@@ -748,6 +764,30 @@ class Resolver:
         allowed = f"seconds >= 0 (0 = stop upstreams at once), or {_DURATION_FORMS}"
         seconds = self._seconds(self.raw.shutdown_grace, "shutdownGrace", allowed)
         return DEFAULT_SHUTDOWN_GRACE if seconds is None else seconds
+
+    def _load_backoff(self) -> dict[str, Any]:
+        """`loadBackoff`, `loadBackoffMax` and `loadFailureLimit` (app/core/load_backoff.py)."""
+        raw = self.raw
+        allowed = f"seconds >= 0 (0 = load again at once), or {_DURATION_FORMS}"
+        first = self._seconds(raw.load_backoff, "loadBackoff", allowed)
+        first = DEFAULT_LOAD_BACKOFF if first is None else first
+        allowed = f"seconds >= 0, or {_DURATION_FORMS}"
+        most = self._seconds(raw.load_backoff_max, "loadBackoffMax", allowed)
+        most = DEFAULT_LOAD_BACKOFF_MAX if most is None else most
+        if most < first:
+            self.issues.error(
+                "loadBackoffMax",
+                f"{_number(most)} is less than loadBackoff ({_number(first)}); expected "
+                "seconds >= loadBackoff",
+            )
+        limit = raw.load_failure_limit
+        if limit < 0:
+            self.issues.error(
+                "loadFailureLimit",
+                f"{limit} is out of range; expected an integer >= 0 (0 = never fail the "
+                "waiting requests)",
+            )
+        return {"load_backoff": first, "load_backoff_max": most, "load_failure_limit": limit}
 
     def _seconds(
         self, value: float | str, where: str, allowed: str, *, positive: bool = False

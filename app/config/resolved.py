@@ -10,6 +10,9 @@ import msgspec
 
 from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LOAD_BACKOFF,
+    DEFAULT_LOAD_BACKOFF_MAX,
+    DEFAULT_LOAD_FAILURE_LIMIT,
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_PER_CALLER,
@@ -19,6 +22,7 @@ from app.config.raw import (
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STREAM_IDLE_TIMEOUT,
 )
+from app.core.peers import PeerPool
 from app.core.priority import DEFAULT_TIER_SPAN
 from app.core.residency import Router
 
@@ -60,6 +64,13 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     pass_credentials: tuple[str, ...] = ()
     """Credential headers (lower case, sorted) forwarded to this model: `passCredentials`
     resolved against `apiKeys`. Every other credential header is stripped."""
+    peer: str | None = None
+    """The peer this entry sends to (`peers.<id>`): no process, nothing to load."""
+    headers: dict[str, str] = {}
+    """Headers set on every forwarded request (a peer's `apiKey`)."""
+    choices: tuple[str, ...] = ()
+    """A bare id several peers serve: the entries (`<peer>/<model>`) a request
+    for it may be sent to; the scheduler picks one at dispatch."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +106,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     """Which models may be resident together (`routing.router`, or the top-level
     `groups` / `matrix`); None: one model at a time. Not used by the run loop yet."""
     send_loading_state: bool
+    peers: dict[str, PeerPool] = {}
+    """`peers`: each peer's slots and model entries (its models are in `models`)."""
     include_aliases_in_list: bool = False
     """`includeAliasesInList`: /v1/models lists each alias as an entry of its own."""
     scheduler: str  # "serial" | "fifo"
@@ -121,6 +134,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     ignore_paths: str  # one regex, for re.search on the upstream path
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     """Seconds running work may take to finish after SIGTERM before upstreams are stopped."""
+    load_backoff: float = DEFAULT_LOAD_BACKOFF
+    """Seconds a model whose load failed waits before its next load, doubling with
+    each failure in a row (`loadBackoff`; 0: load again at once)."""
+    load_backoff_max: float = DEFAULT_LOAD_BACKOFF_MAX
+    """The longest of those waits (`loadBackoffMax`)."""
+    load_failure_limit: int = DEFAULT_LOAD_FAILURE_LIMIT
+    """Failed loads in a row after which a model's waiting requests fail with the
+    loader's error (`loadFailureLimit`; 0: never)."""
     warnings: tuple[str, ...] = ()
     config_hash: str = ""
     source: str = "<string>"
@@ -142,6 +163,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         return tuple(k.label for k in self.api_keys)
 
 
+_HASHED_AS_BEFORE: dict[str, object] = {
+    "load_backoff": DEFAULT_LOAD_BACKOFF,
+    "load_backoff_max": DEFAULT_LOAD_BACKOFF_MAX,
+    "load_failure_limit": DEFAULT_LOAD_FAILURE_LIMIT,
+}
+
+
 def config_hash(config: Config) -> str:
     """First 16 hex chars of sha256 over the resolved config's canonical JSON.
 
@@ -155,19 +183,36 @@ def config_hash(config: Config) -> str:
         data.pop("router", None)  # a config without a router hashes as before
     if not data.get("include_aliases_in_list"):
         data.pop("include_aliases_in_list", None)  # listing only; hashes as before
+    for key, default in _HASHED_AS_BEFORE.items():
+        if data.get(key) == default:
+            data.pop(key, None)  # a config that leaves them unset hashes as before
+    if not data.get("peers"):
+        data.pop("peers", None)  # a config without peers hashes as before
     for model in data["models"].values():
         if not model.get("set_params_by_id"):
             model.pop("set_params_by_id", None)
+        for key in ("peer", "headers", "choices"):
+            if not model.get(key):
+                model.pop(key, None)
+        if model.get("headers"):
+            model["headers"] = {k: _digest(v) for k, v in model["headers"].items()}
     for entry in data["api_keys"]:
         entry["key"] = hashlib.sha256(entry["key"].encode()).hexdigest()
     encoded = msgspec.json.encode(data, order="sorted")
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
 def masked(config: Config) -> dict[str, Any]:
     """The resolved config as plain data for display, API keys masked."""
     data: dict[str, Any] = msgspec.to_builtins(config, order="deterministic")
     data.pop("name_index", None)
+    for model in data["models"].values():
+        if model.get("headers"):
+            model["headers"] = {k: "***" for k in model["headers"]}
     for entry in data["api_keys"]:
         entry["key"] = "***"
     return data

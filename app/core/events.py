@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from app.core.peers import PeerPool
 from app.core.residency import Router
 from app.core.scoring import Breakdown
 
@@ -65,6 +66,21 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     """Which models may be resident together (`routing.router`: `GroupRouter` or
     `MatrixRouter`, tagged `group` / `matrix`); None: one implicit group, one model
     at a time (every log before routers were used)."""
+    load_backoff_ns: int = 0
+    """`loadBackoff`: how long a model whose load failed waits before its next
+    load, doubling with each consecutive failure (0, every log before it: no wait;
+    see `app.core.load_backoff`)."""
+    load_backoff_max_ns: int = 0
+    """`loadBackoffMax`: the longest of those waits."""
+    load_failure_limit: int = 0
+    """`loadFailureLimit`: consecutive failed loads of a model after which its
+    waiting requests fail with the loader's error (0: never)."""
+    peers: dict[str, PeerPool] | None = None
+    """`peers`: each peer's slots (shared by its models) and its model entries
+    (`<peer>/<model>`, no process); None: no peers (every log before them)."""
+    peer_choices: dict[str, list[str]] | None = None
+    """Each bare model id several peers serve: the entries a request for it may be
+    dispatched to (`app.core.peers`); its `request_dispatched.model` names the one."""
 
 
 class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
@@ -123,6 +139,9 @@ class RequestDispatched(Event, tag="request_dispatched", frozen=True):
     attempt: int = 1
     swap: bool = False
     """True when the model must be loaded before the request can run."""
+    choice: str | None = None
+    """The bare id the request named when several peers serve it (`model` is the
+    peer's entry the scheduler chose for it); None otherwise."""
 
 
 class SwapStarted(Event, tag="swap_started", frozen=True):

@@ -14,6 +14,7 @@ from typing import Literal
 import msgspec
 
 from app.core import events as ev
+from app.core.peers import candidates
 from app.core.queue import FairKeys, Pick, Queued
 from app.core.residency import to_evict
 from app.core.state import FIFO, SchedulerState
@@ -65,17 +66,19 @@ def decide(state: SchedulerState, now_ns: int) -> Decision | None:
 def choose(state: SchedulerState, now_ns: int) -> Choice | None:
     """`decide` without its `scores_computed`, for a run that records nothing (the
     replay's what-if runs): the same dispatch, at the cost of the pick alone."""
-    found = _dispatch_pick(state)
+    found = _dispatch_pick(state, now_ns)
     if found is None:
         return None
-    pick, evicted = found
+    pick, evicted, target = found
     winner = pick.winner
     dispatched = ev.RequestDispatched(
         at=now_ns,
         request_id=winner.request_id,
-        model=winner.model,
+        # A choice's request names the peer it goes to (`app.core.peers`).
+        model=target,
         attempt=state.requests[winner.request_id].attempt,
-        swap=winner.model not in state.in_use,
+        swap=target not in state.in_use,
+        choice=winner.model if target != winner.model else None,
     )
     if dispatched.swap:
         action: Action = "swap"
@@ -88,7 +91,7 @@ def choose(state: SchedulerState, now_ns: int) -> Choice | None:
 
 def _pick(state: SchedulerState, skip: frozenset[str]) -> Pick | None:
     if state.scheduler != FIFO:
-        return state.queue.pick(state.in_use, state.fair_keys(), skip)
+        return state.queue.pick(state.affine, state.fair_keys(), skip)
     # fifo: the queue's order alone (model priority + header, then arrival).
     winner = state.queue.best(None, skip=skip)
     if winner is None:
@@ -103,9 +106,12 @@ def _pick(state: SchedulerState, skip: frozenset[str]) -> Pick | None:
     )
 
 
-def _dispatch_pick(state: SchedulerState) -> tuple[Pick, frozenset[str]] | None:
+def _dispatch_pick(
+    state: SchedulerState, now_ns: int
+) -> tuple[Pick, frozenset[str], str] | None:
     """The dispatch rule, for both schedulers: the best-scoring waiting request
-    that can start now, and the models its start evicts. Whether a request can
+    that can start now, the models its start evicts and the model it runs on (its
+    own; for a choice, one of its peers'). Whether a request can
     start depends only on its model, so the rule walks the models in the order
     of their best waiting request and takes the first that can start:
 
@@ -122,30 +128,59 @@ def _dispatch_pick(state: SchedulerState) -> tuple[Pick, frozenset[str]] | None:
       the swap happens as soon as the in-flight work on them ends
       (non-preemptive; slots cannot starve a swap).
 
+    A model backing off after failed loads (`SchedulerState.backing_off`) is left
+    out before all of this: its requests wait, they hold nothing back, and the
+    other models' requests are served as if they were not there.
+
     With no router and one slot per model this is the one-at-a-time rule of
     before: the best request starts when nothing runs or loads, else nothing.
     The recorded counterfactuals (`Pick`) are among the requests of the models
     not held back before the winner's."""
-    pick = _pick(state, frozenset())
+    backing_off = state.backing_off(now_ns)
+    pick = _pick(state, backing_off)
     if pick is None:
         return None
     held: set[str] = set()
     """Models that may take no new work and may not be evicted by a lower request."""
     awaited: list[str] = []
     """Targets of higher requests that wait for evictions."""
-    evicted = _can_start(state, pick.winner.model, held, awaited)
-    if evicted is not None:
-        return pick, evicted
-    skip = {pick.winner.model}
-    for model in state.queue.model_order(state.in_use, state.fair_keys()):
+    start = _start(state, pick.winner.model, held, awaited, backing_off)
+    if start is not None:
+        return pick, *start
+    skip = {pick.winner.model, *backing_off}
+    for model in state.queue.model_order(state.affine, state.fair_keys()):
         if model in skip:
             continue
-        evicted = _can_start(state, model, held, awaited)
-        if evicted is not None:
+        start = _start(state, model, held, awaited, backing_off)
+        if start is not None:
             found = _pick(state, frozenset(skip))
             assert found is not None and found.winner.model == model
-            return found, evicted
+            return found, *start
         skip.add(model)
+    return None
+
+
+def _start(
+    state: SchedulerState,
+    model: str,
+    held: set[str],
+    awaited: list[str],
+    blocked: frozenset[str],
+) -> tuple[frozenset[str], str] | None:
+    """`_can_start` and the model a request for `model` runs on: itself, or for
+    a choice the first of its peers' entries that can start (reachable ones
+    first, `peers.candidates`)."""
+    choices = state.choices.get(model)
+    if choices is None:
+        evicted = _can_start(state, model, held, awaited)
+        return None if evicted is None else (evicted, model)
+    options = candidates(
+        choices, state.last_target.get(model), state.load_failures.keys(), blocked
+    )
+    for target in sorted(options, key=lambda m: m not in state.in_use):
+        evicted = _can_start(state, target, held, awaited)
+        if evicted is not None:
+            return evicted, target
     return None
 
 
@@ -161,13 +196,16 @@ def _can_start(
         return _NOTHING if model in in_use else to_evict(state.router, model, in_use)
     if model in held:
         return None
+    if model in state.peer_of and not state.has_free_slot(model):
+        held.add(model)  # its peer's slots are taken, by this model or another
+        return None
     if model in state.in_use:
         running = state.running_on(model)
         # A load no request waits on (a preload, or one whose request left) is
         # not joined under serial: requests wait for it to end, then take the
         # slots in score order.
         joinable = running > 0 or model not in state.loads or state.scheduler == FIFO
-        if joinable and running < state.slots(model):
+        if joinable and state.has_free_slot(model):
             return _NOTHING
         held.add(model)
         return None
@@ -264,6 +302,18 @@ def _changed(winner: str, without: tuple[str | None, ...]) -> list[str]:
     ]
 
 
+def given_up(state: SchedulerState, model: str) -> list[str]:
+    """The waiting requests of `model` to fail now, in arrival order: its loads
+    have failed `loadFailureLimit` times in a row (none while the limit is 0 or
+    not reached). The run loop asks after each `swap_failed` and fails them with
+    the loader's error."""
+    failures = state.load_failures.get(model)
+    limit = state.load_backoff.failure_limit
+    if failures is None or limit <= 0 or failures.count < limit:
+        return []
+    return [r.request_id for r in state.requests.values() if r.model == model and not r.running]
+
+
 def next_resident(state: SchedulerState) -> str | None:
     """The model loaded at the next decision: the one loading now, else the resident
     one (with several lanes, the last of each; `SchedulerState.in_use` has them all)."""
@@ -276,4 +326,4 @@ def ahead_of(state: SchedulerState, request_id: str) -> int | None:
     to "where am I in the queue" for every reader (`/v1/jobs`, `/api/queue`,
     `gpulane queue`, the loading-state chunks): ranked against the model that
     will be resident at the next decision."""
-    return state.queue.position(request_id, state.in_use, state.fair_keys())
+    return state.queue.position(request_id, state.affine, state.fair_keys())

@@ -7,7 +7,10 @@ the whole log from scratch into `SchedulerState()` gives the state the server ha
 A `server_started` is a new process: its parameters (scheduler, agingDivisor,
 swapAffinityBonus, fairShareBonus, shortJobBonus, caller weights, fifo priorities
 and limits, the router) replace the old ones, nothing is loaded, loading or running, and every
-caller's attained service starts again from 0.
+caller's attained service starts again from 0. Its load back-off settings
+(`app.core.load_backoff`; absent before them: none) apply from it, and no model
+has failed loads yet. A `swap_failed` adds one to its model's failed loads in a
+row, a `swap_finished` ends them.
 
 Residency: `residents` (loaded and ready) and `loads` (in progress, one per lane)
 may hold several models when `server_started.router` says they may be resident
@@ -39,12 +42,14 @@ What is queued then is what recovery puts back:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import msgspec
 
 from app.core import events as ev
+from app.core.load_backoff import NO_BACKOFF, LoadBackoff, LoadFailures
+from app.core.peers import PeerPool, affine
 from app.core.queue import NO_FAIR, FairKeys, Queued, ScoreQueue
 from app.core.residency import Router, to_evict
 from app.core.scoring import Breakdown, ScoringParams
@@ -99,6 +104,7 @@ class SchedulerState:
         caller_weights: Mapping[str, int] | None = None,
         log_format: int = ev.LOG_FORMAT,
         router: Router | None = None,
+        load_backoff: LoadBackoff = NO_BACKOFF,
     ) -> None:
         self._reset(
             params or ScoringParams(),
@@ -109,6 +115,7 @@ class SchedulerState:
             caller_weights,
             log_format,
             router,
+            load_backoff,
         )
 
     def _reset(
@@ -121,6 +128,7 @@ class SchedulerState:
         caller_weights: Mapping[str, int] | None = None,
         log_format: int = ev.LOG_FORMAT,
         router: Router | None = None,
+        load_backoff: LoadBackoff = NO_BACKOFF,
     ) -> None:
         """A new process's state: these parameters, nothing queued, loaded or running.
         `log_format` 3 on: the short-job term is per (model, endpoint), from the
@@ -170,6 +178,11 @@ class SchedulerState:
         self._most_attained = 0
         """The most of any caller's `attained` (it only grows): kept, not
         searched for, when a caller arrives at an idle server."""
+        self.load_backoff = load_backoff
+        self.load_failures: dict[str, LoadFailures] = {}
+        """Models whose last loads failed: how many in a row, the last one's time
+        and error (`swap_failed`); a `swap_finished` ends the series."""
+        self._set_peers(None, None)
 
     @property
     def resident(self) -> str | None:
@@ -189,6 +202,67 @@ class SchedulerState:
             setattr(copy, name, value.copy() if isinstance(value, dict | list | set) else value)
         copy.queue = self.queue.snapshot()
         return copy
+
+    def backoff_until(self, model: str) -> int | None:
+        """When `model` may load again after its failed loads (unix ns); None
+        when it has no failure in a row or no back-off is set."""
+        failures = self.load_failures.get(model)
+        if failures is None:
+            return None
+        delay = self.load_backoff.delay_ns(failures.count)
+        return failures.last_ns + delay if delay else None
+
+    def backing_off(self, now_ns: int) -> frozenset[str]:
+        """The models that may not load at `now_ns`: their back-off runs. A
+        model in use (loaded again by a reload or a preload) is not held back."""
+        if not self.load_failures or not self.load_backoff.first_ns:
+            return _NONE
+        return frozenset(
+            model
+            for model in self.load_failures
+            if model not in self.in_use and (self.backoff_until(model) or 0) > now_ns
+        )
+
+    def _set_peers(
+        self, peers: Mapping[str, PeerPool] | None, choices: Mapping[str, Iterable[str]] | None
+    ) -> None:
+        """`server_started.peers` and `.peer_choices` (`app.core.peers`)."""
+        self.peer_pools = dict(peers or {})
+        self.peer_of = {m: peer for peer, pool in self.peer_pools.items() for m in pool.models}
+        """A peer's model entry -> the peer."""
+        self.choices = {name: tuple(entries) for name, entries in (choices or {}).items()}
+        """A bare id several peers serve -> the entries its requests may go to."""
+        self.last_sent: dict[str, str] = {}
+        """Peer -> the model entry last dispatched to it."""
+        self.last_target: dict[str, str] = {}
+        """Choice -> the entry its last request was dispatched to."""
+        self.affine = self.in_use
+        """The models whose requests get the swap-affinity bonus: `in_use`, but of
+        a peer's models only the one last sent to it (`peers.affine`)."""
+
+    def _peer_dispatched(self, choice: str | None, target: str) -> None:
+        peer = self.peer_of.get(target)
+        if peer is None:
+            return
+        self.last_sent[peer] = target
+        if choice is not None:
+            self.last_target[choice] = target
+        self._affinity_changed()
+
+    def _affinity_changed(self) -> None:
+        if not self.peer_of:
+            self.affine = self.in_use
+            return
+        self.affine = affine(self.in_use, self.peer_of, self.last_sent, self.last_target)
+
+    def has_free_slot(self, model: str) -> bool:
+        """Whether `model` may start one more request: its own slots, or for a
+        peer's model the peer's, shared by all its models."""
+        peer = self.peer_of.get(model)
+        if peer is None:
+            return self.running_on(model) < self.slots(model)
+        pool = self.peer_pools[peer]
+        return sum(self.running_on(m) for m in pool.models) < pool.slots
 
     def running_on(self, model: str) -> int:
         return self._running_by_model.get(model, 0)
@@ -221,6 +295,7 @@ class SchedulerState:
 
     def _residency_changed(self) -> None:
         self.in_use = frozenset(self.residents).union(self.loads)
+        self._affinity_changed()
 
     def slots(self, model: str) -> int:
         """How many requests `model` may run at once: its `concurrencyLimit` as
@@ -249,7 +324,7 @@ class SchedulerState:
             q.priority,
             q.enqueued_ns,
             now_ns,
-            q.model in self.in_use,
+            q.model in self.affine,
             expected_run_ns=self.queue.expected(q),
             fair_key=fair_key if self.queue.params.fair_share_bonus else 0,
         )
@@ -361,6 +436,8 @@ def _enqueued(state: SchedulerState, event: Any) -> None:
 
 
 def _dispatched(state: SchedulerState, event: Any) -> None:
+    if state.peer_of:  # known request or not: explain folds only the last of these
+        state._peer_dispatched(event.choice, event.model)
     request = state.requests.get(event.request_id)
     if request is None:
         return
@@ -413,6 +490,7 @@ def _swap_started(state: SchedulerState, event: Any) -> None:
 
 
 def _swap_finished(state: SchedulerState, event: Any) -> None:
+    state.load_failures.pop(event.model, None)  # a load that works ends the series
     if state.router is None:
         state.residents.clear()  # one model at a time
     state.residents[event.model] = None
@@ -421,6 +499,10 @@ def _swap_finished(state: SchedulerState, event: Any) -> None:
 
 
 def _swap_failed(state: SchedulerState, event: Any) -> None:
+    before = state.load_failures.get(event.model)
+    state.load_failures[event.model] = LoadFailures(
+        count=1 if before is None else before.count + 1, last_ns=event.at, error=event.error
+    )
     state.loads.pop(event.model, None)
     state.residents.pop(event.model, None)
     state._residency_changed()
@@ -453,10 +535,15 @@ def _server_started(state: SchedulerState, event: Any) -> None:
         event.caller_weights,
         event.log_format,
         event.router,
+        LoadBackoff(event.load_backoff_ns, event.load_backoff_max_ns, event.load_failure_limit),
     )
+    if event.peers or event.peer_choices:
+        state._set_peers(event.peers, event.peer_choices)
     for request in kept:
         state._enqueue(request)
 
+
+_NONE: frozenset[str] = frozenset()
 
 _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.RequestEnqueued: _enqueued,

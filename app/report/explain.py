@@ -40,7 +40,7 @@ from app.core.policy import decide
 from app.core.priority import band_of
 from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.core.state import SchedulerState, apply
+from app.core.state import SERIAL, SchedulerState, apply
 from app.report.live_queue import position_of
 from app.report.run_times import RunTimes, load_run_times
 from app.report.story import (
@@ -49,6 +49,7 @@ from app.report.story import (
     Cause,
     Decision,
     Explanation,
+    HeldFor,
     Outcome,
     Part,
     Position,
@@ -56,11 +57,13 @@ from app.report.story import (
     RunningAtArrival,
     SwapWaited,
 )
+from app.report.waits import waits_for
 from app.store.event_store import event_rows
 from app.store.explain_queries import (
     event_at,
     first_enqueue_open_at,
     last_arrival,
+    last_dispatches,
     last_server_started_before,
     last_swap_seq_before,
     request_row,
@@ -225,7 +228,14 @@ class _Replay:
         if server is not None and server.seq < from_seq:
             self.feed(ev.decode(server.data))
         since = (event_at(conn, from_seq) or 0.0) - CLOCK_SLACK_S
-        for _seq, data in residency_events(conn, from_seq, start, since):
+        events = list(residency_events(conn, from_seq, start, since))
+        started = ev.decode(server.data) if server is not None else None
+        if isinstance(started, ev.ServerStarted) and started.peers and server is not None:
+            # What was last sent to each peer (its affinity, a choice's order).
+            peer_models = {m for pool in started.peers.values() for m in pool.models}
+            events += last_dispatches(conn, server.seq, start, peer_models)
+            events.sort(key=lambda logged: logged.seq)
+        for _seq, data in events:
             self.feed(ev.decode(data))
 
     def feed(self, event: ev.AnyEvent) -> None:
@@ -289,6 +299,15 @@ class _Story:
         self.outcome: Outcome | None = None
         self.run_s: float | None = None
         self.requested_priority: int | None = None
+        self.failed_loads = 0
+        self.lanes = False
+        """A router or slots: the wait is charged in the machine's terms (`waits_for`)."""
+        self.held: dict[tuple[Cause, str, str | None], int] = {}
+        """(slot | drain | evicted, model, for request) -> ns of the wait."""
+        self.evicted_by: str | None = None
+        """The request whose load evicted its model while it waited."""
+        self.callers: dict[str, str | None] = {}
+        """Callers of the requests `held` names."""
 
     # -- events ---------------------------------------------------------------
 
@@ -308,7 +327,16 @@ class _Story:
             self._charge(event.at, restart=isinstance(event, ev.ServerStarted))
             if isinstance(event, ev.ScoresComputed):
                 self._decision(seq, event)
+            resident = self._resident()
             self.replay.feed(event)
+            if (
+                resident
+                and isinstance(event, ev.RequestDispatched | ev.SwapStarted)
+                and event.request_id is not None
+                and not self._resident()
+            ):
+                self.evicted_by = event.request_id  # its model, evicted for this one
+                self._note_caller(event.request_id)
             if isinstance(event, ev.SwapStarted) and self.replay.swap is not None:
                 self.swaps.append(self.replay.swap)
             if mine and isinstance(event, ev.RequestDispatched):
@@ -340,6 +368,9 @@ class _Story:
         self.last_t = event.at
         self.resident_at_arrival = state.resident
         self.depth_at_arrival = depth
+        self.lanes = state.router is not None or (
+            state.scheduler == SERIAL and any(state.slots(m) > 1 for m in state.concurrency)
+        )
         for rid, model in state.running.items():
             other = state.requests[rid]
             self.at_arrival[rid] = _Holder(
@@ -358,11 +389,23 @@ class _Story:
         """Charge the time since the previous event to what the GPU was doing
         (`restart`: to the server being down, before a ServerStarted at `at`)."""
         elapsed = at - self.last_t
-        self.last_t = at
+        start, self.last_t = self.last_t, at
         if restart:
             self.parts["restart"] += elapsed
             return
         state = self.replay.state
+        backoff = self._backoff(start, at)
+        if backoff:
+            # Its model could not load, whatever else the GPU did meanwhile.
+            self.parts["load_backoff"] += backoff
+            elapsed -= backoff
+            if not elapsed:
+                return
+        if self.lanes:
+            lane_cause = self._lane_cause(elapsed)
+            if lane_cause is not None:
+                self.parts[lane_cause] += elapsed
+                return
         cause: Cause = "other"
         if state.loading is not None:
             cause = "swaps"
@@ -375,6 +418,58 @@ class _Story:
                 holder.held_ns += elapsed
                 cause = holder.reasons[0] if holder.reasons else "running_at_arrival"
         self.parts[cause] += elapsed
+
+    def _resident(self) -> bool:
+        """Its model is in use (resident or loading): a lanes story watches for its eviction."""
+        state = self.replay.state
+        request = state.requests.get(self.request_id)
+        return self.lanes and request is not None and request.model in state.in_use
+
+    def _note_caller(self, request_id: str | None) -> None:
+        if request_id is not None and request_id not in self.callers:
+            other = self.replay.state.requests.get(request_id)
+            self.callers[request_id] = None if other is None else other.caller
+
+    def _lane_cause(self, elapsed: int) -> Cause | None:
+        """With a router or slots: what this stretch of the wait was for its own
+        model (`waits_for`): its load, a free slot, a drain, its model evicted;
+        None when it only waited its turn behind higher requests (the causes of
+        one lane then say which)."""
+        state = self.replay.state
+        request = state.requests.get(self.request_id)
+        if request is None:
+            return None
+        model = request.model
+        if model in state.loads:
+            swap = self.replay.swap
+            if swap is not None and swap.to_model == model:
+                swap.waited_ns += elapsed
+            return "swaps"
+        waits = waits_for(state, model)
+        key: tuple[Cause, str, str | None]
+        if waits.kind == "slot":
+            key = ("slot", model, None)
+        elif model not in state.in_use and self.evicted_by is not None:
+            key = ("evicted", model, self.evicted_by)
+        elif waits.kind == "drain":
+            key = ("drain", waits.model, waits.for_request)
+            self._note_caller(waits.for_request)
+        else:
+            return None
+        self.held[key] = self.held.get(key, 0) + elapsed
+        return key[0]
+
+    def _backoff(self, start: int, end: int) -> int:
+        """How much of [start, end) its model spent backing off after failed loads."""
+        state = self.replay.state
+        request = state.requests.get(self.request_id)
+        if request is None or request.model in state.in_use:
+            return 0
+        until = state.backoff_until(request.model)
+        if until is None or until <= start or end <= start:
+            return 0
+        self.failed_loads = state.load_failures[request.model].count
+        return min(end, until) - start
 
     def _decision(self, seq: int, recorded: ev.ScoresComputed) -> None:
         state = self.replay.state
@@ -531,6 +626,17 @@ class _Story:
             total_s=(end_ns - self.enqueued_ns) / NS_PER_S,
             replay_matches=self.replay_matches,
             requested_priority=self.requested_priority,
+            failed_loads=self.failed_loads,
+            held_for=[
+                HeldFor(
+                    cause=cause,
+                    model=model,
+                    request_id=rid,
+                    seconds=ns / NS_PER_S,
+                    caller=None if rid is None else self.callers.get(rid),
+                )
+                for (cause, model, rid), ns in self.held.items()
+            ],
         )
 
     def _position(self, now_ns: int, times: RunTimes) -> Position | None:

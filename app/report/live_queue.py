@@ -5,7 +5,11 @@ and scores are the ones the next decision will use. Pure: the caller passes
 the state, the dispatch times of what is running, `now` and the measured run
 times. `explain` uses the same functions on a replayed state.
 
-Estimated starts simulate the serial policy on a copy of the queue: each
+The queue is followed in place, lane by lane (`ScoreQueue.lanes_in_order`), so a
+window of the first rows costs O(k log k); `queue_view_steps` computes a view in
+slices, for a caller that does other work between them (app/web/live_queue_view.py).
+
+Estimated starts simulate the serial policy on the queue as it stands: each
 running job ends after its model's median run time (counted from its
 dispatch, plus a median load if its model is still loading), and the waiting
 requests go in the queue's own dispatch order: one for the model in use takes
@@ -26,10 +30,11 @@ import msgspec
 
 from app.core.policy import ahead_of, next_resident
 from app.core.priority import band_of
-from app.core.queue import FairKeys, Queued
+from app.core.queue import Affine, FairKeys, Queued
 from app.core.scoring import NS_PER_S, Breakdown
 from app.core.state import SchedulerState
 from app.report.run_times import RunTimes
+from app.report.waits import WaitsFor, waits_for
 
 SLICE = 128
 """Rows of work between two yields of `queue_view_steps` (~1 ms at most)."""
@@ -55,6 +60,9 @@ class WaitingEntry(msgspec.Struct, frozen=True):
     estimated_start_in_s: float
     caller: str | None = None
     """The caller's label (API key label or X-Gpulane-Caller); None: anonymous."""
+    waits_for: WaitsFor | None = None
+    """What it waits for: a free slot of its model, a model to drain, a load
+    (app/report/waits.py)."""
 
 
 class RunningEntry(msgspec.Struct, frozen=True):
@@ -257,6 +265,7 @@ def queue_view_steps(
         wanted = None
     starts = yield from _estimate_steps(state, running_since, now_ns, times, wanted)
     by_model = state.queue.waiting_by_model()
+    blocked: dict[str, WaitsFor] = {}  # depends on the model alone
     waiting = []
     for index in listed:
         item = ranked[index]
@@ -277,6 +286,8 @@ def queue_view_steps(
                 estimated_start_at=start / NS_PER_S,
                 estimated_start_in_s=(start - now_ns) / NS_PER_S,
                 caller=request.caller,
+                waits_for=blocked.get(item.model)
+                or blocked.setdefault(item.model, waits_for(state, item.model)),
             )
         )
         if len(waiting) % SLICE == 0:
@@ -324,18 +335,16 @@ def _finish(steps: Steps[T]) -> T:
             return cast(T, done.value)
 
 
-def _in_dispatch_order(
-    state: SchedulerState, resident: str | None, fair: FairKeys
-) -> Iterator[Queued]:
-    """The waiting requests in dispatch order as of now (`ScoreQueue.ranked`),
+def _in_dispatch_order(state: SchedulerState, resident: Affine, fair: FairKeys) -> Iterator[Queued]:
+    """The waiting requests in dispatch order as of now (`ScoreQueue.ranked` with
+    the same `resident`: one model or the set that gets the affinity bonus),
     lazily: a merge of the lanes' own orders, so the first k cost O(k log k +
     lanes), not a sort of the whole queue."""
     bonus = state.queue.params.affinity_key()
+    affine = {resident} if resident is None or isinstance(resident, str) else resident
     lanes = state.queue.lanes_in_order()
     heads: list[tuple[int, int, int, str]] = []
-    adjust = [
-        fair.get(caller, 0) + (bonus if model == resident else 0) for model, caller, _ in lanes
-    ]
+    adjust = [fair.get(caller, 0) + (bonus if model in affine else 0) for model, caller, _ in lanes]
     for i, (_, _, entries) in enumerate(lanes):
         head = next(entries, None)
         if head is not None:

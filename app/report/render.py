@@ -23,10 +23,21 @@ CAUSE_TEXT: dict[Cause, str] = {
     "aging": "behind requests that aged past it",
     "arrived_earlier": "behind requests that arrived earlier",
     "swaps": "model swaps",
+    "slot": "waited for a free slot",
+    "drain": "waited while a model drained",
+    "evicted": "its model evicted for another request",
+    "load_backoff": "its model backing off after failed loads",
     "restart": "gpulane not running (restart)",
     "earlier_attempts": "earlier attempts of this job",
     "other": "between decisions",
 }
+
+HELD_TEXT: dict[Cause, str] = {
+    "slot": "for a free slot of {model}",
+    "drain": "while {model} drained for {request}",
+    "evicted": "{model} evicted by {request}",
+}
+"""One line per `HeldFor` under its part: which model, and for whom."""
 
 REASON_TEXT = {
     "higher_band": "higher band",
@@ -190,7 +201,16 @@ def explanation_text(x: Explanation) -> str:
     out.append("")
     out.append(f"Wait {x.wait_s:.3f} s:")
     for part in x.wait:
-        out.append(f"  {CAUSE_TEXT[part.cause]:<50} {part.seconds:9.3f} s {part.percent:6.1f} %")
+        text = CAUSE_TEXT[part.cause]
+        if part.cause == "load_backoff":
+            n = x.failed_loads
+            text = f"while model {x.model} backed off after {n} failed load{'s' * (n != 1)}"
+        out.append(f"  {text:<50} {part.seconds:9.3f} s {part.percent:6.1f} %")
+        for held in x.held_for if part.cause in HELD_TEXT else ():
+            if held.cause == part.cause:
+                who = named(held.request_id) if held.request_id or held.another_caller else "?"
+                line = HELD_TEXT[held.cause].format(model=held.model, request=who)
+                out.append(f"    {line:<48} {held.seconds:9.3f} s")
     out.append(f"Total {x.total_s:.3f} s from arrival to {'end' if x.outcome else 'now'}.")
     if not x.replay_matches:
         out.append("WARNING: replaying the log did not reproduce every recorded decision.")
@@ -232,7 +252,7 @@ def queue_text(q: QueueView) -> str:
             f"{w.position:>3}  {w.request_id:<32}  {w.model:<12} {w.band:<11} {b.priority:>5} "
             f"{b.affinity:>5} {b.fair_share:>6.2f} {b.short_job:>6.2f} {b.aging:>8.2f} "
             f"{b.total:>9.2f} {w.waited_s:>8.1f}s {w.estimated_start_in_s:>9.1f}s"
-            f"  {w.caller or '-'}"
+            f"  {w.caller or '-'}" + (f"  waits for {w.waits_for.text()}" if w.waits_for else "")
         )
     return "\n".join(out) + "\n"
 

@@ -27,6 +27,10 @@ Cause = Literal[
     "running_at_arrival",
     Reason,  # the winner of a decision ahead held the GPU
     "swaps",
+    "slot",  # its model was resident with every slot taken (`held_for` names it)
+    "drain",  # a model drained before its request could start (`held_for` names it, and for whom)
+    "evicted",  # its model was evicted for another request while it waited (`held_for`)
+    "load_backoff",  # its model backed off after failed loads (app/core/load_backoff.py)
     "restart",
     "earlier_attempts",
     "other",
@@ -111,6 +115,23 @@ class SwapWaited(msgspec.Struct, frozen=True):
     """As `Ahead.another_caller`: caused by another caller's request."""
 
 
+class HeldFor(msgspec.Struct, frozen=True):
+    """What a `slot`, `drain` or `evicted` part of the wait was, in the machine's
+    terms (app/report/waits.py): a free slot of `model`; `model` draining for
+    `request_id`; its model `model` evicted by `request_id`'s load. The seconds of
+    one cause's entries add up to its `Part`."""
+
+    cause: Cause
+    model: str
+    request_id: str | None
+    """drain: the request the model drained for; evicted: the one whose load
+    evicted it (None: unknown, a preload, or hidden by `another_caller`)."""
+    seconds: float
+    caller: str | None = None
+    another_caller: bool = False
+    """As `Ahead.another_caller`."""
+
+
 class Part(msgspec.Struct, frozen=True):
     """One cause's share of the wait; the parts add up to `Explanation.wait_s`."""
 
@@ -176,6 +197,12 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     """Arrival to the end (or to `as_of`)."""
     replay_matches: bool = True
     """Every decision recomputed from the replayed log matched the recorded one."""
+    held_for: list[HeldFor] = []
+    """With `slot`, `drain` or `evicted` parts (a router or slots): which model,
+    and for whom."""
+    failed_loads: int = 0
+    """With a `load_backoff` part: its model's failed loads in a row behind the
+    last back-off it waited out."""
     requested_priority: int | None = None
     """What the caller asked for (header, else service_tier); None when it asked for
     nothing, so its key's defaultPriority (0 without one) applied. Above `priority`

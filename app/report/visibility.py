@@ -14,8 +14,15 @@ from typing import Any
 
 import msgspec
 
-from app.report.live_queue import QueueView
-from app.report.story import Ahead, Decision, Explanation, RunningAtArrival, SwapWaited
+from app.report.live_queue import QueueView, WaitingEntry
+from app.report.story import (
+    Ahead,
+    Decision,
+    Explanation,
+    HeldFor,
+    RunningAtArrival,
+    SwapWaited,
+)
 
 ANOTHER_CALLER = "another caller's request"
 """What stands for another caller's request id where its data is shown as it is
@@ -50,6 +57,11 @@ def story_seen_by(story: Explanation, viewer: str | None) -> Explanation:
             d, winner_id=None, winner_caller=None, winner_another_caller=True
         )
 
+    def held(h: HeldFor) -> HeldFor:
+        if h.request_id is None or not _theirs(viewer, h.caller):
+            return h
+        return msgspec.structs.replace(h, request_id=None, caller=None, another_caller=True)
+
     def swap(s: SwapWaited) -> SwapWaited:
         if s.request_id is None or not _theirs(viewer, s.caller):
             return s  # a preload is nobody's
@@ -61,6 +73,7 @@ def story_seen_by(story: Explanation, viewer: str | None) -> Explanation:
         ahead=[ahead(a) for a in story.ahead],
         decisions=[decision(d) for d in story.decisions],
         swaps=[swap(s) for s in story.swaps],
+        held_for=[held(h) for h in story.held_for],
         # Its own model may have been loading for someone else when it was dispatched.
         own_swap=None if story.own_swap is None else swap(story.own_swap),
     )
@@ -71,10 +84,24 @@ def queue_seen_by(view: QueueView, viewer: str | None) -> QueueView:
     queue (position 5: four requests go first, whoever sent them)."""
     if viewer is None:
         return view
+
+    def waiting(w: WaitingEntry) -> WaitingEntry:
+        blocked = w.waits_for
+        if (
+            blocked is None
+            or blocked.for_request is None
+            or not _theirs(viewer, blocked.for_caller)
+        ):
+            return w
+        hidden = msgspec.structs.replace(
+            blocked, for_request=None, for_caller=None, another_caller=True
+        )
+        return msgspec.structs.replace(w, waits_for=hidden)
+
     return msgspec.structs.replace(
         view,
         running=[r for r in view.running if r.caller == viewer],
-        waiting=[w for w in view.waiting if w.caller == viewer],
+        waiting=[waiting(w) for w in view.waiting if w.caller == viewer],
     )
 
 

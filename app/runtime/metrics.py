@@ -62,6 +62,21 @@ class _QueueCollector(Collector):
             g_oldest.add_metric([label], oldest[label])
         yield g_depth
         yield g_oldest
+        g_used = GaugeMetricFamily(
+            "gpulane_model_slots_in_use",
+            "Requests running on the model now (loading included), of its slots",
+            labels=["model"],
+        )
+        g_slots = GaugeMetricFamily(
+            "gpulane_model_slots",
+            "The model's slots: requests it may run at once (concurrencyLimit)",
+            labels=["model"],
+        )
+        for model in sorted(set(state.concurrency) | set(state.running.values())):
+            g_used.add_metric([model], state.running_on(model))
+            g_slots.add_metric([model], state.slots(model))
+        yield g_used
+        yield g_slots
         if self._callers:
             g_caller = GaugeMetricFamily(
                 "gpulane_caller_queue_depth",
@@ -109,6 +124,20 @@ class Metrics:
             "Time to load a model (start to healthy), by model",
             ["model"],
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.loads = Counter(
+            "gpulane_loads",
+            "Model loads begun, by model and reason (request: for a waiting request; "
+            "preload: hooks.on_startup.preload)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.stops = Counter(
+            "gpulane_model_stops",
+            "Model servers stopped, by model and reason (evicted: for another model's "
+            "load; ttl, unload, hung, crashed, failed_start, shutdown, recovered)",
+            ["model", "reason"],
             registry=r,
         )
         self.upstream_up = Gauge(
@@ -175,10 +204,14 @@ class Metrics:
                 self.swap_seconds.labels(event.model).observe(event.duration_ms / 1000)
             case ev.SwapFailed():
                 self.swaps.labels(event.model, "failed").inc()
+            case ev.SwapStarted():
+                reason = "preload" if event.request_id is None else "request"
+                self.loads.labels(event.to_model, reason).inc()
             case ev.ProcessStarted():
                 self.upstream_up.labels(event.model).set(1)
             case ev.ProcessStopped():
                 self.upstream_up.labels(event.model).set(0)
+                self.stops.labels(event.model, event.reason).inc()
             case _:
                 pass
 

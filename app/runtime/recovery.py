@@ -179,5 +179,7 @@ def _restore(
             events.append(ev.RequestRequeued(at=now, request_id=row.id, attempt=row.attempt + 1))
             requeued += 1
         jobs.append((scheduler.restore(restored, enqueued.endpoint), enqueued.job or {}))
+        if (enqueued.job or {}).get("batch_id"):
+            scheduler.batch_lines.add(enqueued.caller, row.id)
     counts["requeued"] += requeued
     counts["resumed"] += len(jobs) - requeued

@@ -34,15 +34,16 @@ import msgspec
 from app import __version__
 from app.config import Config, ModelConfig
 from app.core import events as ev
-from app.core.policy import ahead_of, decide
+from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
 from app.core.residency import describe, plan_preload, to_evict
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
-from app.runtime.admission import Refused, WaitEstimates, check_bounds, newcomer
+from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds, newcomer
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
+from app.runtime.peer import probe
 from app.runtime.upstream import UpstreamProcess, UpstreamSpec, UpstreamStartError
 
 log = logging.getLogger("gpulane.scheduler")
@@ -173,6 +174,11 @@ def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
         short_job_bonus=config.short_job_bonus,
         caller_weights={k.label: k.weight for k in config.api_keys if k.weight != 1},
         router=config.router,
+        load_backoff_ns=round(config.load_backoff * 1e9),
+        load_backoff_max_ns=round(config.load_backoff_max * 1e9),
+        load_failure_limit=config.load_failure_limit,
+        peers=config.peers or None,
+        peer_choices={m.id: list(m.choices) for m in models if m.choices} or None,
     )
 
 
@@ -262,11 +268,15 @@ class Scheduler:
         """Each model's last load time (ns), for the estimated waits."""
         self._waits = WaitEstimates(self.load_ns)
         """Retry-After of refusals and deadlines, recomputed at most once a second."""
+        self.batch_lines = BatchLines()
+        """Open Batch API lines: outside the per-caller bound (docs/jobs.md)."""
         self._max_waits: dict[str, Cancellable] = {}
         """X-Gpulane-Max-Wait timers of waiting requests."""
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
+        self.probe_peer: Callable[[ModelConfig], Awaitable[None]] = probe
+        """Loads a peer's model: a reachability check (app/runtime/peer.py)."""
         self.before_stop: Callable[[str], Awaitable[None]] | None = None
         """Set by serve: closes idle connections to a model before it is stopped."""
         self._idle: asyncio.Future[None] | None = None
@@ -282,6 +292,11 @@ class Scheduler:
     def residents(self) -> list[str]:
         """The models loaded and ready, in the order they became so."""
         return list(self.state.residents)
+
+    def target_of(self, request_id: str, model: str) -> str:
+        """The model a dispatched request runs on: `model`, or for a model several
+        peers serve, the peer's entry the scheduler chose (`app.core.peers`)."""
+        return self.state.running.get(request_id) or model
 
     def is_resident(self, model: str) -> bool:
         return model in self.state.residents
@@ -344,12 +359,13 @@ class Scheduler:
         self._arm_max_wait(ticket.request_id, restored.max_wait_ns, restored.enqueued_at)
         return ticket
 
-    def admit(self, admission: Admission) -> Ticket:
+    def admit(self, admission: Admission, *, pump: bool = True) -> Ticket:
         """Queue a request (RequestEnqueued) and dispatch whatever can run now.
 
         A durable job is not dispatched until its enqueue is on disk, and if
         that commit fails it leaves no trace in the queue: its caller awaits
-        `ticket.committed` (StoreError when the commit failed) before answering."""
+        `ticket.committed` (StoreError when the commit failed) before answering.
+        `pump=False` (many admissions at once): the caller pumps once they are committed."""
         ticket = self._enqueue(admission)
         if admission.durable:
             rid = ticket.request_id
@@ -359,11 +375,13 @@ class Scheduler:
                 self._uncommitted.discard(rid)
                 if fut.cancelled() or fut.exception() is not None:
                     self._withdraw(rid)
-                self.pump()
+                if pump:
+                    self.pump()
 
             assert ticket.committed is not None
             ticket.committed.add_done_callback(on_commit)
-        self.pump()
+        if pump:
+            self.pump()
         return ticket
 
     def _enqueue(self, admission: Admission) -> Ticket:
@@ -385,7 +403,17 @@ class Scheduler:
             expected_run_ns=self.run_estimates.expected(admission.model, admission.endpoint),
             endpoint=admission.endpoint,
         )
-        check_bounds(self.config, self.state, arriving, self.running_since, now, self._waits)
+        line = bool(admission.job and admission.job.get("batch_id"))
+        check_bounds(
+            self.config,
+            self.state,
+            arriving,
+            self.running_since,
+            now,
+            self._waits,
+            self.batch_lines,
+            batch_line=line,
+        )
         ticket = Ticket(
             admission.request_id or new_request_id(),
             admission.model,
@@ -394,6 +422,8 @@ class Scheduler:
             admission.endpoint,
         )
         self.tickets[ticket.request_id] = ticket
+        if line:
+            self.batch_lines.add(admission.caller, ticket.request_id)
         ticket.committed = self.emit(
             [
                 ev.RequestEnqueued(
@@ -758,6 +788,12 @@ class Scheduler:
 
     def _release(self, request_id: str, model: str) -> None:
         ticket = self.tickets.get(request_id)
+        spec = self.config.models[model]
+        if spec.peer is not None:  # no process: the peer's URL, reachable when probed
+            if ticket is not None and not ticket.ready.done():
+                ticket.ready.set_result(spec.proxy)
+                self._arm_deadline(request_id, model)
+            return
         proc = self.upstreams.get(model)
         if proc is None or not proc.running:
             if self.draining:
@@ -844,8 +880,10 @@ class Scheduler:
                 task = self._stopping.get(other)
                 if task is not None:
                     await task
-            proc = self.upstreams.get(model)
-            if proc is None or not proc.running:
+            spec = self.config.models[model]
+            if spec.peer is not None:
+                await self.probe_peer(spec)  # no process: is the peer there?
+            elif (proc := self.upstreams.get(model)) is None or not proc.running:
                 proc = self._new_upstream(
                     self.config.models[model], lambda p: self._process_started(model, p)
                 )
@@ -911,11 +949,62 @@ class Scheduler:
             log.warning("loading %s failed: %s", model, error)
             self.emit([ev.SwapFailed(at=now, model=model, error=error, duration_ms=seconds * 1000)])
             for rid in waiting:
+                if self._retry_on_another_peer(rid, model, error):
+                    continue
                 ticket = self.tickets.get(rid)
                 if ticket is not None and not ticket.ready.done():
                     ticket.ready.set_exception(UpstreamStartError(error))
                 self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502))
+            self._after_failed_load(model, error, now)
         self.pump()
+
+    def _after_failed_load(self, model: str, error: str, now: int) -> None:
+        """A load of `model` failed at `now` (recorded): at `loadFailureLimit`
+        failures in a row its waiting requests fail with the loader's error
+        (`given_up`); else they wait out its back-off, and a timer pumps when it ends."""
+        failures = self.state.load_failures[model]
+        doomed = given_up(self.state, model)
+        if doomed:
+            message = (
+                f"model {model!r} failed to load {failures.count} times in a row "
+                f"(loadFailureLimit {self.state.load_backoff.failure_limit}); "
+                f"the last load failed: {error}"
+            )
+            log.warning("%s: failing its %d waiting requests", message, len(doomed))
+            for rid in doomed:
+                ticket = self.tickets.get(rid)
+                if ticket is not None and not ticket.ready.done():
+                    ticket.ready.set_exception(UpstreamStartError(message))
+                self._end(ev.RequestFailed(at=now, request_id=rid, error=message, http_status=502))
+        self._arm_backoff(model)
+
+    def _arm_backoff(self, model: str) -> None:
+        """Pump when `model`'s back-off ends, so its waiting requests load it then
+        (a timer that rings a hair early looks again)."""
+        until = self.state.backoff_until(model)
+        if until is None:
+            return
+        left = until - self.clock()
+        if left <= 0:
+            self.pump()
+            return
+        self._timers.call_later(max(left / 1e9, 0.001), self._arm_backoff, model)
+
+    def _retry_on_another_peer(self, request_id: str, model: str, error: str) -> bool:
+        """A peer did not answer the probe for a request several peers may serve:
+        put it back in the queue (recorded), so the next decision sends it to
+        another peer (one whose last probe did not fail); False when none is left."""
+        request = self.state.requests.get(request_id)
+        if request is None or model == request.model:
+            return False
+        others = self.state.choices.get(request.model, ())
+        if all(m == model or m in self.state.load_failures for m in others):
+            return False
+        log.warning("request %s: %s; retrying it on another peer", request_id, error)
+        self.emit(
+            [ev.RequestRequeued(at=self.clock(), request_id=request_id, attempt=request.attempt)]
+        )
+        return True
 
     def _stop(
         self,

@@ -7,7 +7,7 @@ costs the events since the oldest request open at its arrival, not the history
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import NamedTuple
 
 import sqlalchemy
@@ -34,6 +34,25 @@ _RESIDENCY = (
     "AND type IN ('server_started', 'swap_started', 'swap_finished', 'swap_failed', "
     "'process_stopped') ORDER BY seq"
 )
+
+
+_LAST_DISPATCHES = (
+    "SELECT max(seq), model, data FROM events WHERE type = 'request_dispatched' "
+    "AND seq >= :from_seq AND seq < :to_seq "
+    "GROUP BY model, json_extract(data, '$.choice') ORDER BY 1"
+)
+
+
+def last_dispatches(
+    conn: sqlalchemy.Connection, from_seq: int, to_seq: int, models: Container[str]
+) -> Iterator[LoggedEvent]:
+    """The last `request_dispatched` to each of `models` (and per choice it was
+    made for) with `from_seq <= seq < to_seq`, in seq order: what a peer's
+    affinity and a choice's order depend on (`app.core.peers`)."""
+    rows = conn.exec_driver_sql(_LAST_DISPATCHES, {"from_seq": from_seq, "to_seq": to_seq})
+    for seq, model, data in rows:
+        if model in models:
+            yield LoggedEvent(seq, data)
 
 
 class Arrival(NamedTuple):

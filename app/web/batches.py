@@ -46,6 +46,7 @@ from app.report.run_times import CachedRunTimes
 from app.runtime.admission import Refused
 from app.runtime.scheduler import Admission, new_request_id
 from app.store.batches import (
+    OPEN_BATCH_STATUSES,
     batch_of_request,
     batch_row,
     create_batch,
@@ -248,12 +249,17 @@ class BatchRunner:
                     )
                 return
             known = known or {}
-            commits = [
-                await self._queue_line(batch, s, known.get(s["request_id"])) for s in waiting
-            ]
-            results = await asyncio.gather(
-                *(c for c in commits if c is not None), return_exceptions=True
-            )
+            try:
+                commits = [
+                    await self._queue_line(batch, s, known.get(s["request_id"])) for s in waiting
+                ]
+                results = await asyncio.gather(
+                    *(c for c in commits if c is not None), return_exceptions=True
+                )
+            finally:
+                # A dispatch attempt per line was most of a 10,000-line batch's
+                # creation time (docs/benchmarks.md): one for them all instead.
+                self.scheduler.pump()
             if any(isinstance(r, BaseException) for r in results):
                 log.warning("batch %s: some lines could not be queued yet; retrying", batch_id)
                 return
@@ -310,7 +316,9 @@ class BatchRunner:
             request_id=request_id,
         )
         try:
-            ticket = self.scheduler.admit(admission)
+            # At creation every line is admitted at once: no dispatch attempt
+            # each, one by `_queue` when their enqueues are on disk.
+            ticket = self.scheduler.admit(admission, pump=known is None)
         except Refused as exc:
             if exc.code in _TRANSIENT:
                 # Not the line's fault: it stays unqueued, and is queued once
@@ -433,13 +441,30 @@ class BatchRunner:
         return batch
 
     async def view_for(self, who: Identity, batch_id: str) -> dict[str, Any]:
-        await self._owned(who, batch_id)
+        batch = await self._owned(who, batch_id)
         view = await self.view(batch_id) or {}
         if view:
-            counts = view["request_counts"]
-            found = await self.progress(batch_id, counts["completed"] + counts["failed"])
-            view["gpulane_progress"] = None if found is None else msgspec.to_builtins(found)
+            view["gpulane_progress"] = await self._view_progress(batch, view)
         return view
+
+    async def _view_progress(self, batch: RowMapping, view: dict[str, Any]) -> Any:
+        """A view's `gpulane_progress`. A batch that has ended needs nothing but
+        its counts (no estimate: nothing is open), so a listing of many ended
+        batches costs no more than their counts; an open one's is `progress`."""
+        counts = view["request_counts"]
+        if batch["status"] == "failed" and not batch["total"]:
+            return None  # it never queued
+        if batch["status"] not in OPEN_BATCH_STATUSES:
+            ended = Progress(
+                total=counts["total"],
+                done=counts["completed"],
+                failed=counts["failed"],
+                running=0,
+                waiting=0,
+            )
+            return msgspec.to_builtins(ended)
+        found = await self.progress(batch["id"], counts["completed"] + counts["failed"])
+        return None if found is None else msgspec.to_builtins(found)
 
     async def runs(self, caller: str | None) -> list[dict[str, Any]]:
         """The open batches (only `caller`'s when given) with their progress, for
@@ -590,7 +615,9 @@ class BatchRunner:
         views = []
         for row in rows:
             counts = await asyncio.to_thread(line_summary, self.engine, row["id"])
-            views.append(self._view(row, counts))
+            view = self._view(row, counts)
+            view["gpulane_progress"] = await self._view_progress(row, view)
+            views.append(view)
         return views, more
 
 

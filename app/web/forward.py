@@ -167,16 +167,16 @@ class Forwarder:
         before_completed: Callable[[], Awaitable[None]] | None,
     ) -> None:
         rid = ticket.request_id
-        spec = self.config.models[ticket.model]
-        forward, dropped = outgoing_headers(headers, pass_credentials=spec.pass_credentials)
+        # The model it runs on: its own, or for a request several peers may
+        # serve, the peer the scheduler chose.
+        target = self.scheduler.target_of(rid, ticket.model)
+        spec = self.config.models[target]
+        dropped = outgoing_headers(headers, pass_credentials=spec.pass_credentials)[1]
         if dropped:
             log.warning("request %s: headers not forwarded (not valid HTTP): %s", rid, dropped)
         self.scheduler.started(rid, dropped)
         t0 = time.monotonic()
-        client = self._clients.get(ticket.model)
-        if client is None:
-            client = self._clients[ticket.model] = self._new_client(spec.connect_timeout)
-        request = client.build_request(method, url, content=body, headers=forward)
+        client, request = self._request(target, method, url, body, headers)
         header_limit = spec.response_header_timeout
         try:
             try:
@@ -184,9 +184,15 @@ class Forwarder:
                     try:
                         response = await client.send(request, stream=True)
                     except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
-                        # No answer at all: if the process just died, load it again, retry once.
+                        # No answer at all: if the process just died, load it again,
+                        # retry once (a peer that refused: on another peer, if one
+                        # serves the model).
                         if not await self.scheduler.reload_crashed(rid):
                             raise
+                        moved = self.scheduler.target_of(rid, ticket.model)
+                        if moved != target:
+                            url = self.config.models[moved].proxy + url[len(spec.proxy) :]
+                            client, request = self._request(moved, method, url, body, headers)
                         response = await client.send(request, stream=True)
             except TimeoutError:
                 message = (
@@ -251,6 +257,20 @@ class Forwarder:
             output_tokens=tokens_out,
             tokens_per_second=tps,
         )
+
+    def _request(
+        self, model: str, method: str, url: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[httpx.AsyncClient, httpx.Request]:
+        """The request to `model`'s server on its connection pool: the client's
+        headers as its `passCredentials` says, plus its own (a peer's apiKey)."""
+        spec = self.config.models[model]
+        forward = outgoing_headers(headers, pass_credentials=spec.pass_credentials)[0]
+        for name, value in spec.headers.items():
+            forward.append((name.encode("latin-1"), value.encode("latin-1")))
+        client = self._clients.get(model)
+        if client is None:
+            client = self._clients[model] = self._new_client(spec.connect_timeout)
+        return client, client.build_request(method, url, content=body, headers=forward)
 
     async def release(self, model: str) -> None:
         """Close the connections to a model's server (it is about to be stopped)."""

@@ -7,7 +7,7 @@ is exactly the queue's dispatch order as of one instant. A page of the console
 /api/queue`, a user key's page, a deep window) would hold the loop for tens of
 milliseconds, and every request the proxy serves would wait meanwhile: it is
 computed instead on a snapshot of the state (`SchedulerState.snapshot`, under a
-millisecond at 10,000), in slices of a few hundred rows, with the loop's other
+millisecond at 10,000), in slices of 128 rows, with the loop's other
 work between them (`live_queue.queue_view_steps`). Not a thread: pure Python in
 a thread would take the GIL from the loop for up to the interpreter's switch
 interval (5 ms) at each of its wake-ups.

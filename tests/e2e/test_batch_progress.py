@@ -41,6 +41,20 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
         queue = http.get("/api/queue").json()
         [run] = [r for r in queue["runs"] if r["id"] == batch.id] or [None]
         assert run is None or run["progress"]["total"] == 10  # it may have ended meanwhile
+        # The listing carries each batch's progress too (an open one's estimate).
+        listed = {b["id"]: b["gpulane_progress"] for b in http.get("/v1/batches").json()["data"]}
+        assert listed[warm.id] == {
+            "total": 2,
+            "done": 2,
+            "failed": 0,
+            "running": 0,
+            "waiting": 0,
+            "estimated_finish_at": None,
+            "estimated_finish_in_s": None,
+            "basis": None,
+        }
+        assert listed[batch.id]["total"] == 10
+        assert listed[batch.id]["estimated_finish_at"] or listed[batch.id]["waiting"] == 0
         job = http.get("/v1/jobs?limit=1").json()["data"][0]
         story = http.get(f"/api/requests/{job['id']}/explain").json()
         assert story["batch"]["id"] == batch.id and story["batch"]["progress"]["total"] == 10
@@ -56,6 +70,8 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
         final = http.get(f"/v1/batches/{done.id}").json()["gpulane_progress"]
     assert (final["done"], final["failed"], final["waiting"], final["running"]) == (10, 0, 0, 0)
     assert final["estimated_finish_at"] is None
+    [listed_final] = [b for b in oa.batches.list() if b.id == done.id]
+    assert listed_final.model_extra["gpulane_progress"] == final  # the same, from its counts
 
 
 def test_gpulane_queue_shows_an_open_batch_with_its_eta(gateway: Start) -> None:

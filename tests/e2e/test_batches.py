@@ -195,6 +195,45 @@ def test_lines_not_started_within_the_completion_window_expire(gateway: Start) -
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
 
 
+def test_a_batchs_lines_are_outside_the_callers_queue_bound_also_after_a_restart(
+    gateway: Start,
+) -> None:
+    """maxQueuedPerCaller bounds a caller's single requests: a batch bigger than
+    it is accepted whole, and its waiting lines leave the caller's room for
+    single requests as it was (docs/jobs.md, The Batch API)."""
+    gw = gateway(config("maxQueuedPerCaller: 2\n"))
+    oa = client(gw)
+    with gw.client() as http:
+
+        def single(**fake: Any) -> httpx.Response:
+            body = line("single", **fake)["body"]
+            return http.post("/v1/chat/completions", json=body, headers={"Prefer": "respond-async"})
+
+        blocker = single(hang=True).json()["id"]
+        poll(lambda: http.get(f"/v1/jobs/{blocker}").json()["status"] == "running", "a blocker")
+        batch = submit(oa, [line(f"l{i}") for i in range(5)])
+        assert batch.status == "in_progress" and batch.request_counts is not None
+        assert (batch.request_counts.total, batch.request_counts.failed) == (5, 0)
+        first, second = single(), single()
+        assert (first.status_code, second.status_code) == (202, 202), first.text + second.text
+        third = single()
+        assert third.status_code == 429, third.text
+        assert third.json()["error"]["code"] == "caller_queue_full"
+        assert "has 2 requests waiting" in third.json()["error"]["message"]
+
+        gw.kill()
+        gw.start()  # recovery puts the lines back, still outside the bound
+        assert single().status_code == 429
+        assert http.delete(f"/v1/jobs/{first.json()['id']}").status_code == 200
+        fourth = single()
+        assert fourth.status_code == 202, fourth.text
+        progress = oa.batches.retrieve(batch.id).model_extra["gpulane_progress"]
+        assert progress["waiting"] == 5
+        # The blocker hangs again after the restart: cut it off, so the lane ends.
+        assert http.delete(f"/v1/jobs/{blocker}").status_code == 200
+    wait_batch(oa, batch.id, "completed")
+
+
 def test_a_batch_survives_sigkill_and_answers_every_custom_id_once(gateway: Start) -> None:
     gw = gateway(config())
     oa = client(gw)

@@ -20,14 +20,17 @@ import msgspec
 import pytest
 
 from app.core import events as ev
+from app.core.load_backoff import LoadBackoff
 from app.core.policy import decide
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import FIFO, SchedulerState, apply
 from app.report import explain as explain_module
 from app.report.explain import explain
+from app.report.render import explanation_text
 from app.store.engine import open_database
 from tests.e2e.log_replay import assert_log_replays
+from tests.unit.core_driver import CoreDriver
 from tools.replay.generate import film, write_log
 from tools.replay.simulate import Policy, simulate
 from tools.replay.verify import verify
@@ -390,3 +393,33 @@ def test_replay_options_for_the_new_terms_are_checked(
             replay_command([str(db), *bad])
         assert exit_info.value.code == 2
         assert "error:" in capsys.readouterr().err
+
+
+def test_explain_charges_the_wait_of_a_model_backing_off_to_load_backoff(tmp_path: Path) -> None:
+    """A2 waits out A's back-off (5 s after one failed load) while B1 runs."""
+    d = CoreDriver(
+        ScoringParams(60 * NS_PER_S, 10),
+        load_backoff=LoadBackoff(5 * NS_PER_S, 60 * NS_PER_S, 3),
+    )
+    d.enqueue("A1", "A", 100)
+    d.enqueue("A2", "A", 100)
+    d.enqueue("B1", "B")
+    assert d.dispatch_all() == ["A1"]
+    d.start_swap("A", "A1")
+    d.advance(NS_PER_S)
+    d.fail_swap("A")
+    assert d.serve_all() == ["B1"]  # at once, B1 runs 0 s
+    d.advance(5 * NS_PER_S)
+    assert d.serve_all() == ["A2"]
+    db = tmp_path / "backoff.db"
+    write_log(db, d.log)
+    engine = open_database(db, upgrade=False)
+    try:
+        story = explain(engine, "A2")
+    finally:
+        engine.dispose()
+    assert story is not None and story.replay_matches
+    parts = {p.cause: p.seconds for p in story.wait}
+    assert parts["load_backoff"] == 5.0 and story.failed_loads == 1
+    assert "while model A backed off after 1 failed load " in explanation_text(story)
+    assert verify(enumerate(d.log, start=1)).ok

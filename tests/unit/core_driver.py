@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from app.core import events as ev
+from app.core.load_backoff import NO_BACKOFF, LoadBackoff
 from app.core.policy import decide, pick_reasons, reorder_reasons
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S, ScoringParams
@@ -36,6 +37,7 @@ class CoreDriver:
         concurrency: Mapping[str, int] | None = None,
         caller_weights: Mapping[str, int] | None = None,
         now_ns: int = T0,
+        load_backoff: LoadBackoff = NO_BACKOFF,
     ) -> None:
         self.state = SchedulerState()
         self.now = now_ns
@@ -49,6 +51,7 @@ class CoreDriver:
             model_priority=model_priority,
             concurrency=concurrency,
             caller_weights=caller_weights,
+            load_backoff=load_backoff,
         )
         if resident is not None:
             self.load(resident)
@@ -68,6 +71,7 @@ class CoreDriver:
         concurrency: Mapping[str, int] | None = None,
         caller_weights: Mapping[str, int] | None = None,
         log_format: int = ev.LOG_FORMAT,
+        load_backoff: LoadBackoff = NO_BACKOFF,
     ) -> None:
         self.apply(
             ev.ServerStarted(
@@ -83,6 +87,9 @@ class CoreDriver:
                 fair_share_bonus=params.fair_share_bonus,
                 short_job_bonus=params.short_job_bonus,
                 caller_weights=dict(caller_weights or {}),
+                load_backoff_ns=load_backoff.first_ns,
+                load_backoff_max_ns=load_backoff.max_ns,
+                load_failure_limit=load_backoff.failure_limit,
             )
         )
 
@@ -183,6 +190,13 @@ class CoreDriver:
 
     def finish_swap(self, model: str) -> None:
         self.apply(ev.SwapFinished(at=self.now, model=model, duration_ms=0.0))
+
+    def fail_swap(self, model: str, error: str = "exited with code 1 during start") -> None:
+        """The load of `model` failed: its swap_failed, then the requests on it fail."""
+        on_it = [rid for rid, m in self.state.running.items() if m == model]
+        self.apply(ev.SwapFailed(at=self.now, model=model, error=error))
+        for rid in on_it:
+            self.apply(ev.RequestFailed(at=self.now, request_id=rid, error=error))
 
     def load(self, model: str) -> None:
         self.start_swap(model)

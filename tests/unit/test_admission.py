@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.runtime.admission import WaitEstimates, estimated_wait_s, newcomer
+from app.runtime.admission import BatchLines, WaitEstimates, estimated_wait_s, newcomer
 from tests.unit.core_driver import CoreDriver
 
 MIN = 60 * NS_PER_S
@@ -101,3 +101,24 @@ def test_estimates_are_kept_for_a_second_per_priority_and_model() -> None:
     assert get(0, "other") == 120  # another model: fresh
     driver.advance(NS_PER_S // 2)
     assert get(0) == 120  # a second later: recomputed
+
+
+def test_a_callers_waiting_batch_lines_are_counted_apart_and_ended_ones_dropped() -> None:
+    driver = CoreDriver(ScoringParams(), resident="m")
+    lines = BatchLines()
+    for rid in ("l1", "l2", "l3"):
+        driver.enqueue(rid, "m", -100, durable=True, caller="alice")
+        lines.add("alice", rid)
+    driver.enqueue("single", "m", 0, caller="alice")
+    assert lines.waiting("alice", driver.state) == 3
+    assert lines.waiting("bob", driver.state) == 0
+    assert driver.step() is not None  # "single" runs: not a line
+    assert lines.waiting("alice", driver.state) == 3
+    driver.complete("single")
+    assert driver.step() is not None  # l1 runs: no longer waiting
+    assert lines.waiting("alice", driver.state) == 2
+    driver.complete("l1")
+    driver.cancel("l2")
+    assert lines.waiting("alice", driver.state) == 1
+    driver.cancel("l3")
+    assert lines.waiting("alice", driver.state) == 0

@@ -19,6 +19,7 @@ from app.config.macros import split_args, strip_comments
 from app.config.raw import DEFAULT_IGNORE_PATHS
 from app.config.resolution import NEVER_MATCHES
 from app.config.resolved import masked
+from app.runtime.scheduler import server_started
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.yaml"
@@ -69,7 +70,9 @@ def test_example_config_loads_with_home_from_environ() -> None:
 
 
 def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
-    config = load_config(LLAMA_SWAP, environ={**ENV, "API_KEY_1": "sk-env"})
+    config = load_config(
+        LLAMA_SWAP, environ={**ENV, "API_KEY_1": "sk-env", "OPENROUTER_API_KEY": "sk-or"}
+    )
 
     ignored = sorted(w.split(":", 1)[0] for w in config.warnings if "ignored" in w)
     gpt = "models.gpt-oss-120b"
@@ -80,7 +83,6 @@ def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
             "metricsMaxInMemory",
             "captureBuffer",
             "profiles",
-            "peers",
             f"{gpt}.timeouts.keepalive",
             f"{gpt}.timeouts.tlsHandshake",
             f"{gpt}.timeouts.expectContinue",
@@ -102,7 +104,9 @@ def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
 
 
 def test_llama_swap_model_settings_resolve() -> None:
-    config = load_config(LLAMA_SWAP, environ={**ENV, "API_KEY_1": "k"})
+    config = load_config(
+        LLAMA_SWAP, environ={**ENV, "API_KEY_1": "k", "OPENROUTER_API_KEY": "sk-or"}
+    )
     gpt = config.models["gpt-oss-120b"]
 
     # model macros override global ones, even inside other global macros
@@ -639,6 +643,47 @@ def test_run_limits_accept_durations_and_a_model_overrides_the_top_level_value()
     }
     assert config.shutdown_grace == 120
     assert parse(one_model() + "shutdownGrace: 0\n").shutdown_grace == 0  # stop at once
+
+
+def test_load_backoff_defaults_accept_durations_and_reach_server_started() -> None:
+    default = parse(one_model())
+    assert (default.load_backoff, default.load_backoff_max, default.load_failure_limit) == (
+        5,
+        300,
+        3,
+    )
+    # Left at their defaults they hash as before they existed.
+    assert default.config_hash == parse(one_model() + "loadFailureLimit: 3\n").config_hash
+    config = parse(one_model() + "loadBackoff: 1m\nloadBackoffMax: 1h\nloadFailureLimit: 0\n")
+    assert (config.load_backoff, config.load_backoff_max, config.load_failure_limit) == (
+        60,
+        3600,
+        0,
+    )
+    assert config.config_hash != default.config_hash
+    started = server_started(config, 0, 0)
+    assert (
+        started.load_backoff_ns,
+        started.load_backoff_max_ns,
+        started.load_failure_limit,
+    ) == (60 * 10**9, 3600 * 10**9, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("loadBackoff: -1", "loadBackoff: -1 is out of range; expected seconds >= 0"),
+        ("loadBackoffMax: 2w", "loadBackoffMax: '2w' is not a duration"),
+        (
+            "loadBackoff: 10\nloadBackoffMax: 5",
+            "loadBackoffMax: 5 is less than loadBackoff (10); expected seconds >= loadBackoff",
+        ),
+        ("loadFailureLimit: -1", "loadFailureLimit: -1 is out of range; expected an integer >= 0"),
+    ],
+)
+def test_bad_load_backoff_settings_name_the_key(text: str, message: str) -> None:
+    (error,) = errors_of(one_model() + text + "\n")
+    assert error.startswith(message)
 
 
 def test_bad_duration_names_the_key_and_the_allowed_forms() -> None:

@@ -28,7 +28,8 @@ def test_log_requests_and_a_models_health_check_timeout_warn() -> None:
     assert "the top-level healthCheckTimeout applies" in config.warnings[1]
 
 
-def test_peers_load_with_a_warning_that_they_are_not_used_yet() -> None:
+def test_peers_load_and_serve_their_models() -> None:
     peers = "peers:\n  box2:\n    proxy: http://box2:8080\n    models: [a]\n"
     config = parse_config(MODEL + peers)
-    assert any(w.startswith("peers: ") and "not use peers yet" in w for w in config.warnings)
+    assert config.warnings == ()
+    assert config.resolve_model("box2/a") == "box2/a" == config.resolve_model("a")

@@ -7,10 +7,12 @@ import random
 import pytest
 
 from app.core import events as ev
-from app.core.policy import decide, reorder_reasons
+from app.core.load_backoff import NO_BACKOFF, LoadBackoff
+from app.core.policy import decide, given_up, reorder_reasons
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import FIFO
 from tests.unit.core_driver import CoreDriver
+from tools.replay.verify import verify
 
 S = NS_PER_S
 MIN = 60 * S
@@ -391,3 +393,82 @@ def test_a_decision_says_what_it_means_swap_join_or_run() -> None:
     join = decide(d.state, d.now)  # B is loading: b2 joins that load
     assert join is not None and (join.action, join.dispatched.request_id) == ("join", "b2")
     assert join.dispatched.swap is False
+
+
+# -- back-off after failed loads -------------------------------------------------------
+
+
+BACKOFF = LoadBackoff(first_ns=5 * S, max_ns=20 * S, failure_limit=3)
+
+
+def test_the_backoff_doubles_from_its_first_wait_and_stops_at_its_most() -> None:
+    assert [BACKOFF.delay_ns(n) // S for n in range(6)] == [0, 5, 10, 20, 20, 20]
+    uneven = LoadBackoff(first_ns=5 * S, max_ns=12 * S)
+    assert [uneven.delay_ns(n) // S for n in (1, 2, 3, 60)] == [5, 10, 12, 12]
+    assert NO_BACKOFF.delay_ns(3) == 0
+
+
+def a_failed_load_of_a(backoff: LoadBackoff = BACKOFF) -> CoreDriver:
+    """A1 loads A and fails; A2 and A3 (interactive) and B1 (normal) wait."""
+    d = CoreDriver(params(), load_backoff=backoff)
+    for rid, model, priority in [("A1", "A", 100), ("A2", "A", 100), ("A3", "A", 100)]:
+        d.enqueue(rid, model, priority)
+    d.enqueue("B1", "B")
+    assert d.step() is not None and d.dispatches[-1].request_id == "A1"
+    d.start_swap("A", "A1")
+    d.fail_swap("A")
+    return d
+
+
+def test_a_model_backs_off_after_a_failed_load_and_the_others_are_served_meanwhile() -> None:
+    d = a_failed_load_of_a()
+    assert d.state.load_failures["A"].count == 1
+    assert d.state.backoff_until("A") == d.now + 5 * S
+    assert d.serve_all() == ["B1"]  # A2 outranks B1, but A backs off
+    d.advance(5 * S - 1)
+    assert d.step() is None
+    d.advance(1)
+    assert d.step() is not None and d.dispatches[-1].request_id == "A2"
+    assert d.dispatches[-1].swap
+    d.start_swap("A", "A2")
+    d.finish_swap("A")  # a load that works ends the series
+    assert "A" not in d.state.load_failures and d.state.backoff_until("A") is None
+    d.complete("A2")
+    assert d.serve_all() == ["A3"]
+    assert verify(enumerate(d.log, start=1)).ok
+
+
+def test_the_waits_grow_and_after_the_limit_the_waiting_requests_are_given_up() -> None:
+    d = a_failed_load_of_a()
+    assert given_up(d.state, "A") == []
+    d.advance(5 * S)
+    assert d.step() is not None and d.dispatches[-1].request_id == "A2"
+    d.start_swap("A", "A2")
+    d.fail_swap("A")
+    assert given_up(d.state, "A") == []
+    d.advance(10 * S - 1)
+    assert d.step() is not None and d.dispatches[-1].request_id == "B1"
+    d.load("B")
+    d.complete("B1")
+    d.advance(1)
+    assert d.step() is not None and d.dispatches[-1].request_id == "A3"
+    d.enqueue("A4", "A")
+    d.start_swap("A", "A3")
+    d.fail_swap("A")
+    assert d.state.load_failures["A"].count == 3
+    assert given_up(d.state, "A") == ["A4"]
+    assert verify(enumerate(d.log, start=1)).ok
+
+
+def test_a_log_without_backoff_settings_loads_again_at_once() -> None:
+    d = a_failed_load_of_a(NO_BACKOFF)  # server_started as every older log has it
+    assert d.state.backing_off(d.now) == frozenset()
+    assert d.step() is not None and d.dispatches[-1].request_id == "A2"
+    assert given_up(d.state, "A") == []
+    assert verify(enumerate(d.log, start=1)).ok
+
+
+def test_a_restart_forgets_failed_loads() -> None:
+    d = a_failed_load_of_a()
+    d.restart()
+    assert d.state.load_failures == {}

@@ -198,3 +198,16 @@ def test_the_worst_wait_takes_its_band_and_range_from_the_same_figure() -> None:
     lines = table([r]).splitlines()
     line = lines[next(i for i, x in enumerate(lines) if "worst wait" in x) + 1]
     assert "interactive 20m00s (18m20s-21m40s)" in line and "1h06m" not in line
+
+
+def test_durations_read_as_durations() -> None:
+    from tools.replay.report import duration
+
+    assert [duration(x) for x in (None, 8.24, 245.0, 3599.4, 3599.6, 7440.0)] == [
+        "-",
+        "8.2s",
+        "4m05s",
+        "59m59s",
+        "1h00m",  # never 60m00s
+        "2h04m",
+    ]

@@ -7,6 +7,8 @@ the log generated at that point. The bounds are what was measured (docs/replay.m
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from app.core import events as ev
@@ -78,8 +80,8 @@ def test_the_fair_scenario_is_predicted_exactly() -> None:
     assert set(errors) == {"batch", "model wan-video"}
     for figs in errors.values():
         assert figs == {"wait_p50_s": 0.0, "wait_p95_s": 0.0, "wait_max_s": 0.0, "left": 0.0}
-    for figs in coverage(comparisons).values():  # every prediction within its error
-        assert all(hit == n == 12 for hit, n in figs.values()), figs
+    for covered in coverage(comparisons).values():  # every prediction within its error
+        assert all(hit == n == 12 for hit, n in covered.values()), covered
 
 
 def test_the_truth_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,3 +174,39 @@ def test_the_replays_pick_really_runs_under_12_minutes() -> None:
         assert c.true["bands"]["interactive"]["wait_p95_s"] <= 12 * MIN, c.point
         assert c.within()["interactive"]["wait_p95_s"] is True, c.point
     assert "the replay's pick" in table(comparisons)
+
+
+def test_a_second_gpu_against_ground_truth() -> None:
+    """`--config`: each point again on other resources, predicted by the replay's
+    several-lane simulation of the defaults log and generated through the core with
+    that router. Measured (`gpulane replay truth film --seeds 1,2,3 --grid fair=0,20
+    short=0,10,20,40 --config tools/replay/whatif/film-second-gpu.yaml`): chat on a
+    GPU of its own brings interactive p95 to 3m08s / 4m06s / 4m14s (predicted
+    4m08s ±2m10s / 4m54s ±1m56s / 4m39s ±1m55s), no interactive client leaving."""
+    from tools.replay.cli import load_resources
+    from tools.replay.generate import film
+
+    second = load_resources(
+        str(Path(__file__).parents[2] / "tools/replay/whatif/film-second-gpu.yaml"),
+        film(1).workload.models,
+    )
+    comparisons = check("film", [1], [ScoringParams()], resources=[second])
+    assert [c.point for c in comparisons] == [
+        "aging=60s bonus=10",
+        "aging=60s bonus=10 on film-second-gpu.yaml",
+    ]
+    lanes = comparisons[1].true["bands"]["interactive"]
+    assert lanes["wait_p95_s"] == pytest.approx(3 * MIN + 8, abs=1) and lanes["left"] == 0
+    assert comparisons[1].within()["interactive"]["wait_p95_s"] is True
+    assert comparisons[1].recommended
+
+
+def test_the_truth_command_refuses_a_config_without_the_scenarios_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tools.replay.cli import replay_command
+
+    other = tmp_path / "other.yaml"
+    other.write_text("models:\n  some-model:\n    cmd: server --port ${PORT}\n")
+    assert replay_command(["truth", "film", "--seeds", "1", "--config", str(other)]) == 2
+    assert "are not in it" in capsys.readouterr().err

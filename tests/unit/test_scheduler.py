@@ -11,6 +11,7 @@ drives the scheduler's On* methods against a recording fakeEffects.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -435,6 +436,74 @@ async def test_a_serving_task_that_returns_while_queued_is_recorded_client_gone(
     await settle()
     assert lane.ended(queued).reason == "client_gone"
     await lane.finish(blocker)
+
+
+# -- back-off after failed loads -------------------------------------------------------
+
+
+def backing_off(**settings: Any) -> str:
+    """Models A and B, with top-level settings (`loadBackoff=5`, ...)."""
+    config = json.loads(config_text(models("A", "B")))
+    return json.dumps(config | settings)
+
+
+async def test_a_model_that_fails_to_load_waits_its_backoff_while_another_is_served() -> None:
+    lane = Lane(backing_off(loadBackoff=5, loadBackoffMax=300, loadFailureLimit=3))
+    lane.upstreams.refuse["A"] = "port 5800 is already in use"
+    lines = [lane.admit("A", 100, durable=True) for _ in range(5)]
+    other = lane.admit("B")
+    await settle()
+    assert len(lane.events(ev.SwapFailed)) == 1
+    assert lane.ended(lines[0]).http_status == 502  # the one the load was for
+    # A backs off: B is served meanwhile, though A's lines outrank it.
+    await lane.finish(other)
+    assert swaps_to(lane) == ["A", "B"]
+    await lane.clock.advance(4.999)
+    assert len(lane.events(ev.SwapFailed)) == 1
+    await lane.clock.advance(0.001)  # 5 s after the first failure: one more load
+    assert len(lane.events(ev.SwapFailed)) == 2
+    await lane.clock.advance(9.999)  # then 10 s
+    assert len(lane.events(ev.SwapFailed)) == 2
+    await lane.clock.advance(0.001)
+    failed = lane.events(ev.SwapFailed)
+    assert len(failed) == 3 and [e.at - failed[0].at for e in failed] == [0, 5 * NS, 15 * NS]
+    # The third failure in a row (loadFailureLimit 3) fails the lines still waiting.
+    for line in lines[3:]:
+        end = lane.ended(line)
+        assert end.http_status == 502
+        assert "failed to load 3 times in a row (loadFailureLimit 3)" in end.error
+        assert "port 5800 is already in use" in end.error
+        assert isinstance(line.ready.exception(), UpstreamStartError)
+    assert lane.scheduler.state.requests == {}
+    assert verified(lane)
+
+
+async def test_a_load_that_works_after_a_failure_serves_every_waiting_request() -> None:
+    lane = Lane(backing_off(loadBackoff=2))
+    lane.upstreams.refuse["A"] = "CUDA out of memory"
+    tickets = [lane.admit("A") for _ in range(3)]
+    await settle()
+    assert lane.ended(tickets[0]).http_status == 502
+    del lane.upstreams.refuse["A"]  # transient: the next load works
+    await lane.clock.advance(1.5)
+    assert len(lane.events(ev.SwapStarted)) == 1
+    await lane.clock.advance(0.5)
+    await lane.serve_all()
+    assert [type(lane.ended(t)).__name__ for t in tickets[1:]] == ["RequestCompleted"] * 2
+    assert swaps_to(lane) == ["A", "A"]
+    assert lane.scheduler.state.load_failures == {}
+    assert verified(lane)
+
+
+async def test_a_backoff_of_0_loads_again_at_once() -> None:
+    lane = Lane(backing_off(loadBackoff=0, loadFailureLimit=0))
+    lane.upstreams.refuse["A"] = "port 5800 is already in use"
+    tickets = [lane.admit("A") for _ in range(4)]
+    await settle()
+    assert all("port 5800 is already in use" in lane.ended(t).error for t in tickets)
+    assert all(isinstance(t.ready.exception(), UpstreamStartError) for t in tickets)
+    assert len(lane.events(ev.SwapFailed)) == 4
+    assert verified(lane)
 
 
 # -- TTL and unload --------------------------------------------------------------------

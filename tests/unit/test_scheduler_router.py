@@ -242,8 +242,10 @@ async def test_a_failed_load_in_a_group_fails_its_requests_and_leaves_the_other_
     failed = lane.ended(c)
     assert isinstance(failed, ev.RequestFailed) and failed.http_status == 502
     assert lane.scheduler.residents == ["A"] and not lane.scheduler.state.loads
-    c2 = lane.admit("C")  # loads again, while A's job still runs
+    c2 = lane.admit("C")  # C backs off (loadBackoff, 5 s), while A's job still runs
     await settle()
+    assert lane.upstreams.calls == [("start", "A"), ("start", "C")]
+    await lane.clock.advance(5)  # then loads again
     lane.upstreams.last("C").load()
     await settle()
     assert c2.ready.done()

@@ -6,12 +6,13 @@
               [--shake N [--noise F] [--seed N]] [--patience auto|none|BAND=DUR,...]
               [--json | --csv] [--by caller,model] [--plot FILE.png] [--jobs N]
               [--fifo-concurrency N] [--chain-gap S] [--no-reference]
+              [--config OTHER.yaml ...] [--slot-slowdown F]
     replay generate SCENARIO --out DB [--seed N] [--days N] [--aging-divisor S]
               [--swap-affinity-bonus N] [--fair-share-bonus N] [--short-job-bonus N]
               [--force]
     replay truth SCENARIO [--seeds 1,2,3] [--grid fair=0,20 short=0,20]
               [--patience auto|none|BAND=DUR,...] [--days N] [--shake N] [--noise F]
-              [--json]
+              [--no-reference] [--fifo-concurrency N] [--config OTHER.yaml ...] [--json]
 
 Exit status: 0 ok, 1 a failed --verify or an unusable database, 2 bad arguments.
 """
@@ -22,8 +23,10 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from app.core.residency import Router
 from app.core.scoring import ScoringParams
 from app.core.state import SERIAL
 from app.store.engine import DatabaseError, unusable
@@ -134,7 +137,61 @@ def build_parser() -> argparse.ArgumentParser:
         "requests at least (default 5; 0: arrivals are fixed)",
     )
     p.add_argument("--no-reference", action="store_true", help="omit the reference policies")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="OTHER.yaml",
+        help="what-if resources: also run each parameter set on this config's router and "
+        "slots (concurrencyLimit), e.g. a second GPU group or four chat slots; repeatable",
+    )
+    p.add_argument(
+        "--slot-slowdown",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="a request that starts beside k others on its model runs x (1 + F x k) in the "
+        "--config runs (default 0: its recorded run time, unaffected by its neighbours)",
+    )
     return p
+
+
+class ResourcesError(Exception):
+    """A `--config` that cannot be simulated, with a sentence saying why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """The router and slots of a `--config` file: the what-if resources."""
+
+    label: str
+    router: Router | None
+    slots: tuple[tuple[str, int], ...]
+
+
+def load_resources(path: str, models: Sequence[str]) -> Resources:
+    """The router and serial slots of the config at `path`; every model of the
+    workload must be one of its models (resolved ids)."""
+    from app.config.loading import ConfigError, load_config
+
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        raise ResourcesError(f"--config {path}: {exc}") from exc
+    missing = sorted(set(models) - set(config.models))
+    if missing:
+        raise ResourcesError(
+            f"--config {path}: the log's models {', '.join(missing)} are not in it "
+            f"(it has {', '.join(sorted(config.models)) or 'none'})"
+        )
+    slots = tuple(
+        sorted(
+            (m.id, m.concurrency_limit) for m in config.models.values() if m.concurrency_limit > 1
+        )
+    )
+    if config.scheduler != SERIAL:
+        slots = ()  # fifo's limits are not serial slots; the score's sets run serial
+    return Resources(Path(path).name, config.router, slots)
 
 
 def build_generate_parser() -> argparse.ArgumentParser:
@@ -209,6 +266,8 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--shake must be >= 0, --fifo-concurrency and --jobs >= 1")
     if args.chain_gap < 0 or not 0 <= args.noise < 1:
         parser.error("--chain-gap must be >= 0 and --noise in [0, 1)")
+    if args.slot_slowdown < 0:
+        parser.error("--slot-slowdown must be >= 0")
     by = [b.strip() for b in args.by.split(",") if b.strip()]
     if any(b not in ("caller", "model") for b in by):
         parser.error(f"--by {args.by!r}: expected caller, model or caller,model")
@@ -220,7 +279,12 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     extracted = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
     workload = with_patience(extracted, patience)
-    policies = _policies(workload, args)
+    try:
+        resources = [load_resources(path, workload.models) for path in args.config]
+    except ResourcesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    policies = _policies(workload, args, resources)
     shake = Shake(args.shake, args.noise, args.seed, patience)
     rows = run_policies(workload, policies, jobs=args.jobs, shake=shake, quantiles=bool(args.plot))
     recorded = workload.recorded
@@ -297,7 +361,11 @@ def _baseline_label(recorded: ScoringParams) -> str:
     return label_of(recorded) + " (recorded)"
 
 
-def _policies(workload: Workload, args: argparse.Namespace) -> list[Policy]:
+def _policies(
+    workload: Workload, args: argparse.Namespace, resources: Sequence[Resources] = ()
+) -> list[Policy]:
+    """The parameter sets on the recorded resources, then each on every `--config`'s
+    (labelled `... on OTHER.yaml`), then the reference policies."""
     recorded = workload.params
     singles = (
         args.aging_divisor,
@@ -317,10 +385,28 @@ def _policies(workload: Workload, args: argparse.Namespace) -> list[Policy]:
     if recorded not in grid:
         grid = [recorded, *grid]
     weights = tuple(sorted(workload.caller_weights.items()))
+    recorded_slots = tuple(sorted(workload.slots.items()))
     policies = [
-        Policy(_baseline_label(p) if p == recorded else label_of(p), p, caller_weights=weights)
+        Policy(
+            _baseline_label(p) if p == recorded else label_of(p),
+            p,
+            caller_weights=weights,
+            router=workload.router,
+            slots=recorded_slots,
+        )
         for p in grid
     ]
+    for what in resources:
+        policies += [
+            replace(
+                base,
+                label=f"{label_of(base.params)} on {what.label}",
+                router=what.router,
+                slots=what.slots,
+                slot_slowdown=args.slot_slowdown,
+            )
+            for base in policies[: len(grid)]
+        ]
     if not args.no_reference:
         policies += reference_policies(workload, recorded, args.fifo_concurrency)
     return policies
@@ -418,6 +504,14 @@ def _truth(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         parser.error("--shake must be >= 0 and --noise in [0, 1)")
     if args.fifo_concurrency < 1:
         parser.error("--fifo-concurrency must be >= 1")
+    from tools.replay.generate import SCENARIOS
+
+    models = SCENARIOS[args.scenario](seeds[0], days=args.days).workload.models
+    try:
+        resources = [load_resources(path, models) for path in args.config]
+    except ResourcesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     comparisons = truth.check(
         args.scenario,
         seeds,
@@ -428,6 +522,7 @@ def _truth(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         noise=args.noise,
         references=not args.no_reference,
         fifo_concurrency=args.fifo_concurrency,
+        resources=resources,
     )
     if args.json:
         print(truth.to_json(comparisons))

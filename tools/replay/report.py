@@ -419,7 +419,7 @@ def duration(seconds: float | None) -> str:
     s = float(seconds)
     if s < 60:
         return f"{s:.1f}s"
-    if s < 3600:
+    if round(s) < 3600:  # 59m59.6s reads 1h00m, not 60m00s
         m, sec = divmod(round(s), 60)
         return f"{m}m{sec:02d}s"
     h, m = divmod(round(s / 60), 60)

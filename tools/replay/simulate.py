@@ -19,6 +19,16 @@ swap from A to B costs unload[A] + load[B] (measured medians). Under the `fifo`
 scheduler several requests of one model may be in flight; they share the GPU
 (processor sharing), so the total work is the same in every order.
 
+Several lanes and slots (`serial` with a router, or a model with more than one slot:
+`Policy.router`, `Policy.slots`, as `server_started` carries them): the same core
+decides (`choose` starts every request the dispatch rule lets start, in score order,
+at each moment), and the simulator keeps one clock per running request and per load.
+A request sharing its model's slots runs its recorded run time, unaffected by its
+neighbours, times (1 + `slot_slowdown` x the requests already running on its model
+when it starts): 0 by default, which is what a log recorded with the same slots
+already measured (its run times include the sharing). A load that evicts several
+models waits for the slowest of their unloads; loads in different lanes overlap.
+
 The state is built as every reader of a log builds it: by folding a `server_started`
 that carries the policy's scheduler and parameters (`started_event`). With `record`,
 that event and every later one are also appended to a list (in time order once
@@ -36,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from app.core import events as ev
 from app.core.policy import Decision, choose, decide, pick_reasons
 from app.core.priority import band_of
+from app.core.residency import Router
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import ScoringParams
 from app.core.state import FIFO, SERIAL, SchedulerState, apply, fold_for
@@ -68,6 +79,17 @@ class Policy:
     """'simulated' (a parameter set) or 'reference' (a policy to compare against)."""
     caller_weights: tuple[tuple[str, int], ...] = ()
     """Fair-share weight of each caller (absent: 1), as `server_started` carries them."""
+    router: Router | None = None
+    """Which models may be resident together (`routing.router`; None: one at a time)."""
+    slots: tuple[tuple[str, int], ...] = ()
+    """serial: each model's `concurrencyLimit`, its slots (absent: 1)."""
+    slot_slowdown: float = 0.0
+    """A request starting beside k others on its model runs x (1 + this x k)."""
+
+    @property
+    def lanes(self) -> bool:
+        """Whether this serial run needs the several-lane loop (a router, or slots)."""
+        return self.router is not None or any(n > 1 for _, n in self.slots)
 
 
 def simulate(
@@ -99,6 +121,9 @@ def started_event(
 ) -> ev.ServerStarted:
     """The `server_started` of a server running `policy` on `models`."""
     limit = max(1, policy.concurrency)
+    concurrency = dict.fromkeys(sorted(models), limit)
+    if policy.scheduler == SERIAL:
+        concurrency.update(policy.slots)
     return ev.ServerStarted(
         at=at,
         version=version,
@@ -108,11 +133,12 @@ def started_event(
         swap_affinity_bonus=policy.params.swap_affinity_bonus,
         pid=pid,
         model_priority=dict(policy.model_priority),
-        concurrency=dict.fromkeys(sorted(models), limit),
+        concurrency=concurrency,
         log_format=ev.LOG_FORMAT,
         fair_share_bonus=policy.params.fair_share_bonus,
         short_job_bonus=policy.params.short_job_bonus,
         caller_weights=dict(policy.caller_weights),
+        router=policy.router,
     )
 
 
@@ -173,7 +199,9 @@ class _Sim:
         res = self.result
         if self.roots:
             res.first_ns = self.reqs[self.roots[0]].arrival_ns
-        if self.state.scheduler == SERIAL:
+        if self.state.scheduler == SERIAL and self.policy.lanes:
+            last = self._run_lanes()
+        elif self.state.scheduler == SERIAL:
             last = self._run_serial()
         else:
             last = self._run_shared()
@@ -347,6 +375,146 @@ class _Sim:
                     timeline.append((t0, t0 + reqs[i].run_ns, reqs[i].model, "run"))
             timeline.sort()
         return now
+
+    # -- serial with lanes and slots: several loads and runs at once -------------------
+
+    def _run_lanes(self) -> int:
+        reqs = self.reqs
+        state = self.state
+        res = self.result
+        pending = self.pending
+        roots = self.roots
+        root_t = [reqs[i].arrival_ns for i in roots] + [_INF]
+        slowdown = self.policy.slot_slowdown
+        # (end, kind, index or model): 0 a load ends (its model), 1 a run ends.
+        clocks: list[tuple[int, int, int, str]] = [(_INF, 9, -1, "")]
+        loads: dict[str, tuple[int, list[int]]] = {}  # model -> (took, waiters)
+        active = 0  # loads and runs in progress: the GPU is busy while > 0
+        k = 0
+        now = res.first_ns
+        while True:
+            t = min(root_t[k], pending[0][0], clocks[0][0])
+            if t == _INF:
+                break
+            if active and t > now:
+                res.busy_ns += t - now
+            now = t
+            while clocks[0][0] == now:
+                _, kind, i, model = heapq.heappop(clocks)
+                if kind == 0:
+                    took, waiters = loads.pop(model)
+                    event = ev.SwapFinished(at=now, model=model, duration_ms=took / 1e6)
+                    apply(state, event)
+                    if self.record is not None:
+                        self.record.append(event)
+                    active -= 1
+                    for w in waiters:
+                        active += self._start_lane(w, now, clocks, slowdown)
+                else:
+                    active -= 1
+                    res.end_ns[i] = now
+                    if res.timeline is not None:
+                        res.timeline.append((res.start_ns[i], now, reqs[i].model, "run"))
+                    self._finish(i, now)
+                    self._chain(i, now)
+            while True:
+                if pending[0][0] == now:
+                    _, kind, i = heapq.heappop(pending)
+                    if kind == _ARRIVAL:
+                        self._arrive(i, now)
+                    else:
+                        self._cancel(i, now, kind)
+                elif root_t[k] == now:
+                    self._arrive(roots[k], now)
+                    k += 1
+                else:
+                    break
+            while state.queue:
+                decision = choose(state, now) if self.record is None else decide(state, now)
+                if decision is None:
+                    break
+                dispatched = decision.dispatched
+                for reason in pick_reasons(decision.pick):
+                    res.reorders[reason] += 1
+                if isinstance(decision, Decision):
+                    self.record_decision(decision)
+                apply(state, dispatched)
+                i = self.index[dispatched.request_id]
+                res.order.append(i)
+                model = dispatched.model
+                if decision.action == "swap":
+                    took = self._lane_swap(i, model, now, decision.evicted)
+                    loads[model] = (took, [i])
+                    heapq.heappush(clocks, (now + took, 0, -1, model))
+                    active += 1
+                elif decision.action == "join":
+                    loads[model][1].append(i)
+                else:
+                    active += self._start_lane(i, now, clocks, slowdown)
+        return now
+
+    def _start_lane(
+        self, i: int, now: int, clocks: list[tuple[int, int, int, str]], slowdown: float
+    ) -> int:
+        """Start request `i` on its loaded model; 1 (a run in progress), or 0 when
+        its client left during the load."""
+        r = self.reqs[i]
+        if r.request_id not in self.state.running:
+            return 0
+        if self.record is not None:
+            self.record.append(ev.RequestStarted(at=now, request_id=r.request_id))
+        self.result.start_ns[i] = now
+        run_ns = r.run_ns
+        if slowdown:
+            beside = self.state.running_on(r.model) - 1  # dispatched on it, this one aside
+            run_ns = round(run_ns * (1 + slowdown * beside))
+        heapq.heappush(clocks, (now + run_ns, 1, i, ""))
+        return 1
+
+    def _lane_swap(self, i: int, model: str, now: int, evicted: frozenset[str]) -> int:
+        """SwapStarted for a load that evicts `evicted` (all idle); returns its
+        duration: the slowest unload, then the load."""
+        names = sorted(evicted)
+        unload, load = self.swap_cost(names[0] if names else None, model)
+        for other in names[1:]:
+            unload = max(unload, self.swap_cost(other, model)[0])
+        rid = self.reqs[i].request_id
+        event = ev.SwapStarted(
+            at=now,
+            from_model=names[0] if len(names) == 1 else None,
+            to_model=model,
+            request_id=rid,
+            evicted=names,
+        )
+        apply(self.state, event)
+        record = self.record
+        if record is not None:
+            record.append(event)
+            for frm in names:
+                record.append(
+                    ev.ProcessStopped(
+                        at=now + unload,
+                        model=frm,
+                        pid=self.pids.get(frm, 0),
+                        reason="evicted",
+                        exit_code=0,
+                        evicted_for=model,
+                        evicted_by=rid,
+                    )
+                )
+            self.next_pid += 1
+            self.pids[model] = self.next_pid
+            cmdline = ["llama-server", "--model", model]
+            record.append(
+                ev.ProcessStarted(at=now + unload, model=model, pid=self.next_pid, cmdline=cmdline)
+            )
+        took = unload + load
+        res = self.result
+        res.swaps += 1
+        res.swap_ns += took
+        if res.timeline is not None:
+            res.timeline.append((now, now + took, model, "swap"))
+        return took
 
     # -- fifo: several requests of one model in flight, sharing the GPU ------------
 
@@ -609,18 +777,24 @@ def shaken(workload: Workload, seed: int, noise: float) -> Workload:
 def reference_policies(
     workload: Workload, params: ScoringParams, fifo_concurrency: int
 ) -> list[Policy]:
-    """What the score is compared against: arrival order, priority alone, llama-swap fifo."""
+    """What the score is compared against: arrival order, priority alone, llama-swap fifo
+    (the serial ones on the recorded router and slots)."""
+    slots = tuple(sorted(workload.slots.items()))
     return [
         Policy(
             "arrival order",
             ScoringParams(0, 0),
             ignore_priority=True,
             kind="reference",
+            router=workload.router,
+            slots=slots,
         ),
         Policy(
             "priority, no aging",
             ScoringParams(0, params.swap_affinity_bonus),
             kind="reference",
+            router=workload.router,
+            slots=slots,
         ),
         Policy(
             f"fifo (x{fifo_concurrency})",
@@ -629,5 +803,6 @@ def reference_policies(
             concurrency=fifo_concurrency,
             model_priority=tuple(sorted(workload.model_priority.items())),
             kind="reference",
+            router=workload.router,
         ),
     ]

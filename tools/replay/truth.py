@@ -27,6 +27,7 @@ import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app.core.scoring import ScoringParams
 from tools.replay import report
@@ -36,6 +37,9 @@ from tools.replay.report import BANDS, Figures
 from tools.replay.simulate import Policy, reference_policies
 from tools.replay.sweep import Shake, label_of, run_policies
 from tools.replay.workload import DEFAULT_CHAIN_GAP_NS, Workload, extract_events
+
+if TYPE_CHECKING:
+    from tools.replay.cli import Resources
 
 COMPARED = ("wait_p50_s", "wait_p95_s", "wait_max_s", "left")
 """The figures compared, per band and per model."""
@@ -149,11 +153,14 @@ def check(
     noise: float = 0.05,
     references: bool = False,
     fifo_concurrency: int = 10,
+    resources: Sequence[Resources] = (),
 ) -> list[Comparison]:
     """For each seed, the log generated at `recorded` (default: the defaults)
     replayed at each of `grid` with `shake` shaken runs (as `--shake` does: each
     prediction gets its printed error), against the log generated at that point;
-    with `references`, also under each reference policy (after the grid's points)."""
+    then each point on each of `resources` (a `--config`'s router and slots: the
+    replay's `... on OTHER.yaml` rows, against the log generated with them); with
+    `references`, also under each reference policy (last)."""
     recorded = recorded or ScoringParams()
     patience = patience or PatienceModel()
     out = []
@@ -165,9 +172,25 @@ def check(
         # the recorded parameters are the baseline the error is measured on.
         points = list(grid) if recorded in grid else [recorded, *grid]
         policies = [Policy(label_of(p), p, caller_weights=weights) for p in points]
+        # As `gpulane replay DB --config OTHER.yaml` adds its rows: every point again
+        # on the other resources.
+        elsewhere = [
+            Policy(
+                f"{label_of(p)} on {what.label}",
+                p,
+                caller_weights=weights,
+                router=what.router,
+                slots=what.slots,
+            )
+            for what in resources
+            for p in grid
+        ]
         refs = reference_policies(logged, recorded, fifo_concurrency) if references else []
         rows = run_policies(
-            logged, policies + refs, jobs=jobs, shake=Shake(shake, noise, 0, patience)
+            logged,
+            policies + elsewhere + refs,
+            jobs=jobs,
+            shake=Shake(shake, noise, 0, patience),
         )
         first = report.figures(
             logged,
@@ -183,7 +206,13 @@ def check(
             predicted = by_params[params]
             true = _true(_log(scenario, seed, params, days), label_of(params), params)
             out.append(Comparison(scenario, seed, params, predicted, true, label_of(params)))
-        for policy, predicted in zip(refs, rows[len(points) :], strict=True):
+        rest = rows[len(points) :]
+        for policy, predicted in zip(elsewhere, rest[: len(elsewhere)], strict=True):
+            true = _true(
+                _log(scenario, seed, policy.params, days, policy), policy.label, policy.params
+            )
+            out.append(Comparison(scenario, seed, policy.params, predicted, true, policy.label))
+        for policy, predicted in zip(refs, rest[len(elsewhere) :], strict=True):
             true = _true(
                 _log(scenario, seed, policy.params, days, policy), policy.label, policy.params
             )
@@ -452,6 +481,14 @@ def build_truth_parser(prog: str) -> argparse.ArgumentParser:
         default=10,
         metavar="N",
         help="requests in flight per model in the fifo reference (default 10)",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="OTHER.yaml",
+        help="what-if resources, as the replay's --config: also each point on this config's "
+        "router and slots, predicted and generated; repeatable",
     )
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
     return p

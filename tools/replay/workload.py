@@ -28,6 +28,7 @@ from pathlib import Path
 
 from app.core import events as ev
 from app.core.policy import REORDER_REASONS, reorder_reasons
+from app.core.residency import Router
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL
 from app.store.engine import open_readonly
@@ -152,6 +153,11 @@ class Workload:
     """fifo: per-model queue priority, as the last `server_started` records it."""
     caller_weights: dict[str, int] = field(default_factory=dict)
     """Fair-share weights, as the last `server_started` records them."""
+    router: Router | None = None
+    """Which models may be resident together, as the last `server_started` records it."""
+    slots: dict[str, int] = field(default_factory=dict)
+    """serial: each model's slots as the last `server_started` records them (log format
+    4 on; an older serial log ran one request at a time, and has none here)."""
 
     @property
     def expected_recorded(self) -> bool:
@@ -208,6 +214,8 @@ def extract_events(
     unloads: dict[str, list[int]] = {}
     model_priority: dict[str, int] = {}
     caller_weights: dict[str, int] = {}
+    router: Router | None = None
+    slots: dict[str, int] = {}
     open_swap: dict[str, tuple[int, str | None, int]] = {}  # to_model -> (start, from, unload)
     swaps = 0
     swap_ns = 0
@@ -222,6 +230,12 @@ def extract_events(
                 scheduler = e.scheduler
                 model_priority = dict(e.model_priority)
                 caller_weights = dict(e.caller_weights)
+                router = e.router
+                slots = (
+                    {m: n for m, n in e.concurrency.items() if n > 1}
+                    if e.scheduler == SERIAL and e.log_format >= 4
+                    else {}
+                )
                 have_params = True
             case ev.RequestEnqueued():
                 if e.request_id in seen:
@@ -259,8 +273,11 @@ def extract_events(
                 swaps += 1
                 open_swap[e.to_model] = (e.at, e.from_model, 0)
             case ev.ProcessStopped(reason="evicted") if open_swap:
-                # Stopped by the swap in progress: its unload part.
-                to_model, (start, frm, unload) = next(iter(open_swap.items()))
+                # Stopped by a swap in progress (the one it names): its unload part.
+                to_model = next(iter(open_swap))
+                if e.evicted_for is not None and e.evicted_for in open_swap:
+                    to_model = e.evicted_for
+                start, frm, unload = open_swap[to_model]
                 took = e.at - start
                 unloads.setdefault(e.model, []).append(took)
                 open_swap[to_model] = (start, frm, max(unload, took))
@@ -345,6 +362,8 @@ def extract_events(
         recorded=recorded,
         model_priority=model_priority,
         caller_weights=caller_weights,
+        router=router,
+        slots=slots,
     )
 
 
