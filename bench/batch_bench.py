@@ -21,7 +21,8 @@ Then gpulane is killed (SIGKILL) and started again on the same database, and
 measured from just before the spawn: until `/health` answers, until the first
 answer about the work (`GET /v1/batches/{id}` with its progress, or `GET
 /v1/jobs/{id}` of the last single), the server's CPU time and peak RSS then,
-and the open jobs recovery put back. The two kinds alternate within a run;
+and the open jobs recovery put back. Before each start the disk is synced, so
+one run's writeback does not stall the next. The kinds alternate within a run;
 each figure is the median of --runs runs, and the ratios are the batch's
 median over the others', so the host's speed cancels out. `--tree` runs
 another checkout (`git archive REV | tar -x -C DIR`) with this interpreter;
@@ -206,6 +207,7 @@ def submit_singles(url: str, lines: int, concurrency: int) -> tuple[dict[str, fl
 
 
 def one_run(tree: Path, kind: str, lines: int, concurrency: int) -> dict[str, float]:
+    os.sync()  # the last run's writes reach the disk before this one is timed
     work = Path(tempfile.mkdtemp(prefix=f"gpulane-batch-bench-{kind}-"))
     db = work / "gpulane.db"
     config(work, lines)
@@ -223,6 +225,7 @@ def one_run(tree: Path, kind: str, lines: int, concurrency: int) -> dict[str, fl
             got["submit_cpu_s"] = cpu_s(server.proc.pid)
         finally:
             server.kill()
+        os.sync()
         server = Server(tree, work, db)
         try:
             got["health_s"] = server.wait_health(client)

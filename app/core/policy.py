@@ -106,9 +106,7 @@ def _pick(state: SchedulerState, skip: frozenset[str]) -> Pick | None:
     )
 
 
-def _dispatch_pick(
-    state: SchedulerState, now_ns: int
-) -> tuple[Pick, frozenset[str], str] | None:
+def _dispatch_pick(state: SchedulerState, now_ns: int) -> tuple[Pick, frozenset[str], str] | None:
     """The dispatch rule, for both schedulers: the best-scoring waiting request
     that can start now, the models its start evicts and the model it runs on (its
     own; for a choice, one of its peers'). Whether a request can
@@ -174,9 +172,7 @@ def _start(
     if choices is None:
         evicted = _can_start(state, model, held, awaited)
         return None if evicted is None else (evicted, model)
-    options = candidates(
-        choices, state.last_target.get(model), state.load_failures.keys(), blocked
-    )
+    options = candidates(choices, state.last_target.get(model), state.load_failures.keys(), blocked)
     for target in sorted(options, key=lambda m: m not in state.in_use):
         evicted = _can_start(state, target, held, awaited)
         if evicted is not None:
