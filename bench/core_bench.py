@@ -19,6 +19,25 @@ median can move 1.8x with the load.
 
 Memory is the tracemalloc difference across building the queue, divided by its length:
 everything the queue holds per request (ids, `Queued` structs, dict slots, heap entries).
+
+Then one dispatch with groups and slots (issue 23), at each size, the arms interleaved
+in every round and each arm's median divided by the single lane's in the same round
+(`--dispatch-only` prints only this):
+
+- `single lane, queue`: `pick` + `remove` on the queue of 3 models, as above;
+- `single lane, state`: `choose` on a `SchedulerState` with no router (3 models, one
+  resident, nothing running) + folding its `request_dispatched` (the queue's remove,
+  the request marked running);
+- `8 groups + slots`: the same on a state with a group router of 8 groups (`swap:
+  true, exclusive: false`: 8 GPUs) of 2 models each, `concurrencyLimit` 4; one model
+  of each group resident with 3 of its 4 slots taken; the queue spread over the 8
+  resident models;
+- `8 groups + slots, 4 draining`: as that, and the best 4 requests of all want the
+  other model of 4 groups, so those groups drain: every dispatch walks past 4 models
+  that cannot start (a second pick, `_dispatch_pick`).
+
+Untimed between ops: the dispatched request completes (its `request_completed`
+folded) and a new one is enqueued, so the queue and the slots stay as they were.
 """
 
 from __future__ import annotations
@@ -31,8 +50,12 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
+from app.core import events as ev
+from app.core.policy import choose
 from app.core.queue import Queued, ScoreQueue
+from app.core.residency import Group, GroupRouter
 from app.core.scoring import NS_PER_S, ScoringParams
+from app.core.state import SchedulerState, apply, fold_for
 
 MODELS = ("llama-8b", "qwen-32b", "flux-dev")
 PRIORITIES = (102, 101, 100, 2, 1, 0, 0, 0, -98, -99, -100, -100)
@@ -193,6 +216,128 @@ def bytes_per_request(n: int) -> float:
     return (after - before) / n
 
 
+GROUPS = 8
+SLOTS = 4
+ARMS = (
+    "single lane, queue",
+    "single lane, state",
+    "8 groups + slots",
+    "8 groups + slots, 4 draining",
+)
+_fold_enqueued = fold_for(ev.RequestEnqueued)
+_fold_dispatched = fold_for(ev.RequestDispatched)
+_fold_completed = fold_for(ev.RequestCompleted)
+
+
+class DispatchWorkload:
+    """A `SchedulerState` built by folding events, for one dispatch arm."""
+
+    def __init__(self, seed: int, arm: str) -> None:
+        self.rng = random.Random(seed)
+        self.order = 0
+        if arm == ARMS[1]:
+            self.state = SchedulerState(PARAMS)
+            self.models: tuple[str, ...] = MODELS
+            resident = [MODELS[0]]
+        else:
+            pairs = [(f"g{j}-a", f"g{j}-b") for j in range(GROUPS)]
+            router = GroupRouter(
+                groups=tuple(
+                    Group(name=f"gpu{j}", members=pair, exclusive=False)
+                    for j, pair in enumerate(pairs)
+                )
+            )
+            slots = {m: SLOTS for pair in pairs for m in pair}
+            self.state = SchedulerState(PARAMS, router=router, concurrency=slots)
+            self.models = resident = [a for a, _ in pairs]
+        t0 = 1_700_000_000 * NS_PER_S
+        for model in resident:
+            apply(self.state, ev.SwapFinished(at=t0, model=model, duration_ms=0.0))
+        if arm != ARMS[1]:
+            for model in resident:  # 3 of each resident model's 4 slots taken, for ever
+                for _ in range(SLOTS - 1):
+                    rid = self.enqueue(model, 0)
+                    apply(self.state, ev.RequestDispatched(at=t0, request_id=rid, model=model))
+        if arm == ARMS[3]:
+            for j in range(
+                4
+            ):  # the best requests of all, each for a model that must drain its group
+                self.enqueue(f"g{j}-b", 102)
+
+    def enqueue(self, model: str | None = None, priority: int | None = None) -> str:
+        n = self.order
+        self.order += 1
+        rid = f"{n:032x}"
+        _fold_enqueued(
+            self.state,
+            ev.RequestEnqueued(
+                at=1_700_000_000 * NS_PER_S + n * STEP_NS,
+                request_id=rid,
+                model=model or self.rng.choice(self.models),
+                model_requested=model or "",
+                endpoint="/v1/chat/completions",
+                priority=self.rng.choice(PRIORITIES) if priority is None else priority,
+                band="normal",
+            ),
+        )
+        return rid
+
+
+def bench_dispatch(n: int, ops: int, arm: str) -> list[int]:
+    """`ops` timed dispatches of one arm at `n` queued."""
+    if arm == ARMS[0]:
+        return bench_ops(n, ops, MODELS[0])["pick"]
+    w = DispatchWorkload(seed=n, arm=arm)
+    for _ in range(n):
+        w.enqueue()
+    state = w.state
+    now = 1_800_000_000 * NS_PER_S
+    done: list[ev.RequestDispatched] = []
+
+    def dispatch(_: object) -> None:
+        found = choose(state, now)
+        assert found is not None and (found.action == "run" or arm == ARMS[1])
+        _fold_dispatched(state, found.dispatched)
+        done.append(found.dispatched)
+
+    def restore() -> None:
+        while done:
+            dispatched = done.pop()
+            if dispatched.swap:  # the single lane: the load ends, its model resident
+                apply(state, ev.SwapFinished(at=now, model=dispatched.model, duration_ms=0.0))
+            rid = dispatched.request_id
+            _fold_completed(state, ev.RequestCompleted(at=now, request_id=rid, http_status=200))
+            w.enqueue()
+
+    samples = _time(ops, restore, dispatch)
+    restore()
+    return samples
+
+
+def dispatch_table(sizes: list[int], ops: int, rounds: int) -> None:
+    print(
+        f"one dispatch with groups and slots: median of {rounds} rounds' medians, µs "
+        "[range]; x: median of the rounds' ratios to `single lane, queue`"
+    )
+    medians: dict[tuple[int, str], list[float]] = {}
+    for r in range(rounds):
+        for n in sizes:
+            arms = ARMS if r % 2 == 0 else ARMS[::-1]  # alternate which arm goes first
+            for arm in arms:
+                s = sorted(bench_dispatch(n, ops, arm))
+                medians.setdefault((n, arm), []).append(statistics.median(s))
+                gc.collect()
+    for n in sizes:
+        base = medians[(n, ARMS[0])]
+        for arm in ARMS:
+            ms = medians[(n, arm)]
+            ratio = statistics.median(m / b for m, b in zip(ms, base, strict=True))
+            print(
+                f"{n:>9} {arm:<30} {_fmt_us(statistics.median(ms))} "
+                f"[{min(ms) / 1000:.2f}-{max(ms) / 1000:.2f}]  x{ratio:.2f}"
+            )
+
+
 def _fmt_us(ns: float) -> str:
     return f"{ns / 1000:8.2f}"
 
@@ -203,9 +348,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
     parser.add_argument("--memory-sizes", default="100000,1000000")
     parser.add_argument("--rounds", type=int, default=1, help="rounds per cell (median shown)")
+    parser.add_argument(
+        "--dispatch-only", action="store_true", help="only the groups and slots comparison"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     started = time.perf_counter()
+    if args.dispatch_only:
+        dispatch_table(sizes, args.ops, max(1, args.rounds))
+        print(f"total {time.perf_counter() - started:.1f}s")
+        return
 
     print(
         f"core queue: {len(MODELS)} models, resident {MODELS[0]}, "
@@ -244,6 +396,7 @@ def main() -> None:
     for n in [int(s) for s in args.memory_sizes.split(",") if s]:
         print(f"{n:>9} | {bytes_per_request(n):8.0f} bytes")
         gc.collect()
+    dispatch_table(sizes, args.ops, max(1, args.rounds))
     print(f"total {time.perf_counter() - started:.1f}s")
 
 

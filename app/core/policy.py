@@ -227,6 +227,30 @@ def _can_start(
 _NOTHING: frozenset[str] = frozenset()
 
 
+def cannot_start(state: SchedulerState, model: str) -> bool:
+    """Whether a request for `model` cannot start now whatever waits above it, as
+    `_can_start` would find whatever it holds back: its model is in use with
+    every slot taken, or it has running work without its process, or loading it
+    would evict a busy model (each needs something running or loading, so the
+    "nothing runs" shortcut never applies). False where unsure: peers, choices,
+    failed loads (their back-off ends with time alone).
+
+    For a caller that skips futile decisions (the replay's several-lane loop): the
+    dispatch rule only holds back more when more is held above a model, so after
+    a decision that found nothing to start, an arrival for such a model, which
+    moves only its own model up the order, leaves nothing to start, as long as no
+    other score moved (no caller became active under fair share, no short-job
+    estimate changed) and nothing else happened (no run or load ended, no
+    request left)."""
+    if state.peer_of or state.choices or state.load_failures:
+        return False
+    if model in state.in_use:
+        return not state.has_free_slot(model)
+    if state.running_on(model):
+        return True
+    return any(state.busy(m) for m in to_evict(state.router, model, state.occupied()))
+
+
 def _scores_event(
     state: SchedulerState, pick: Pick, now_ns: int, fair: FairKeys
 ) -> ev.ScoresComputed:

@@ -146,6 +146,14 @@ def _matrix_evictions(router: MatrixRouter, target: str, resident: Set[str]) -> 
     return frozenset(resident) - best[0].models
 
 
+def one_at_a_time(router: Router | None, models: Iterable[str]) -> bool:
+    """Whether the router lets at most one of `models` be resident at a time:
+    loading any of them evicts every other one, as with no router (one implicit
+    group). A run on such a router decides as the single lane does."""
+    every = frozenset(models)
+    return all(to_evict(router, model, every) == every - {model} for model in every)
+
+
 def can_coexist(router: Router | None, models: Iterable[str]) -> bool:
     """Whether `models`, loaded one after another in this order from nothing,
     all stay resident. (Order matters to groups only: an exclusive group's model

@@ -9,14 +9,13 @@ The queue is followed in place, lane by lane (`ScoreQueue.lanes_in_order`), so a
 window of the first rows costs O(k log k); `queue_view_steps` computes a view in
 slices, for a caller that does other work between them (app/web/live_queue_view.py).
 
-Estimated starts simulate the serial policy on the queue as it stands: each
-running job ends after its model's median run time (counted from its
-dispatch, plus a median load if its model is still loading), and the waiting
-requests go in the queue's own dispatch order: one for the model in use takes
-its first free slot (a model has `SchedulerState.slots`, one unless its
-`concurrencyLimit` says more), one for another model waits until every slot
-has drained, then pays a median load. Requests arriving later can overtake;
-the estimate is for the queue as it stands.
+Estimated starts are the one estimator's (app/core/start_estimate.py, shared with
+`Retry-After` and a batch's ETA): the dispatch rule simulated on the queue as it
+stands, each request taking its own learnt run time (else its model's), a model
+its slots, a load waiting for what it evicts to drain (lanes side by side).
+`times` is each model's run and load times: the live server's learnt ones
+(`Scheduler.durations`), or medians read from the log (`RunTimes`, for explain).
+Requests arriving later can overtake; the estimate is for the queue as it stands.
 """
 
 from __future__ import annotations
@@ -28,10 +27,13 @@ from typing import TypeVar, cast
 
 import msgspec
 
+from app.core import start_estimate
 from app.core.policy import ahead_of, next_resident
 from app.core.priority import band_of
 from app.core.queue import Affine, FairKeys, Queued
+from app.core.run_estimate import Durations
 from app.core.scoring import NS_PER_S, Breakdown
+from app.core.start_estimate import end_of, start_steps
 from app.core.state import SchedulerState
 from app.report.run_times import RunTimes
 from app.report.waits import WaitsFor, waits_for
@@ -42,6 +44,9 @@ SLICE = 128
 T = TypeVar("T")
 Steps = Generator[None, None, T]
 """A computation in slices: yields between them, returns its result."""
+
+Times = RunTimes | Durations
+"""Each model's run and load times (see the module's docstring)."""
 
 
 class WaitingEntry(msgspec.Struct, frozen=True):
@@ -76,6 +81,8 @@ class RunningEntry(msgspec.Struct, frozen=True):
     loading: bool
     """Its model is still being loaded."""
     caller: str | None = None
+    expected_end_at: float | None = None
+    """Unix seconds when it is expected to end (`start_estimate.end_of`)."""
 
 
 class QueueView(msgspec.Struct, frozen=True):
@@ -98,92 +105,24 @@ def estimate_starts(
     state: SchedulerState,
     running_since: Mapping[str, int],
     now_ns: int,
-    times: RunTimes,
+    times: Times,
     wanted: Collection[str] | None = None,
 ) -> dict[str, int]:
     """request id -> estimated start (unix ns) for every waiting request, or for
-    those dispatched up to the last of `wanted`: the queue is followed in dispatch
-    order (the resident model changing as it would), each request taking its
-    model's median run and a swap its median load."""
-    return _finish(_estimate_steps(state, running_since, now_ns, times, wanted))
+    those dispatched up to the last of `wanted` (`start_estimate.estimate_starts`)."""
+    return start_estimate.estimate_starts(state, running_since, now_ns, durations(times), wanted)
 
 
-def _estimate_steps(
-    state: SchedulerState,
-    running_since: Mapping[str, int],
-    now_ns: int,
-    times: RunTimes,
-    wanted: Collection[str] | None,
-) -> Steps[dict[str, int]]:
-    resident = next_resident(state)
-    ends: list[int] = []  # when each running request of the model in use ends
-    others = now_ns  # when the running work on any other model ends
-    for request_id, model in state.running.items():
-        expected = times.run(model) + (times.swap(model) if state.loading == model else 0.0)
-        elapsed = (now_ns - running_since.get(request_id, now_ns)) / NS_PER_S
-        end = now_ns + _ns(max(0.0, expected - elapsed))
-        if model == resident:
-            ends.append(end)
-        else:
-            others = max(others, end)
-    # When each slot of the model in use frees (a heap): its running requests'
-    # ends, the rest free now; more running than slots free as the last ones end.
-    width = 1 if resident is None else state.slots(resident)
-    ends.sort()
-    free = [max(end, others) for end in ends[-width:]]
-    free[:0] = [others] * (width - len(free))
-    lanes = state.queue.lanes_in_order()
-    bonus = state.queue.params.affinity_key()
-    fair = state.fair_keys()  # as of now: charging later runs is beyond an estimate
-    # The queue's own pick (ScoreQueue.best), following each lane lazily: the
-    # affinity bonus is the same for every lane of one model, so per model a heap
-    # of its lanes' next entries (each less its caller's fair-share term) orders
-    # them, and each step compares one top per model, not one per lane.
-    tops: dict[str, list[tuple[int, int, int, str]]] = {}
-    for i, (model, caller, entries) in enumerate(lanes):
-        head = next(entries, None)
-        if head is not None:
-            tops.setdefault(model, []).append((head[0] - fair.get(caller, 0), head[1], i, head[2]))
-    for model_tops in tops.values():
-        heapq.heapify(model_tops)
-    left = None if wanted is None else {rid for rid in wanted if rid in state.queue}
-    starts: dict[str, int] = {}
-    while left is None or left:
-        best: tuple[int, int, str] | None = None
-        for model, model_tops in tops.items():
-            if model_tops:
-                key = model_tops[0][0] - (bonus if model == resident else 0)
-                if best is None or (key, model_tops[0][1]) < best[:2]:
-                    best = (key, model_tops[0][1], model)
-        if best is None:
-            break
-        model = best[2]
-        _, _, i, request_id = tops[model][0]
-        _, caller, entries = lanes[i]
-        head = next(entries, None)
-        if head is None:
-            heapq.heappop(tops[model])
-        else:
-            heapq.heapreplace(tops[model], (head[0] - fair.get(caller, 0), head[1], i, head[2]))
-        if model != resident:
-            # the model in use drains, then this one loads, all its slots free
-            free = [max(free) + _ns(times.swap(model))] * state.slots(model)
-            resident = model
-        t = heapq.heappop(free)
-        starts[request_id] = t
-        heapq.heappush(free, t + _ns(times.run(model)))
-        if left is not None:
-            left.discard(request_id)
-        if len(starts) % SLICE == 0:
-            yield
-    return starts
+def durations(times: Times) -> Durations:
+    """`times` in the estimator's terms."""
+    return times if isinstance(times, Durations) else times.durations()
 
 
 def position_of(
     state: SchedulerState,
     running_since: Mapping[str, int],
     now_ns: int,
-    times: RunTimes,
+    times: Times,
     request_id: str,
 ) -> tuple[int, int, int] | None:
     """(position from 1, queue depth, estimated start ns) of a waiting request, else None."""
@@ -198,7 +137,7 @@ def queue_view(
     state: SchedulerState,
     running_since: Mapping[str, int],
     now_ns: int,
-    times: RunTimes,
+    times: Times,
     *,
     first: int = 0,
     count: int | None = None,
@@ -219,7 +158,7 @@ def queue_view_steps(
     state: SchedulerState,
     running_since: Mapping[str, int],
     now_ns: int,
-    times: RunTimes,
+    times: Times,
     *,
     first: int = 0,
     count: int | None = None,
@@ -263,7 +202,8 @@ def queue_view_steps(
                 yield
         listed = range(first, len(ranked))
         wanted = None
-    starts = yield from _estimate_steps(state, running_since, now_ns, times, wanted)
+    expected = durations(times)
+    starts = yield from start_steps(state, running_since, now_ns, expected, wanted)
     by_model = state.queue.waiting_by_model()
     blocked: dict[str, WaitsFor] = {}  # depends on the model alone
     waiting = []
@@ -308,6 +248,8 @@ def queue_view_steps(
                 for_s=None if since is None else (now_ns - since) / NS_PER_S,
                 loading=state.loading == model,
                 caller=request.caller,
+                expected_end_at=end_of(state, request_id, running_since, now_ns, expected)
+                / NS_PER_S,
             )
         )
     return QueueView(
@@ -361,7 +303,3 @@ def _in_dispatch_order(state: SchedulerState, resident: Affine, fair: FairKeys) 
         item = get(request_id)
         assert item is not None  # the walk yields live entries only
         yield item
-
-
-def _ns(seconds: float) -> int:
-    return int(seconds * NS_PER_S)

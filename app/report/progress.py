@@ -3,9 +3,10 @@
 Pure, like the live queue it builds on: the caller passes the state, the
 dispatch times of what is running, `now`, the measured run times and which of
 the run's jobs are open (its ended lines are counted by the caller, from the
-log). The estimate is the live queue's own (`estimate_starts`): the queue as it
-stands, in its dispatch order, each request taking its model's median run time
-learnt from the log and each change of model a median load. The run ends when
+log). The estimate is the live queue's own, the one estimator of
+app/core/start_estimate.py (`Retry-After`'s too): the queue as it stands, in its
+dispatch order, each request taking its learnt run time (else its model's) on a
+slot of its model, and each load waiting for what it evicts to drain. The run ends when
 its last open job is expected to end, plus, for lines not queued yet (a batch
 still queueing, the shots of a chain still to be submitted), one median run
 each after that. Work that arrives later and overtakes it is not foreseen: the
@@ -22,11 +23,10 @@ from collections.abc import Collection, Mapping
 
 import msgspec
 
-from app.core.policy import next_resident
 from app.core.scoring import NS_PER_S
+from app.core.start_estimate import end_of, evicted_by
 from app.core.state import SchedulerState
-from app.report.live_queue import estimate_starts
-from app.report.run_times import RunTimes
+from app.report.live_queue import Times, durations, estimate_starts
 
 
 class Basis(msgspec.Struct, frozen=True):
@@ -63,7 +63,7 @@ def progress(
     state: SchedulerState,
     running_since: Mapping[str, int],
     now_ns: int,
-    times: RunTimes,
+    times: Times,
     open_ids: Collection[str],
     *,
     done: int,
@@ -80,32 +80,31 @@ def progress(
     if not pending:
         return Progress(total, done, failed, 0, 0)
     models: set[str] = set(unqueued_models)
+    expected = durations(times)
     finish = now_ns
     for rid in running:
-        model = state.running.get(rid) or state.requests[rid].model
-        models.add(model)
-        expected = times.run(model) + (times.swap(model) if state.loading == model else 0.0)
-        elapsed = (now_ns - running_since.get(rid, now_ns)) / NS_PER_S
-        finish = max(finish, now_ns + _ns(max(0.0, expected - elapsed)))
+        models.add(state.running.get(rid) or state.requests[rid].model)
+        finish = max(finish, end_of(state, rid, running_since, now_ns, expected))
     ahead = 0
     swaps = 0
     if waiting:
-        starts = estimate_starts(state, running_since, now_ns, times, waiting)
+        starts = estimate_starts(state, running_since, now_ns, expected, waiting)
         mine = set(waiting)
-        resident = next_resident(state)
+        in_use = set(state.in_use)
         requests = state.requests
         for rid, start in starts.items():  # in dispatch order
             model = requests[rid].model
-            if model != resident:
+            if model not in in_use:
                 swaps += 1
-                resident = model
+                in_use -= evicted_by(state, model, in_use)
+                in_use.add(model)
             if rid in mine:
                 models.add(model)
-                finish = max(finish, start + _ns(times.run(model)))
+                finish = max(finish, start + expected.of(model, requests[rid].expected_run_ns))
             else:
                 ahead += 1
     for model in unqueued_models:
-        finish += _ns(times.run(model))
+        finish += expected.run(model)
     return Progress(
         total=total,
         done=done,
@@ -117,12 +116,8 @@ def progress(
         basis=Basis(
             ahead=ahead,
             swaps=swaps,
-            run_s={m: times.run(m) for m in sorted(models)},
-            swap_s={m: times.swap(m) for m in sorted(models)},
+            run_s={m: expected.run(m) / NS_PER_S for m in sorted(models)},
+            swap_s={m: expected.load(m) / NS_PER_S for m in sorted(models)},
             unqueued=len(unqueued_models),
         ),
     )
-
-
-def _ns(seconds: float) -> int:
-    return int(seconds * NS_PER_S)

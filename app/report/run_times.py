@@ -16,6 +16,8 @@ from collections.abc import Iterable
 import msgspec
 from sqlalchemy import Engine
 
+from app.core.run_estimate import Durations
+from app.core.scoring import NS_PER_S
 from app.store.samples import recent_samples
 
 RECENT_REQUESTS = 2000
@@ -37,6 +39,19 @@ class RunTimes(msgspec.Struct, frozen=True):
 
     def swap(self, model: str) -> float:
         return self.swap_s.get(model, self.default_swap_s)
+
+    def durations(self) -> Durations:
+        """The same medians in the estimator's terms (app/core/start_estimate.py)."""
+        return Durations(
+            {m: _ns(s) for m, s in self.run_s.items()},
+            {m: _ns(s) for m, s in self.swap_s.items()},
+            _ns(self.default_run_s),
+            _ns(self.default_swap_s),
+        )
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * NS_PER_S)
 
 
 def medians(samples: Iterable[tuple[str, float]]) -> tuple[dict[str, float], float]:

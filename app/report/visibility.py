@@ -23,6 +23,7 @@ from app.report.story import (
     RunningAtArrival,
     SwapWaited,
 )
+from app.report.waits import WaitsFor
 
 ANOTHER_CALLER = "another caller's request"
 """What stands for another caller's request id where its data is shown as it is
@@ -86,23 +87,22 @@ def queue_seen_by(view: QueueView, viewer: str | None) -> QueueView:
         return view
 
     def waiting(w: WaitingEntry) -> WaitingEntry:
-        blocked = w.waits_for
-        if (
-            blocked is None
-            or blocked.for_request is None
-            or not _theirs(viewer, blocked.for_caller)
-        ):
-            return w
-        hidden = msgspec.structs.replace(
-            blocked, for_request=None, for_caller=None, another_caller=True
-        )
-        return msgspec.structs.replace(w, waits_for=hidden)
+        seen = waits_for_seen_by(w.waits_for, viewer)
+        return w if seen is w.waits_for else msgspec.structs.replace(w, waits_for=seen)
 
     return msgspec.structs.replace(
         view,
         running=[r for r in view.running if r.caller == viewer],
         waiting=[waiting(w) for w in view.waiting if w.caller == viewer],
     )
+
+
+def waits_for_seen_by(blocked: WaitsFor | None, viewer: str | None) -> WaitsFor | None:
+    """What a request waits for, as `viewer` may see it: a drain for another
+    caller's request names no request and no caller."""
+    if blocked is None or blocked.for_request is None or not _theirs(viewer, blocked.for_caller):
+        return blocked
+    return msgspec.structs.replace(blocked, for_request=None, for_caller=None, another_caller=True)
 
 
 def swaps_seen_by(rows: Iterable[Mapping[str, Any]], viewer: str | None) -> list[dict[str, Any]]:

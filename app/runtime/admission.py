@@ -2,24 +2,25 @@
 
 `maxQueued` bounds the waiting requests of everyone, `maxQueuedPerCaller` (or a
 key's own `maxQueued`) those of one caller. A request over a bound is refused
-with 429 and a `Retry-After` of its estimated wait (`estimated_wait_s`): what is
-left of the running work, plus the expected runs of the waiting requests that
-would go before it in the queue's own order (aging and affinity included), plus
-the loads of the models they need, from recorded run and load times, rounded up.
-It is a hint for a client's back-off, not a promise. It costs O(n), so
-`WaitEstimates` keeps each answer for a second: a client hammering a full queue
-of 100,000 costs one pass a second, not one per refusal.
+with 429 and a `Retry-After` of its estimated wait (`estimated_wait_s`): when it
+would start if it were queued now and nothing else came, by the one estimator of
+the live queue (app/core/start_estimate.py: running work divided among each
+model's slots, lanes side by side, each model's learnt run and load times),
+rounded up. It is a hint for a client's back-off, not a promise. It costs O(n),
+so `WaitEstimates` keeps each answer for a second: a client hammering a full
+queue of 100,000 costs one pass a second, not one per refusal.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from app.config import Config
-from app.core.policy import next_resident
 from app.core.queue import Queued
+from app.core.run_estimate import Durations
 from app.core.scoring import NS_PER_S
+from app.core.start_estimate import start_of
 from app.core.state import FIFO, SchedulerState
 
 
@@ -46,14 +47,14 @@ class Refused(Exception):
 
 class WaitEstimates:
     """`estimated_wait_s`, remembered per (priority, model, caller) for `TTL_NS`.
-    `loads`: each model's last load time in ns (the scheduler's, kept current)."""
+    `durations`: each model's run and load times as learnt now (the scheduler's)."""
 
     TTL_NS = NS_PER_S
 
-    def __init__(self, loads: Mapping[str, int] | None = None) -> None:
+    def __init__(self, durations: Callable[[], Durations] = Durations) -> None:
         self._known: dict[tuple[int, str, str | None], tuple[int, int]] = {}
         """(priority, model, caller) -> (computed at, seconds)."""
-        self._loads = loads if loads is not None else {}
+        self._durations = durations
 
     def get(
         self,
@@ -70,7 +71,7 @@ class WaitEstimates:
             return known[1]
         if len(self._known) > 1000:
             self._known.clear()  # keys are few; a client trying many is not kept
-        wait = estimated_wait_s(state, arriving, running_since, now_ns, self._loads)
+        wait = estimated_wait_s(state, arriving, running_since, now_ns, self._durations())
         self._known[key] = (now_ns, wait)
         return wait
 
@@ -146,9 +147,11 @@ def check_bounds(
             "queue_full",
             waits.get(state, arriving, running_since, now_ns),
         )
+    if batch_line:
+        return
     caller = arriving.caller
     limit = config.caller_queue_limit(caller)
-    if limit is None or batch_line:
+    if limit is None:
         return
     mine = state.open_by_caller.get(caller, 0) - sum(
         1 for rid in state.running if state.requests[rid].caller == caller
@@ -180,40 +183,11 @@ def estimated_wait_s(
     arriving: Queued,
     running_since: Mapping[str, int],
     now_ns: int,
-    loads: Mapping[str, int] | None = None,
+    times: Durations | None = None,
 ) -> int:
-    """Whole seconds, rounded up (at least 1), before `arriving` would start if
-    nothing else came: O(n) over the waiting requests, paid only when refusing.
-
-    - What is left of each running request: its expected run (and, if it was
-      dispatched into a load still going on, the rest of that load) minus the
-      time since its dispatch; one already past that is given half its expected
-      run more, not nothing.
-    - The expected run of every waiting request that goes before `arriving` in
-      the queue's own order (priority, aging, swap affinity, the bounded terms;
-      ties by arrival, so every equal score goes first).
-    - A load (`loads`: the last one of that model) for each model among those
-      requests, and `arriving`'s own, that is not the one loaded next.
-
-    A request without recorded history counts as the median of those (waiting
-    or running) with one, else as `arriving`'s own expected run. Slots running side by side are not
-    divided out: an estimate that errs long, never short."""
-    loads = loads or {}
-    resident = next_resident(state)
-    ahead = state.queue.ahead(arriving, resident, state.fair_keys())
-    running = [state.requests[rid] for rid in state.running]
-    known = [q.expected_run_ns for q in state.queue if q.expected_run_ns is not None]
-    known += [r.expected_run_ns for r in running if r.expected_run_ns is not None]
-    typical = sorted(known)[(len(known) - 1) // 2] if known else arriving.expected_run_ns or 0
-    total = 0
-    for request in running:
-        expected = request.expected_run_ns if request.expected_run_ns is not None else typical
-        load = loads.get(request.model, 0) if request.model == state.loading else 0
-        since = running_since.get(request.request_id, now_ns)
-        left = since + load + expected - now_ns
-        total += left if left > 0 else expected // 2
-    for q in ahead:
-        total += q.expected_run_ns if q.expected_run_ns is not None else typical
-    models = {q.model for q in ahead} | {arriving.model}
-    total += sum(loads.get(m, 0) for m in models if m != resident)
-    return max(1, math.ceil(total / NS_PER_S))
+    """Whole seconds, rounded up (at least 1), before `arriving` (not queued yet:
+    `newcomer`) would start if nothing else came: the live queue's own estimate
+    (`start_estimate.start_of`) with `arriving` placed in the queue's order,
+    after every equal score. O(n) over the waiting requests, paid only when refusing."""
+    start = start_of(state, arriving, running_since, now_ns, times or Durations())
+    return max(1, math.ceil((start - now_ns) / NS_PER_S))

@@ -37,7 +37,7 @@ from app.core import events as ev
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
 from app.core.residency import describe, plan_preload, to_evict
-from app.core.run_estimate import RunEstimates
+from app.core.run_estimate import Durations, RunEstimates
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
 from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds, newcomer
@@ -264,9 +264,7 @@ class Scheduler:
         self._served_by: dict[str, asyncio.Task[Any]] = {}
         self._deadlines: dict[str, Cancellable] = {}
         """maxRunTime timers of running requests."""
-        self.load_ns: dict[str, int] = {}
-        """Each model's last load time (ns), for the estimated waits."""
-        self._waits = WaitEstimates(self.load_ns)
+        self._waits = WaitEstimates(self.durations)
         """Retry-After of refusals and deadlines, recomputed at most once a second."""
         self.batch_lines = BatchLines()
         """Open Batch API lines: outside the per-caller bound (docs/jobs.md)."""
@@ -300,6 +298,12 @@ class Scheduler:
 
     def is_resident(self, model: str) -> bool:
         return model in self.state.residents
+
+    def durations(self) -> Durations:
+        """Each model's run and load times as learnt so far (`run_estimates`): what
+        every estimate of this server counts (the live queue, a batch's ETA,
+        Retry-After; app/core/start_estimate.py)."""
+        return self.run_estimates.durations()
 
     def live(self) -> LiveState:
         return LiveState(state=self.state, running_since=self.running_since, now_ns=self.clock())
@@ -941,7 +945,7 @@ class Scheduler:
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
             self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
-            self.load_ns[model] = int(seconds * 1e9)
+            self.run_estimates.observe_load(model, int(seconds * 1e9))
             for rid in waiting:
                 self._release(rid, model)
             self._arm_ttl(model)

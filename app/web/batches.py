@@ -42,7 +42,6 @@ from sqlalchemy import RowMapping
 
 from app.core.priority import ALIASES, HEADER, grant, read_priority, tier_offset
 from app.report.progress import Progress, progress
-from app.report.run_times import CachedRunTimes
 from app.runtime.admission import Refused
 from app.runtime.scheduler import Admission, new_request_id
 from app.store.batches import (
@@ -116,9 +115,6 @@ class BatchRunner:
         self.config = jobs.config
         self.scheduler = jobs.scheduler
         self.engine = jobs.engine
-        self.run_times = CachedRunTimes(self.engine, max_age_s=2.0)
-        """Medians for the batches' estimated finish: a batch's own first lines
-        teach it its run times, so they are refreshed more often than the queue's."""
         self._progress: dict[str, tuple[float, Progress | None]] = {}
         """Batch id -> (when, its progress), for `progress`."""
         self._queueing: set[str] = set()
@@ -213,9 +209,17 @@ class BatchRunner:
         short = self.jobs._disk_too_full(sum(len(body) for _, body in bodies))
         if short is not None:
             raise BatchError(507, short, "insufficient_storage")
-        await asyncio.to_thread(create_batch, self.engine, batch, rows, bodies)
+        # Ours to queue from the moment it is on disk: the watcher, waking in
+        # between, would queue it too, reading each line's body back (it found
+        # a 10,000-line batch still validating after POST /v1/batches).
+        self._queueing.add(batch["id"])
+        try:
+            await asyncio.to_thread(create_batch, self.engine, batch, rows, bodies)
+        except BaseException:
+            self._queueing.discard(batch["id"])
+            raise
         known = {row["request_id"]: (row["model"], body) for row, body in zip_bodies(rows, bodies)}
-        await self._queue(batch["id"], known)
+        await self._queue(batch["id"], known, reserved=True)
         return await self.view(batch["id"]) or {}
 
     def _body(self, model: str, doc: dict[str, Any]) -> bytes:
@@ -223,12 +227,17 @@ class BatchRunner:
         return json.dumps(changed if changed is not None else doc).encode()
 
     async def _queue(
-        self, batch_id: str, known: dict[str, tuple[str, bytes]] | None = None
+        self,
+        batch_id: str,
+        known: dict[str, tuple[str, bytes]] | None = None,
+        *,
+        reserved: bool = False,
     ) -> None:
         """Queue the lines of a validating batch that have no job yet, then mark
-        it in_progress once every enqueue is on disk. Run at creation, and by
-        the watcher for a batch a crash left validating."""
-        if batch_id in self._queueing:
+        it in_progress once every enqueue is on disk. Run at creation (the
+        batch `reserved` in `_queueing` before it was stored), and by the
+        watcher for a batch a crash left validating."""
+        if batch_id in self._queueing and not reserved:
             return
         self._queueing.add(batch_id)
         try:
@@ -530,7 +539,7 @@ class BatchRunner:
         if batch is None or batch["status"] == "failed" and not batch["total"]:
             return None
         states = await asyncio.to_thread(line_states, self.engine, batch_id)
-        times = await asyncio.to_thread(self.run_times.get)
+        times = self.scheduler.durations()  # learnt as each line ends: the queue's own
         live = self.scheduler.live()
         done = failed = 0
         open_ids: list[str] = []

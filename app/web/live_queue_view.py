@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 
 from app.core.state import SchedulerState
-from app.report.live_queue import QueueView, Steps, queue_view_steps
-from app.report.run_times import RunTimes
+from app.report.live_queue import QueueView, Steps, Times, queue_view_steps
 from app.runtime.scheduler import LiveState, Scheduler
 
 AT_ONCE = 4
@@ -30,13 +29,16 @@ its last row has started), about a millisecond."""
 
 async def live_queue_view(
     scheduler: Scheduler,
-    times: RunTimes,
+    times: Times | None = None,
     *,
     first: int = 0,
     count: int | None = None,
     caller: str | None = None,
 ) -> QueueView:
-    """`live_queue.queue_view` of the scheduler's state as of now (same arguments)."""
+    """`live_queue.queue_view` of the scheduler's state as of now (same arguments;
+    `times` by default the scheduler's own, those of `Retry-After`)."""
+    if times is None:
+        times = scheduler.durations()
 
     def steps(live: LiveState, state: SchedulerState) -> Steps[QueueView]:
         return queue_view_steps(

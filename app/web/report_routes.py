@@ -45,8 +45,7 @@ def report_routes(
 
     @get("/api/queue")
     async def live_queue(request: Request[Any, Any, Any]) -> Response[Any]:
-        times = await asyncio.to_thread(run_times.get)
-        view = await live_queue_view(scheduler, times)  # in slices: the loop moves on
+        view = await live_queue_view(scheduler)  # in slices: the loop moves on
         caller = only_caller(identity(request.scope))
         doc = msgspec.to_builtins(queue_seen_by(view, caller))
         doc["runs"] = [] if runs is None else await runs.runs(caller)
@@ -69,7 +68,8 @@ def report_routes(
         story = story_seen_by(story, only_caller(who))
         # The log may trail the run loop by a group commit: position from the live state.
         live = scheduler.live()
-        found = position_of(live.state, live.running_since, live.now_ns, times, request_id)
+        durations = scheduler.durations()  # Retry-After's and the live queue's
+        found = position_of(live.state, live.running_since, live.now_ns, durations, request_id)
         if found is not None:
             story = msgspec.structs.replace(story, waiting=live_position(found, live.now_ns))
         run = None if runs is None else await runs.run_of(request_id)

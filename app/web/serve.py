@@ -33,7 +33,7 @@ from app.store.event_store import SqliteEventStore
 from app.store.lease import Lease, acquire, this_process
 from app.store.lease import fence as lease_fence
 from app.store.queries import activity
-from app.store.samples import recent_runs
+from app.store.samples import recent_runs, recent_samples
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
 from app.web.batches import BatchRunner, batch_routes
@@ -49,6 +49,8 @@ log = logging.getLogger("gpulane")
 
 RECENT_RUNS = 5000
 """Completed requests read at start to seed the expected run times."""
+RECENT_LOADS = 500
+"""Successful loads read at start to seed each model's load time (the estimates)."""
 
 FENCED_EXIT = 3
 """Exit status of a server whose lease another gpulane took over (app/runtime/leadership.py)."""
@@ -135,6 +137,9 @@ async def _serve(
     # What the short-job term and Retry-After expect, learnt from the log so far.
     for model, endpoint, run_ms in recent_runs(engine, RECENT_RUNS):
         scheduler.run_estimates.observe(model, endpoint, int(run_ms * 1e6))
+    _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
+    for model, load_ms in reversed(loads):
+        scheduler.run_estimates.observe_load(model, int(load_ms * 1e6))
     forwarder = Forwarder(config, scheduler)
     scheduler.before_stop = forwarder.release
     proxy = Proxy(config, scheduler, forwarder)

@@ -211,3 +211,60 @@ def test_with_api_keys_the_console_asks_for_a_key_and_rejects_a_wrong_one(
     assert shell.status_code == 200
     assert "script-src 'self'" in shell.headers["content-security-policy"]
     assert shell.headers["x-content-type-options"] == "nosniff"
+
+
+PARALLEL = (
+    "models:"
+    + (fake_model("A") + "  concurrencyLimit: 2\n" + fake_model("C")).replace("\n", "\n  ")
+    + """
+routing:
+  router:
+    use: group
+    settings:
+      groups:
+        gpu0: {swap: true, exclusive: false, members: [A]}
+        gpu1: {swap: true, exclusive: false, members: [C]}
+"""
+)
+
+
+def test_parallel_work_has_a_row_per_model_and_the_queue_says_what_each_waits_for(
+    gateway: Start, page: Page, send
+) -> None:
+    """Two lanes and a two-slot model: three requests run at once, on two rows of
+    the timeline (A's two overlapping ones stacked in its row), and the one left
+    waiting says it waits for a free slot of A."""
+    gw = gateway(PARALLEL)
+    held = [send(gw, "A", "a1", hang=True), send(gw, "A", "a2", hang=True)]
+    held.append(send(gw, "C", "c1", hang=True))
+    page.goto(gw.url + "/ui/")
+    expect(page.locator("#running tbody tr")).to_have_count(3)
+    send(gw, "A", "w1", delay=0)
+    expect(waiting_callers(page)).to_have_text(["w1"])
+    expect(page.locator("#waiting-table thead")).to_contain_text("waits for")
+    expect(page.locator("#waiting-table tbody tr td.waits-for")).to_have_text(["a free slot of A"])
+    expect(page.locator("#waiting-table tbody tr td.reason")).to_have_text(
+        ["next: waits for the running job"]  # A is in use beside C: no swap
+    )
+
+    page.goto(gw.url + "/ui/timeline")
+    a_row = page.locator('g.row[data-model="A"]')
+    c_row = page.locator('g.row[data-model="C"]')
+    expect(a_row.locator("rect.bar.req")).to_have_count(2)
+    expect(c_row.locator("rect.bar.req")).to_have_count(1)
+    expect(a_row.locator("text.row-label")).to_have_text("A")
+    boxes = [a_row.locator("rect.bar.req").nth(i).bounding_box() for i in range(2)]
+    c_box = c_row.locator("rect.bar.req").bounding_box()
+    assert boxes[0] and boxes[1] and c_box
+    # Stacked within A's row: overlapping in time, on distinct tracks.
+    assert boxes[0]["y"] != boxes[1]["y"]
+    assert boxes[0]["x"] < boxes[1]["x"] + boxes[1]["width"]
+    assert boxes[1]["x"] < boxes[0]["x"] + boxes[0]["width"]
+    assert c_box["y"] > max(b["y"] for b in boxes)  # C's own row, below A's
+    expect(page.locator("#summary")).to_contain_text("2 models")
+
+    with httpx.Client(base_url=gw.url) as client:
+        for caller in ("a1", "a2", "c1"):
+            client.delete(f"/api/requests/{request_id(gw, caller)}").raise_for_status()
+    for future in held:
+        assert future.result().status_code == 409

@@ -1,12 +1,15 @@
-"""The wait a refused caller is told (app/runtime/admission.py): what is left of
-the running work and the expected runs and loads of what would go before it, in
-the queue's own order; and recomputed at most once a second, so a client
-hammering a full queue does not cost an O(n) pass per refusal."""
+"""The wait a refused caller is told (app/runtime/admission.py): the live queue's
+own estimate (app/core/start_estimate.py) of when it would start: what is left of
+the running work, divided among the slots, and the expected runs and loads of
+what would go before it, in the queue's own order, lanes side by side; and
+recomputed at most once a second, so a client hammering a full queue does not
+cost an O(n) pass per refusal."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from app.core.run_estimate import Durations, RunEstimates
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.runtime.admission import BatchLines, WaitEstimates, estimated_wait_s, newcomer
 from tests.unit.core_driver import CoreDriver
@@ -21,10 +24,12 @@ def wait(
     *,
     running_since: Mapping[str, int] | None = None,
     loads: Mapping[str, int] | None = None,
+    runs: Mapping[str, int] | None = None,
 ) -> int:
     """The estimate for a request arriving now."""
     arriving = newcomer(driver.state, model, priority, driver.now)
-    return estimated_wait_s(driver.state, arriving, running_since or {}, driver.now, loads)
+    times = Durations(dict(runs or {}), dict(loads or {}))
+    return estimated_wait_s(driver.state, arriving, running_since or {}, driver.now, times)
 
 
 def test_the_estimate_counts_the_work_that_would_go_before() -> None:
@@ -34,11 +39,12 @@ def test_the_estimate_counts_the_work_that_would_go_before() -> None:
     running_since = {"running": driver.now}
     driver.enqueue("batch", "m", -100, expected_run_ns=10 * MIN)
     driver.enqueue("normal", "m", 0, expected_run_ns=3 * MIN)
-    driver.enqueue("unknown", "m", 0)  # no history: the median of those known (3 min)
+    driver.enqueue("unknown", "m", 0)  # no history of its own: its model's (3 min)
     driver.advance(MIN)  # the running one has 1 min left
-    assert wait(driver, 0, running_since=running_since) == (1 + 3 + 3) * 60
-    assert wait(driver, -100, running_since=running_since) == (1 + 3 + 3 + 10) * 60
-    assert wait(driver, 100, running_since=running_since) == 60
+    runs = {"m": 3 * MIN}
+    assert wait(driver, 0, running_since=running_since, runs=runs) == (1 + 3 + 3) * 60
+    assert wait(driver, -100, running_since=running_since, runs=runs) == (1 + 3 + 3 + 10) * 60
+    assert wait(driver, 100, running_since=running_since, runs=runs) == 60
 
 
 def test_requests_lifted_by_aging_count_as_ahead() -> None:
@@ -76,12 +82,35 @@ def test_loads_of_other_models_count() -> None:
     assert wait(driver, 0, "B", running_since=running_since, loads=loads) == 20 + 60
 
 
-def test_with_no_history_the_newcomers_own_expectation_stands_in() -> None:
+def test_with_no_history_of_their_own_requests_take_their_models_run_time() -> None:
     driver = CoreDriver(ScoringParams(0, 0), resident="m")
     for rid in ("a", "b", "c"):
         driver.enqueue(rid, "m", 0)  # enqueued before any run had finished
     arriving = newcomer(driver.state, "m", 0, driver.now, expected_run_ns=2 * NS_PER_S)
-    assert estimated_wait_s(driver.state, arriving, {}, driver.now) == 3 * 2
+    times = Durations({"m": 2 * NS_PER_S})
+    assert estimated_wait_s(driver.state, arriving, {}, driver.now, times) == 3 * 2
+
+
+def test_running_work_is_divided_among_the_slots() -> None:
+    # Three slots, all busy (ending in 1, 2 and 3 min), four more waiting of 1 min:
+    # they take the slots as they free; a newcomer takes the fifth free slot.
+    driver = CoreDriver(ScoringParams(0, 0), resident="m", concurrency={"m": 3})
+    for i in range(3):
+        driver.enqueue(f"run{i}", "m", 0, expected_run_ns=(i + 1) * MIN)
+        driver.step()
+    assert len(driver.state.running) == 3
+    running_since = dict.fromkeys(driver.state.running, driver.now)
+    for i in range(4):
+        driver.enqueue(f"w{i}", "m", 0, expected_run_ns=MIN)
+    # Slots free at 1, 2, 3; w0 at 1 (frees 2), w1 at 2 (3), w2 at 2 (3), w3 at 3.
+    assert wait(driver, 0, running_since=running_since) == 3 * 60
+    # One slot, the same work: 6 min of running work, then four 1 min runs.
+    one = CoreDriver(ScoringParams(0, 0), resident="m")
+    one.enqueue("run", "m", 0, expected_run_ns=6 * MIN)
+    one.step()
+    for i in range(4):
+        one.enqueue(f"w{i}", "m", 0, expected_run_ns=MIN)
+    assert wait(one, 0, running_since={"run": one.now}) == 10 * 60
 
 
 def test_estimates_are_kept_for_a_second_per_priority_and_model() -> None:
@@ -122,3 +151,25 @@ def test_a_callers_waiting_batch_lines_are_counted_apart_and_ended_ones_dropped(
     assert lines.waiting("alice", driver.state) == 1
     driver.cancel("l3")
     assert lines.waiting("alice", driver.state) == 0
+
+
+def test_the_learnt_times_are_each_models_median_run_and_load() -> None:
+    learnt = RunEstimates()
+    assert learnt.durations() == Durations()
+    for endpoint, seconds in (("/v1/chat/completions", 4), ("/v1/embeddings", 1), ("", 9)):
+        learnt.observe("m", endpoint, seconds * NS_PER_S)
+    learnt.observe("n", "", 20 * NS_PER_S)
+    for seconds in (30, 10, 20):
+        learnt.observe_load("m", seconds * NS_PER_S)
+    times = learnt.durations()
+    assert times.run("m") == 4 * NS_PER_S  # the median over its endpoints
+    assert times.load("m") == 20 * NS_PER_S
+    assert times.run("never") == 4 * NS_PER_S  # the lower median of the models' medians
+    assert times.load("n") == 20 * NS_PER_S
+    # A request's own learnt run (per endpoint, recorded at enqueue) comes first.
+    assert times.of("m", 1 * NS_PER_S) == NS_PER_S and times.of("m", None) == 4 * NS_PER_S
+    waits = WaitEstimates(learnt.durations)
+    driver = CoreDriver(ScoringParams(0, 0), resident="n")
+    driver.enqueue("a", "m", 0)
+    arriving = newcomer(driver.state, "m", 0, driver.now)
+    assert waits.get(driver.state, arriving, {}, driver.now) == 20 + 4  # load, then a's run

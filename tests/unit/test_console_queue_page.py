@@ -4,9 +4,11 @@ request waits, and the figures the chart draws."""
 
 from __future__ import annotations
 
+import msgspec
+
 from app.core.scoring import Breakdown
 from app.report.live_queue import QueueView, RunningEntry, WaitingEntry
-from app.report.run_times import RunTimes
+from app.report.waits import WaitsFor
 from app.web.console.queue_page import queue_page, reason, score_terms
 from app.web.console.wait_percentiles import wait_percentiles
 
@@ -93,7 +95,7 @@ def test_a_row_names_the_term_that_put_the_request_ahead_of_it() -> None:
 
 def test_every_score_term_is_a_column_and_a_user_sees_only_its_rows() -> None:
     rows = [waiting(1, "a", 100, caller="alice"), waiting(2, "b", 0, caller="bob")]
-    page = queue_page(view(rows), RunTimes(), 0, 100, caller="bob")
+    page = queue_page(view(rows), 0, 100, caller="bob")
     assert score_terms(view(rows)) == [
         "priority",
         "affinity",
@@ -106,6 +108,36 @@ def test_every_score_term_is_a_column_and_a_user_sees_only_its_rows() -> None:
     assert page["waiting"][0]["reason"].startswith("behind a higher score (priority +100)")
     assert page["total_waiting"] == 1
     assert page["running"] == []  # the running job is caller c's
+
+
+def test_each_row_says_what_it_waits_for_and_a_user_sees_no_other_callers_request() -> None:
+    slot = WaitsFor("slot", "a")
+    drain = WaitsFor("drain", "a", "r1", "alice")
+    rows = [
+        msgspec.structs.replace(waiting(1, "b", 100, caller="alice"), waits_for=drain),
+        msgspec.structs.replace(waiting(2, "a", caller="bob"), waits_for=slot),
+        msgspec.structs.replace(waiting(3, "a", caller="bob"), waits_for=drain),
+    ]
+    admin = queue_page(view(rows), 0, 100)
+    assert [r["waits_for"]["text"] for r in admin["waiting"]] == [
+        "a to drain for r1",
+        "a free slot of a",
+        "a to drain for r1",
+    ]
+    assert admin["waiting"][0]["waits_for"]["for_caller"] == "alice"
+    bob = queue_page(view(rows), 0, 100, caller="bob")
+    seen = [r["waits_for"] for r in bob["waiting"]]
+    assert [w["text"] for w in seen] == [
+        "a free slot of a",
+        "a to drain for another caller's request",
+    ]
+    assert seen[1]["for_request"] is None and seen[1]["for_caller"] is None
+    # Two models in use (resident says the last one loaded): a free slot of its own
+    # model needs no swap, whatever `resident` says.
+    (first,) = queue_page(view([rows[1]], resident="c"), 0, 100)["waiting"]
+    assert first["reason"] == "next: waits for the running job"
+    unknown = queue_page(view([waiting(1, "a")]), 0, 100)
+    assert unknown["waiting"][0]["waits_for"] is None
 
 
 def test_wait_percentiles_per_band_by_nearest_rank() -> None:

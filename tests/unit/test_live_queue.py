@@ -4,14 +4,21 @@ view, so the console can ask for one page of 10,000 waiting requests."""
 
 from __future__ import annotations
 
+import math
 import random
 
+import msgspec
 import pytest
 
+from app.core import events as ev
+from app.core.queue import Queued
+from app.core.residency import Group, GroupRouter
+from app.core.run_estimate import Durations
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.core.state import SchedulerState
+from app.core.state import SchedulerState, apply
 from app.report.live_queue import SLICE, estimate_starts, queue_view, queue_view_steps
 from app.report.run_times import RunTimes
+from app.runtime.admission import estimated_wait_s, newcomer
 from app.web.console.queue_page import page_window, queue_page
 from tests.unit.core_driver import CoreDriver
 
@@ -36,7 +43,8 @@ def busy_state(params: ScoringParams, n: int = 300, seed: int = 1) -> SchedulerS
 
 
 def reference_starts(state: SchedulerState, now: int) -> dict[str, int]:
-    """Drain a copy of the queue with `best`, switching the resident as it goes."""
+    """Drain a copy of the queue with `best`, switching the resident as it goes,
+    each request taking its own expected run (else its model's median)."""
     copy = state.queue.empty_copy()
     for q in state.queue:
         copy.push(q)
@@ -48,7 +56,8 @@ def reference_starts(state: SchedulerState, now: int) -> dict[str, int]:
             t += int(TIMES.swap(item.model) * NS_PER_S)
             resident = item.model
         starts[item.request_id] = t
-        t += int(TIMES.run(item.model) * NS_PER_S)
+        # its own learnt run time, else its model's
+        t += item.expected_run_ns or int(TIMES.run(item.model) * NS_PER_S)
         copy.remove(item.request_id)
     return starts
 
@@ -116,7 +125,7 @@ def test_the_console_page_from_a_window_is_the_page_from_the_whole_view() -> Non
     for offset, limit in [(0, 100), (1, 50), (100, 100), (290, 100)]:
         first, count = page_window(offset, limit)
         window = queue_view(state, running_since, now, TIMES, first=first, count=count)
-        assert queue_page(window, TIMES, offset, limit) == queue_page(whole, TIMES, offset, limit)
+        assert queue_page(window, offset, limit) == queue_page(whole, offset, limit)
 
 
 def test_a_user_keys_page_from_its_own_rows_is_its_page_from_the_whole_view() -> None:
@@ -131,8 +140,8 @@ def test_a_user_keys_page_from_its_own_rows_is_its_page_from_the_whole_view() ->
         assert len(own.waiting) <= 2 * len(mine) < len(whole.waiting)
         assert own.total_waiting == whole.total_waiting
         for offset, limit in [(0, 100), (3, 10), (70, 100)]:
-            page = queue_page(own, TIMES, offset, limit, caller)
-            assert page == queue_page(whole, TIMES, offset, limit, caller)
+            page = queue_page(own, offset, limit, caller)
+            assert page == queue_page(whole, offset, limit, caller)
             assert page["waiting"] or offset >= len(mine)
 
 
@@ -202,3 +211,93 @@ def test_the_view_in_slices_of_a_snapshot_is_the_view_while_the_state_moves_on(
         assert slices >= 2
         now = max(q.enqueued_ns for q in state.queue)
         running_since = dict.fromkeys(state.running, now)
+
+
+def two_lanes(slots_a: int = 2) -> CoreDriver:
+    """Lanes gpu0 (A, B: one at a time) and gpu1 (C); A has `slots_a` slots."""
+    d = CoreDriver(ScoringParams(), concurrency={"A": slots_a})
+    router = GroupRouter(
+        groups=(
+            Group(name="gpu0", members=("A", "B"), exclusive=False),
+            Group(name="gpu1", members=("C",), exclusive=False),
+        )
+    )
+    d.apply(msgspec.structs.replace(d.log[0], router=router))
+    d.load("C")
+    d.enqueue("warm", "A")  # A's load, by the dispatch rule (C stays: another lane)
+    assert d.step() is not None
+    d.finish_swap("A")
+    d.complete("warm")
+    assert d.state.in_use == {"A", "C"} and not d.state.loads
+    return d
+
+
+TIMES_NS = Durations(
+    {"A": 60 * NS_PER_S, "B": 30 * NS_PER_S, "C": 10 * NS_PER_S},
+    {"A": 20 * NS_PER_S, "B": 40 * NS_PER_S, "C": 5 * NS_PER_S},
+)
+
+
+def test_lanes_run_side_by_side_and_a_swap_in_a_lane_waits_for_its_drain() -> None:
+    d = two_lanes()
+    for rid, model in (("a0", "A"), ("a1", "A"), ("c0", "C")):
+        d.enqueue(rid, model)
+        assert d.step() is not None
+    running_since = dict.fromkeys(d.state.running, d.now)
+    for rid, model, priority in (
+        ("a2", "A", 0),
+        ("c1", "C", 0),
+        ("b0", "B", -100),
+        ("c2", "C", -100),
+    ):
+        d.enqueue(rid, model, priority)
+    starts = estimate_starts(d.state, running_since, d.now, TIMES_NS)
+    in_s = {rid: (t - d.now) // NS_PER_S for rid, t in starts.items()}
+    # a2 on A's first free slot (60 s); C's lane beside it: c1 when c0 ends (10 s),
+    # c2 after c1 (20 s), whatever runs on A; B waits for A to drain (a2 ends at
+    # 120 s), then its 40 s load.
+    assert in_s == {"a2": 60, "c1": 10, "b0": 160, "c2": 20}
+
+
+@pytest.mark.parametrize("slots_a", [1, 2, 3])
+def test_retry_after_and_the_live_queue_agree_on_the_same_request(slots_a: int) -> None:
+    """Retry-After for a request refused now is the start the live queue gives that
+    same request once queued (whole seconds, rounded up), with slots and lanes."""
+    rng = random.Random(slots_a)
+    d = two_lanes(slots_a)
+    for i in range(slots_a):
+        d.enqueue(f"run{i}", "A", expected_run_ns=rng.randrange(5, 90) * NS_PER_S)
+        d.step()
+    d.enqueue("runc", "C")
+    d.step()
+    running_since = dict.fromkeys(d.state.running, d.now)
+    for i in range(40):
+        d.advance(rng.randrange(3) * NS_PER_S)
+        d.enqueue(
+            f"w{i}",
+            rng.choice("ABC"),
+            rng.choice((100, 0, -100)),
+            expected_run_ns=rng.choice((None, 7 * NS_PER_S, 45 * NS_PER_S)),
+        )
+    d.advance(NS_PER_S // 3)
+    for model, priority in (("A", 0), ("B", -100), ("C", 100), ("B", 100)):
+        arriving = newcomer(d.state, model, priority, d.now, expected_run_ns=9 * NS_PER_S)
+        told = estimated_wait_s(d.state, arriving, running_since, d.now, TIMES_NS)
+        state = d.state.snapshot()
+        apply(state, _enqueued(arriving))
+        view = queue_view(state, running_since, d.now, TIMES_NS)
+        (row,) = [w for w in view.waiting if w.request_id == "newcomer"]
+        assert told == max(1, math.ceil(row.estimated_start_in_s)), (model, priority)
+
+
+def _enqueued(q: Queued) -> ev.RequestEnqueued:
+    return ev.RequestEnqueued(
+        at=q.enqueued_ns,
+        request_id="newcomer",
+        model=q.model,
+        model_requested=q.model,
+        endpoint=q.endpoint,
+        priority=q.priority,
+        band="normal",
+        expected_run_ns=q.expected_run_ns,
+    )

@@ -10,19 +10,21 @@ import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from app.core import events as ev
-from app.core.residency import Group, GroupRouter
+from app.core.residency import Group, GroupRouter, MatrixRouter, MatrixSet
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.runtime.scheduler import Ticket, server_started
 from tests.unit.run_loop_fakes import FakeUpstream, Lane, config_text
+from tools.replay import simulate as simulate_module
 from tools.replay.cli import ResourcesError, load_resources, replay_command
-from tools.replay.generate import film
+from tools.replay.generate import CHAT, IMAGE, VIDEO, film
 from tools.replay.simulate import Policy, simulate
 from tools.replay.verify import verify
-from tools.replay.workload import Request, SwapTimes, Workload, extract_events
+from tools.replay.workload import Request, RunResult, SwapTimes, Workload, extract_events
 
 S = NS_PER_S
 WHATIF = Path(__file__).parents[2] / "tools" / "replay" / "whatif"
@@ -135,22 +137,66 @@ async def test_the_simulation_reproduces_a_recorded_multi_slot_two_lane_run(seed
     assert result.swaps == recorded.swaps
 
 
+def _outcome(result: RunResult) -> tuple[object, ...]:
+    return (
+        result.order,
+        result.start_ns,
+        result.end_ns,
+        result.swaps,
+        result.swap_ns,
+        result.busy_ns,
+        dict(result.reorders),
+    )
+
+
 def test_one_group_of_every_model_is_the_one_lane_run_exactly() -> None:
     """The several-lane loop, on a router that allows one model at a time, decides
-    as the one-lane loop does (film seed 1: 530 requests, 195 swaps)."""
+    as the one-lane loop does (film seed 1: 530 requests, 195 swaps); so such a
+    run takes the one-lane loop, unless it records a log."""
     workload = film(1).workload
     one = Policy("one lane", ScoringParams(60 * S, 10))
     models = tuple(sorted({r.model for r in workload.requests}))
     lanes = replace(one, router=GroupRouter(groups=(Group(name="all", members=models),)))
     assert lanes.lanes and not one.lanes
-    a, b = simulate(workload, one), simulate(workload, lanes)
-    assert (a.order, a.start_ns, a.end_ns, a.swaps, a.busy_ns) == (
-        b.order,
-        b.start_ns,
-        b.end_ns,
-        b.swaps,
-        b.busy_ns,
+    a = simulate(workload, one)
+    with mock.patch.object(simulate_module, "one_at_a_time", lambda router, models: False):
+        b = simulate(workload, lanes)  # the several-lane loop
+    with mock.patch.object(simulate_module._Sim, "_run_lanes", side_effect=AssertionError):
+        c = simulate(workload, lanes)  # the one-lane loop
+    assert _outcome(a) == _outcome(b) == _outcome(c)
+    recorded: list[ev.AnyEvent] = []
+    assert _outcome(simulate(workload, lanes, record=recorded)) == _outcome(a)
+    assert any(isinstance(e, ev.SwapStarted) and e.evicted for e in recorded)
+
+
+@pytest.mark.parametrize("every_term", [False, True])
+def test_skipping_futile_decisions_changes_nothing(every_term: bool) -> None:
+    """The several-lane loop skips the decision after arrivals that cannot start
+    (`policy.cannot_start`) when the last one found nothing; asking every time
+    decides the same, on two GPU groups with four chat slots and on a matrix
+    router, with every term on or not."""
+    workload = film(1, days=3).workload
+    params = ScoringParams(
+        60 * S, 10, fair_share_bonus=10 * every_term, short_job_bonus=10 * every_term
     )
+    two = GroupRouter(
+        groups=(
+            Group(name="gpu0", members=(CHAT,), exclusive=False),
+            Group(name="gpu1", members=(IMAGE, VIDEO), exclusive=False),
+        )
+    )
+    matrix = MatrixRouter(
+        sets=(
+            MatrixSet(name="a", models=frozenset({CHAT, IMAGE})),
+            MatrixSet(name="b", models=frozenset({VIDEO})),
+        )
+    )
+    for router, slots in ((two, ((CHAT, 4),)), (matrix, ((CHAT, 3), (IMAGE, 2)))):
+        policy = Policy("p", params, router=router, slots=slots)
+        skipping = simulate(workload, policy)
+        with mock.patch.object(simulate_module, "cannot_start", lambda state, model: False):
+            asking = simulate(workload, policy)
+        assert _outcome(skipping) == _outcome(asking)
 
 
 def test_slot_slowdown_stretches_a_request_that_starts_beside_others() -> None:

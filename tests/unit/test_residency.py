@@ -24,6 +24,7 @@ from app.core.residency import (
     Skipped,
     can_coexist,
     describe,
+    one_at_a_time,
     plan_preload,
     to_evict,
 )
@@ -316,3 +317,29 @@ def test_describe_names_the_router() -> None:
     assert describe(router) == "group router (2 groups: llm, (default))"
     assert describe(matrix({"x": "a | b", "y": "c"})) == "matrix router (3 model sets from: x, y)"
     assert describe(None) == "no router (one model at a time)"
+
+
+# -- one model at a time (the replay's one-lane loop)
+
+
+def test_routers_that_allow_one_model_at_a_time() -> None:
+    models = ("a", "b", "c")
+    assert one_at_a_time(None, models)
+    assert one_at_a_time(groups(group("all", *models)), models)
+    # three exclusive groups of one: each load evicts the others
+    assert one_at_a_time(groups(*(group(m, m) for m in models)), models)
+    assert one_at_a_time(matrix({"x": "a", "y": "b", "z": "c"}), models)
+    # a matrix model in no set runs alone
+    assert one_at_a_time(matrix({"x": "a"}), models)
+
+
+def test_routers_that_let_two_models_be_resident_together() -> None:
+    models = ("a", "b", "c")
+    assert not one_at_a_time(groups(group("all", *models, swap=False)), models)
+    assert not one_at_a_time(
+        groups(group("g0", "a", exclusive=False), group("g1", "b", "c", exclusive=False)), models
+    )
+    assert not one_at_a_time(
+        groups(group("llm", "a", "b"), group("p", "c", persistent=True)), models
+    )
+    assert not one_at_a_time(matrix({"x": "a & b", "y": "c"}), models)

@@ -44,9 +44,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from app.core import events as ev
-from app.core.policy import Decision, choose, decide, pick_reasons
+from app.core.policy import Decision, cannot_start, choose, decide, pick_reasons
 from app.core.priority import band_of
-from app.core.residency import Router
+from app.core.residency import Router, one_at_a_time
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import ScoringParams
 from app.core.state import FIFO, SERIAL, SchedulerState, apply, fold_for
@@ -199,7 +199,7 @@ class _Sim:
         res = self.result
         if self.roots:
             res.first_ns = self.reqs[self.roots[0]].arrival_ns
-        if self.state.scheduler == SERIAL and self.policy.lanes:
+        if self.state.scheduler == SERIAL and self.policy.lanes and not self._one_lane():
             last = self._run_lanes()
         elif self.state.scheduler == SERIAL:
             last = self._run_serial()
@@ -209,6 +209,18 @@ class _Sim:
         if self.record is not None:
             self.record.sort(key=lambda e: e.at)  # stable: same-time events keep their order
         return res
+
+    def _one_lane(self) -> bool:
+        """Whether this run's router and slots allow one request at a time on one
+        model at a time: then the one-lane loop decides exactly as the several-lane
+        loop would, at a fraction of the cost (it asks the core only when the GPU
+        is free). Not when recording: the one-lane loop writes the swap events of
+        a log before routers (no `evicted`)."""
+        if self.record is not None or self.result.timeline is not None:
+            return False
+        state = self.state
+        models = {r.model for r in self.reqs}
+        return all(state.slots(m) == 1 for m in models) and one_at_a_time(state.router, models)
 
     # -- serial: one request on the GPU (the hot path, kept flat) ----------------
 
@@ -382,10 +394,37 @@ class _Sim:
         reqs = self.reqs
         state = self.state
         res = self.result
+        record = self.record
+        index = self.index
         pending = self.pending
         roots = self.roots
         root_t = [reqs[i].arrival_ns for i in roots] + [_INF]
         slowdown = self.policy.slot_slowdown
+        ignore_priority = self.ignore_priority
+        estimates = self.estimates
+        reorders = res.reorders
+        order = res.order
+        start_ns = res.start_ns
+        end_ns = res.end_ns
+        timeline = res.timeline
+        succ = self.succ
+        enqueued = ev.RequestEnqueued
+        completed = ev.RequestCompleted
+        fold_enqueued = fold_for(enqueued)
+        fold_completed = fold_for(completed)
+        fold_dispatched = fold_for(ev.RequestDispatched)
+        heappush = heapq.heappush
+        heappop = heapq.heappop
+        bands: dict[int, str] = {}
+        params = state.queue.params
+        fair = params.fair_share_bonus != 0
+        short = params.short_job_bonus != 0
+        noted: dict[tuple[str, str], int] = {}
+        """With the short-job term: the estimate each (model, endpoint) was last
+        enqueued with, as the queue notes it (`ScoreQueue.note_estimate`)."""
+        settled = False
+        """The last decision found nothing to start, and only arrivals that cannot
+        start either have happened since (`policy.cannot_start`): skip the next."""
         # (end, kind, index or model): 0 a load ends (its model), 1 a run ends.
         clocks: list[tuple[int, int, int, str]] = [(_INF, 9, -1, "")]
         loads: dict[str, tuple[int, list[int]]] = {}  # model -> (took, waiters)
@@ -393,64 +432,145 @@ class _Sim:
         k = 0
         now = res.first_ns
         while True:
-            t = min(root_t[k], pending[0][0], clocks[0][0])
+            t = root_t[k]
+            if pending[0][0] < t:
+                t = pending[0][0]
+            if clocks[0][0] < t:
+                t = clocks[0][0]
             if t == _INF:
                 break
             if active and t > now:
                 res.busy_ns += t - now
             now = t
             while clocks[0][0] == now:
-                _, kind, i, model = heapq.heappop(clocks)
+                settled = False
+                _, kind, i, model = heappop(clocks)
                 if kind == 0:
                     took, waiters = loads.pop(model)
-                    event = ev.SwapFinished(at=now, model=model, duration_ms=took / 1e6)
+                    event: ev.AnyEvent = ev.SwapFinished(
+                        at=now, model=model, duration_ms=took / 1e6
+                    )
                     apply(state, event)
-                    if self.record is not None:
-                        self.record.append(event)
+                    if record is not None:
+                        record.append(event)
                     active -= 1
                     for w in waiters:
                         active += self._start_lane(w, now, clocks, slowdown)
                 else:
                     active -= 1
-                    res.end_ns[i] = now
-                    if res.timeline is not None:
-                        res.timeline.append((res.start_ns[i], now, reqs[i].model, "run"))
-                    self._finish(i, now)
-                    self._chain(i, now)
+                    end_ns[i] = now
+                    r = reqs[i]
+                    if timeline is not None:
+                        timeline.append((start_ns[i], now, r.model, "run"))
+                    if r.outcome == "completed":  # self._finish(i, now), inlined
+                        run_ms = r.run_ns / 1e6
+                        event = completed(
+                            at=now, request_id=r.request_id, http_status=200, run_ms=run_ms
+                        )
+                        fold_completed(state, event)
+                        if record is not None:
+                            record.append(event)
+                        if estimates is not None:
+                            estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
+                    else:
+                        self._finish(i, now)
+                    nxt = succ.get(i)
+                    if nxt is not None:
+                        heappush(pending, (now + reqs[nxt].think_ns, _ARRIVAL, nxt))
             while True:
                 if pending[0][0] == now:
-                    _, kind, i = heapq.heappop(pending)
-                    if kind == _ARRIVAL:
-                        self._arrive(i, now)
-                    else:
-                        self._cancel(i, now, kind)
+                    _, kind, i = heappop(pending)
+                    if kind != _ARRIVAL:
+                        if self._cancel(i, now, kind):
+                            settled = False
+                        continue
                 elif root_t[k] == now:
-                    self._arrive(roots[k], now)
+                    i = roots[k]
                     k += 1
                 else:
                     break
+                # self._arrive(i, now), inlined: the most frequent step.
+                r = reqs[i]
+                res.arrival_ns[i] = now
+                band = bands.get(r.priority)
+                if band is None:
+                    band = bands[r.priority] = band_of(r.priority)
+                expected = (
+                    r.expected_run_ns
+                    if estimates is None
+                    else estimates.expected(r.model, r.endpoint)
+                )
+                event = enqueued(
+                    at=now,
+                    request_id=r.request_id,
+                    model=r.model,
+                    model_requested=r.model,
+                    endpoint=r.endpoint,
+                    priority=0 if ignore_priority else r.priority,
+                    band=band,
+                    durable=r.durable,
+                    caller=r.caller,
+                    expected_run_ns=expected,
+                    max_wait_ns=r.max_wait_ns,
+                )
+                fold_enqueued(state, event)
+                if record is not None:
+                    record.append(event)
+                if r.patience_ns is not None:
+                    heappush(pending, (now + r.patience_ns, _CANCEL, i))
+                if r.max_wait_ns is not None:
+                    heappush(pending, (now + r.max_wait_ns, _DEADLINE, i))
+                if short and expected is not None:
+                    lane = (r.model, r.endpoint)
+                    if noted.get(lane) != expected:
+                        noted[lane] = expected
+                        settled = False  # its model's short-job term moved
+                if settled and (
+                    (fair and state.open_by_caller[r.caller] == 1)  # every fair term moved
+                    or not cannot_start(state, r.model)
+                ):
+                    settled = False
+            if settled:
+                continue
+            settled = True  # the loop below ends when nothing more can start
             while state.queue:
-                decision = choose(state, now) if self.record is None else decide(state, now)
+                decision = choose(state, now) if record is None else decide(state, now)
                 if decision is None:
                     break
-                dispatched = decision.dispatched
-                for reason in pick_reasons(decision.pick):
-                    res.reorders[reason] += 1
+                pick, dispatched = decision.pick, decision.dispatched
+                winner = pick.winner
+                if (
+                    pick.without_aging is not winner
+                    or pick.without_affinity is not winner
+                    or pick.without_fair_share is not winner
+                    or pick.without_short_job is not winner
+                ):
+                    for reason in pick_reasons(pick):
+                        reorders[reason] += 1
                 if isinstance(decision, Decision):
                     self.record_decision(decision)
-                apply(state, dispatched)
-                i = self.index[dispatched.request_id]
-                res.order.append(i)
+                fold_dispatched(state, dispatched)
+                i = index[dispatched.request_id]
+                order.append(i)
                 model = dispatched.model
-                if decision.action == "swap":
+                action = decision.action
+                if action == "run":  # self._start_lane(i, ...), inlined
+                    r = reqs[i]
+                    if record is not None:
+                        record.append(ev.RequestStarted(at=now, request_id=r.request_id))
+                    start_ns[i] = now
+                    run_ns = r.run_ns
+                    if slowdown:
+                        run_ns = round(run_ns * (1 + slowdown * (state.running_on(r.model) - 1)))
+                    heappush(clocks, (now + run_ns, 1, i, ""))
+                    active += 1
+                elif action == "swap":
                     took = self._lane_swap(i, model, now, decision.evicted)
                     loads[model] = (took, [i])
-                    heapq.heappush(clocks, (now + took, 0, -1, model))
+                    heappush(clocks, (now + took, 0, -1, model))
                     active += 1
-                elif decision.action == "join":
-                    loads[model][1].append(i)
                 else:
-                    active += self._start_lane(i, now, clocks, slowdown)
+                    loads[model][1].append(i)
         return now
 
     def _start_lane(
@@ -652,16 +772,19 @@ class _Sim:
         if r.max_wait_ns is not None:
             heapq.heappush(self.pending, (now + r.max_wait_ns, _DEADLINE, i))
 
-    def _cancel(self, i: int, now: int, kind: int) -> None:
+    def _cancel(self, i: int, now: int, kind: int) -> bool:
+        """Cancel a waiting request at its patience or deadline; False when it was
+        no longer waiting (nothing changed)."""
         r = self.reqs[i]
         if r.request_id not in self.state.queue:
-            return  # dispatched before its client would have left, or already gone
+            return False  # dispatched before its client would have left, or already gone
         reason: ev.CancelReason = "deadline" if kind == _DEADLINE else "client_gone"
         event = ev.RequestCancelled(at=now, request_id=r.request_id, reason=reason)
         apply(self.state, event)
         if self.record is not None:
             self.record.append(event)
         self._chain(i, now)
+        return True
 
     def _chain(self, i: int, now: int) -> None:
         nxt = self.succ.get(i)

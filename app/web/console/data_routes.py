@@ -94,14 +94,13 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         if live is None:
             return _json({"live": False})
         offset, limit = max(0, offset), max(1, min(limit, MAX_PAGE))
-        times = await asyncio.to_thread(run_times.get)
         caller = only_caller(identity(request.scope))
         # An admin's page is a window (O(page log page)); a user's lists only its
         # own rows (and the one ahead of each). A view that walks far is computed
         # in slices, the run loop's work between them (app/web/live_queue_view.py).
         first, count = page_window(offset, limit) if caller is None else (0, None)
-        view = await live_queue_view(live.scheduler, times, first=first, count=count, caller=caller)
-        return _json(queue_page(view, times, offset, limit, caller))
+        view = await live_queue_view(live.scheduler, first=first, count=count, caller=caller)
+        return _json(queue_page(view, offset, limit, caller))
 
     @get("/ui/api/timeline", response_headers=SECURITY_HEADERS)
     async def timeline(

@@ -14,7 +14,7 @@ import msgspec
 
 from app.core.scoring import Breakdown
 from app.report.live_queue import QueueView, WaitingEntry
-from app.report.run_times import RunTimes
+from app.report.visibility import waits_for_seen_by
 
 
 def score_terms(view: QueueView) -> list[str]:
@@ -28,7 +28,11 @@ def score_terms(view: QueueView) -> list[str]:
 def reason(view: QueueView, entry: WaitingEntry, ahead: WaitingEntry | None) -> str:
     """Why `entry` is not running now, in words, from what the view shows."""
     next_model = view.loading or view.resident
-    swap = entry.model != next_model
+    blocked = entry.waits_for
+    if blocked is None:
+        swap = entry.model != next_model
+    else:  # with several models in use, what it waits for says whether it needs a load
+        swap = blocked.kind == "load" or (blocked.kind == "drain" and blocked.model != entry.model)
     if ahead is None:
         if view.loading == entry.model:
             return f"next: its model {entry.model} is loading"
@@ -56,7 +60,7 @@ def reason(view: QueueView, entry: WaitingEntry, ahead: WaitingEntry | None) -> 
 
 
 def queue_page(
-    view: QueueView, times: RunTimes, offset: int, limit: int, caller: str | None = None
+    view: QueueView, offset: int, limit: int, caller: str | None = None
 ) -> dict[str, Any]:
     """`limit` waiting rows from `offset` (0-based), and everything that runs; with
     `caller` (a user key), only its rows, keeping the whole queue's positions and
@@ -92,19 +96,14 @@ def queue_page(
                 "estimated_start_in_s": entry.estimated_start_in_s,
                 "score": msgspec.structs.asdict(entry.score),
                 "reason": reason(view, entry, ahead),
+                "waits_for": _waits_for(entry, caller),
             }
         )
     running = []
     for run in view.running:
         if caller is not None and run.caller != caller:
             continue
-        expected = times.run(run.model) + (times.swap(run.model) if run.loading else 0.0)
-        running.append(
-            {
-                **msgspec.structs.asdict(run),
-                "expected_end_at": None if run.since is None else run.since + expected,
-            }
-        )
+        running.append(msgspec.structs.asdict(run))  # its expected end: the estimator's
     return {
         "live": True,
         "as_of": view.as_of,
@@ -125,6 +124,13 @@ def page_window(offset: int, limit: int) -> tuple[int, int]:
     """(first, count) of the view one page needs: its rows and the row before."""
     first = max(0, offset - 1)
     return first, limit + offset - first
+
+
+def _waits_for(entry: WaitingEntry, caller: str | None) -> dict[str, Any] | None:
+    """What the row waits for (app/report/waits.py) as `caller` may see it, with
+    its words (`text`)."""
+    seen = waits_for_seen_by(entry.waits_for, caller)
+    return None if seen is None else {**msgspec.structs.asdict(seen), "text": seen.text()}
 
 
 def _by_model(view: QueueView, indexes: Iterable[int]) -> dict[str, int]:

@@ -62,6 +62,7 @@ export async function render(main, info) {
         h("td", { class: "num" }, duration(w.waited_s)),
         terms.map((t) => h("td", { class: "num term", "data-term": t }, points(w.score[t] ?? 0))),
         h("td", { class: "num" }, points(w.score.total)),
+        h("td", { class: "waits-for" }, w.waits_for ? w.waits_for.text : "–"),
         h("td", { class: "reason" }, w.reason),
         h("td", {}, h("button", { class: "danger", onclick: () => cancel(w.request_id, "waiting") }, "Cancel")),
       ),
@@ -69,7 +70,7 @@ export async function render(main, info) {
     document.getElementById("waiting-title").textContent = `Waiting (${view.total_waiting})`;
     waiting.replaceChildren(
       view.total_waiting
-        ? table(["#", "request", "model", "caller", "band", "estimated start", "waited", ...terms, "score", "reason", ""], rows, { id: "waiting-table" })
+        ? table(["#", "request", "model", "caller", "band", "estimated start", "waited", ...terms, "score", "waits for", "reason", ""], rows, { id: "waiting-table" })
         : h("p", { class: "muted" }, "Nothing waits."),
     );
     const last = Math.min(view.total_waiting, offset + view.waiting.length);

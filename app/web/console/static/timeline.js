@@ -1,11 +1,16 @@
-// GPU timeline: one lane of time; a bar per request coloured by band, swaps
-// (model loads) hatched, idle time left empty. Hover tells, click opens the story.
+// GPU timeline: one row per model, so parallel work (several lanes, several
+// slots) shows side by side; a bar per request coloured by band (a model's
+// overlapping requests stacked in its row, one track per slot in use), its
+// loads hatched, idle time left empty. Hover tells, click opens the story.
 import { api } from "./api.js";
 import { clock, duration, h, s, stamp } from "./dom.js";
 
 const WIDTH = 1200;
 const LANE_Y = 24;
 const LANE_H = 56;
+const TRACK_H = 22; // the row grows by this for every further overlapping request
+const ROW_GAP = 8;
+const LABEL_W = 110; // the model names, left of the rows
 const WINDOWS = [["0.25", "last 15 min"], ["1", "last hour"], ["6", "last 6 hours"], ["24", "last day"], ["whole", "whole log"], ["custom", "custom…"]];
 
 function localInput(unix) {
@@ -51,59 +56,102 @@ export async function render(main) {
 
   function draw(data) {
     const span = Math.max(1e-6, data.until - data.since);
-    const x = (t) => ((Math.min(Math.max(t, data.since), data.until) - data.since) / span) * WIDTH;
-    const bars = [];
-    let busy = 0;
+    const x = (t) => LABEL_W + ((Math.min(Math.max(t, data.since), data.until) - data.since) / span) * WIDTH;
+    const clip = (a, b) => [Math.max(a, data.since), Math.min(b, data.until)];
+    // One row per model, by name (a stable order from one window to the next); a model's overlapping
+    // requests (its slots) stack within its row, one track each.
+    const rows = new Map();
+    const row = (model) => {
+      if (!rows.has(model)) rows.set(model, { model, swaps: [], requests: [], tracks: [] });
+      return rows.get(model);
+    };
+    const busy = [];
     for (const sw of data.swaps) {
-      const x0 = x(sw.started_at);
-      const x1 = x(sw.finished_at ?? data.now);
-      busy += Math.max(0, Math.min(sw.finished_at ?? data.now, data.until) - Math.max(sw.started_at, data.since));
-      const rect = s("rect", {
-        class: "bar swap" + (sw.error ? " failed" : ""), x: x0, y: LANE_Y, width: Math.max(1, x1 - x0), height: LANE_H,
-      }, s("title", {}, `load ${sw.to_model}` + (sw.error ? ` failed: ${sw.error}` : "")));
-      rect.addEventListener("mouseenter", () => {
-        hover.textContent = `Swap ${sw.from_model || "nothing"} → ${sw.to_model}, ${duration(sw.duration_ms / 1000)} from ${clock(sw.started_at)}` +
-          (sw.another_caller ? ", caused by another caller's request" : sw.request_id ? `, caused by ${sw.request_id}` : ", a preload") + (sw.error ? ` (failed: ${sw.error})` : "");
-      });
-      bars.push(rect);
+      const end = sw.finished_at ?? data.now;
+      row(sw.to_model).swaps.push(sw);
+      busy.push(clip(sw.started_at, end));
     }
     for (const r of data.requests) {
       const start = r.started_at ?? r.dispatched_at;
       const end = r.finished_at ?? data.now;
-      const x0 = x(start);
-      const x1 = x(end);
-      busy += Math.min(end, data.until) - Math.max(start, data.since);
-      const label = `${r.id} · ${r.model} · ${r.band} (${r.priority}) · ${r.caller || "anonymous"} · ${r.status}`;
-      const rect = s("rect", {
-        class: `bar req band-${r.band} status-${r.status}`, "data-id": r.id, x: x0, y: LANE_Y + 6, width: Math.max(2, x1 - x0), height: LANE_H - 12,
-        tabindex: 0, role: "link", "aria-label": label,
-      }, s("title", {}, label));
-      rect.addEventListener("mouseenter", () => {
-        hover.textContent = `${label} · waited ${duration((r.queue_wait_ms ?? 0) / 1000)} · ran ${clock(start)}–${r.finished_at ? clock(end) : "now"} (${duration(end - start)})`;
-      });
-      const open = () => { location.href = "/ui/requests/" + encodeURIComponent(r.id); };
-      rect.addEventListener("click", open);
-      rect.addEventListener("keydown", (event) => { if (event.key === "Enter") open(); });
-      bars.push(rect);
+      const into = row(r.model);
+      let track = into.tracks.findIndex((last) => last <= start);
+      if (track < 0) track = into.tracks.push(end) - 1;
+      else into.tracks[track] = end;
+      into.requests.push({ r, start, end, track });
+      busy.push(clip(start, end));
     }
+    const bars = [];
+    let y = LANE_Y;
+    for (const lane of [...rows.values()].sort((p, q) => (p.model < q.model ? -1 : p.model > q.model ? 1 : 0))) {
+      const depth = Math.max(1, lane.tracks.length);
+      const height = LANE_H + (depth - 1) * TRACK_H;
+      const group = [
+        s("rect", { class: "idle", x: LABEL_W, y, width: WIDTH, height }),
+        s("text", { class: "row-label", x: LABEL_W - 8, y: y + height / 2 + 4 }, lane.model),
+      ];
+      for (const sw of lane.swaps) {
+        const x0 = x(sw.started_at);
+        const x1 = x(sw.finished_at ?? data.now);
+        const rect = s("rect", {
+          class: "bar swap" + (sw.error ? " failed" : ""), x: x0, y, width: Math.max(1, x1 - x0), height,
+        }, s("title", {}, `load ${sw.to_model}` + (sw.error ? ` failed: ${sw.error}` : "")));
+        rect.addEventListener("mouseenter", () => {
+          hover.textContent = `Swap ${sw.from_model || "nothing"} → ${sw.to_model}, ${duration(sw.duration_ms / 1000)} from ${clock(sw.started_at)}` +
+            (sw.another_caller ? ", caused by another caller's request" : sw.request_id ? `, caused by ${sw.request_id}` : ", a preload") + (sw.error ? ` (failed: ${sw.error})` : "");
+        });
+        group.push(rect);
+      }
+      const trackH = (height - 12) / depth;
+      for (const { r, start, end, track } of lane.requests) {
+        const x0 = x(start);
+        const x1 = x(end);
+        const label = `${r.id} · ${r.model} · ${r.band} (${r.priority}) · ${r.caller || "anonymous"} · ${r.status}`;
+        const rect = s("rect", {
+          class: `bar req band-${r.band} status-${r.status}`, "data-id": r.id, "data-track": track,
+          x: x0, y: y + 6 + track * trackH, width: Math.max(2, x1 - x0), height: trackH,
+          tabindex: 0, role: "link", "aria-label": label,
+        }, s("title", {}, label));
+        rect.addEventListener("mouseenter", () => {
+          hover.textContent = `${label} · waited ${duration((r.queue_wait_ms ?? 0) / 1000)} · ran ${clock(start)}–${r.finished_at ? clock(end) : "now"} (${duration(end - start)})`;
+        });
+        const open = () => { location.href = "/ui/requests/" + encodeURIComponent(r.id); };
+        rect.addEventListener("click", open);
+        rect.addEventListener("keydown", (event) => { if (event.key === "Enter") open(); });
+        group.push(rect);
+      }
+      bars.push(s("g", { class: "row", "data-model": lane.model }, group));
+      y += height + ROW_GAP;
+    }
+    if (!rows.size) {
+      bars.push(s("rect", { class: "idle", x: LABEL_W, y, width: WIDTH, height: LANE_H }));
+      y += LANE_H + ROW_GAP;
+    }
+    const bottom = y - ROW_GAP;
     const ticks = [];
     for (let i = 0; i <= 6; i++) {
       const t = data.since + (span * i) / 6;
-      const tx = (WIDTH * i) / 6;
-      ticks.push(s("line", { class: "tick", x1: tx, x2: tx, y1: LANE_Y, y2: LANE_Y + LANE_H + 4 }));
-      ticks.push(s("text", { class: "tick-label", x: Math.min(Math.max(tx, 30), WIDTH - 30), y: LANE_Y + LANE_H + 18 }, clock(t)));
+      const tx = LABEL_W + (WIDTH * i) / 6;
+      ticks.push(s("line", { class: "tick", x1: tx, x2: tx, y1: LANE_Y, y2: bottom + 4 }));
+      ticks.push(s("text", { class: "tick-label", x: Math.min(Math.max(tx, LABEL_W + 30), LABEL_W + WIDTH - 30), y: bottom + 18 }, clock(t)));
     }
     chart.replaceChildren(
-      s("svg", { viewBox: `0 0 ${WIDTH} ${LANE_Y + LANE_H + 24}`, class: "lane", role: "img", "aria-label": "GPU timeline" },
+      s("svg", { viewBox: `0 0 ${LABEL_W + WIDTH} ${bottom + 24}`, class: "lane", role: "img", "aria-label": "GPU timeline, one row per model" },
         s("defs", {}, s("pattern", { id: "hatch", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" },
           s("rect", { class: "hatch-bg", width: 6, height: 6 }), s("line", { class: "hatch-line", x1: 0, y1: 0, x2: 0, y2: 6 }))),
-        s("rect", { class: "idle", x: 0, y: LANE_Y, width: WIDTH, height: LANE_H }),
-        ticks, bars),
+        bars, ticks),
     );
-    busy = Math.min(busy, span);
-    const idle = span - busy;
-    summary.textContent = `${stamp(data.since)} – ${stamp(data.until)}: ${data.requests.length} requests, ${data.swaps.length} swaps; ` +
-      `busy ${duration(busy)}, idle ${duration(idle)} (${Math.round((100 * idle) / span)}%)` +
+    // Busy: when anything ran or loaded, on any row (parallel work counted once).
+    let covered = 0;
+    let reach = -Infinity;
+    for (const [a, b] of busy.filter(([a, b]) => b > a).sort((p, q) => p[0] - q[0])) {
+      covered += Math.max(0, b - Math.max(a, reach));
+      reach = Math.max(reach, b);
+    }
+    const busyS = Math.min(covered, span);
+    const idle = span - busyS;
+    summary.textContent = `${stamp(data.since)} – ${stamp(data.until)}: ${data.requests.length} requests, ${data.swaps.length} swaps, ${rows.size} models; ` +
+      `busy ${duration(busyS)}, idle ${duration(idle)} (${Math.round((100 * idle) / span)}%)` +
       (data.truncated ? " · too many requests: showing the first ones, narrow the window" : "");
   }
 
