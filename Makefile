@@ -43,7 +43,8 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.peer_bench
 	$(PY) -m bench.recovery_bench
 	$(PY) -m bench.replay_bench
-	if command -v valgrind >/dev/null; then $(PY) -m bench.replay_instructions; \
+	$(PY) -m bench.replay_lanes_bench
+	if command -v valgrind >/dev/null; then $(PY) -m bench.replay_instructions --lanes; \
 	else echo "bench.replay_instructions skipped: valgrind is not installed"; fi
 	$(PY) -m bench.swap_bench
 	$(PY) -m bench.console_bench

@@ -37,7 +37,8 @@ in every round and each arm's median divided by the single lane's in the same ro
   that cannot start (a second pick, `_dispatch_pick`).
 
 Untimed between ops: the dispatched request completes (its `request_completed`
-folded) and a new one is enqueued, so the queue and the slots stay as they were.
+folded) and a new one for the same model is enqueued, so the queue, each model's
+share of it and the slots stay as they were.
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ class DispatchWorkload:
             )
             slots = {m: SLOTS for pair in pairs for m in pair}
             self.state = SchedulerState(PARAMS, router=router, concurrency=slots)
-            self.models = resident = [a for a, _ in pairs]
+            resident = [a for a, _ in pairs]
+            self.models = tuple(resident)
         t0 = 1_700_000_000 * NS_PER_S
         for model in resident:
             apply(self.state, ev.SwapFinished(at=t0, model=model, duration_ms=0.0))
@@ -307,7 +309,7 @@ def bench_dispatch(n: int, ops: int, arm: str) -> list[int]:
                 apply(state, ev.SwapFinished(at=now, model=dispatched.model, duration_ms=0.0))
             rid = dispatched.request_id
             _fold_completed(state, ev.RequestCompleted(at=now, request_id=rid, http_status=200))
-            w.enqueue()
+            w.enqueue(dispatched.model)  # for the same model: each model's queue stays as deep
 
     samples = _time(ops, restore, dispatch)
     restore()

@@ -322,7 +322,7 @@ class ScoreQueue:
     ) -> Queued | None:
         """The request that would be dispatched now (of a model not in `skip`)."""
         bonus = self._bonus
-        by_caller = self._by_caller
+        by_caller = self._by_caller and bool(fair)  # else the term is 0 in every lane
         affine = _affine(resident)
         best = _NONE
         for lane in self._lanes.values():
@@ -341,7 +341,7 @@ class ScoreQueue:
         """Models with waiting requests, by their best request's score, best first
         (ties by arrival): the order the dispatch rule considers them in."""
         bonus = self._bonus
-        by_caller = self._by_caller
+        by_caller = self._by_caller and bool(fair)  # else the term is 0 in every lane
         affine = _affine(resident)
         tops: dict[str, int] = {}
         for lane in self._lanes.values():
@@ -366,7 +366,7 @@ class ScoreQueue:
         bonus = self._bonus
         short = self._short
         short_heap = self._short_heap
-        by_caller = self._by_caller
+        by_caller = self._by_caller and bool(fair)  # else the term is 0 in every lane
         aging = self._aging
         win = runner = aging_w = aff_w = fair_w = short_w = _NONE
         win_lane: _Lane | None = None

@@ -151,7 +151,7 @@ def one_at_a_time(router: Router | None, models: Iterable[str]) -> bool:
     loading any of them evicts every other one, as with no router (one implicit
     group). A run on such a router decides as the single lane does."""
     every = frozenset(models)
-    return all(to_evict(router, model, every) == every - {model} for model in every)
+    return all(to_evict(router, m, every - {m}) == every - {m} for m in every)
 
 
 def can_coexist(router: Router | None, models: Iterable[str]) -> bool:

@@ -140,6 +140,8 @@ class SchedulerState:
         self.params = params
         self.model_priority = dict(model_priority or {})
         self.concurrency = dict(concurrency or {})
+        self._slot_counts: dict[str, int] = {}
+        """`slots` per model asked so far (what it reads is fixed until the next reset)."""
         self._serial_slots = scheduler == SERIAL and log_format >= 4
         """Serial runs up to `concurrency[model]` at once from log format 4; before,
         one (older serial logs record fifo's default 10 there, unused)."""
@@ -260,7 +262,10 @@ class SchedulerState:
         peer's model the peer's, shared by all its models."""
         peer = self.peer_of.get(model)
         if peer is None:
-            return self.running_on(model) < self.slots(model)
+            slots = self._slot_counts.get(model)
+            if slots is None:
+                slots = self.slots(model)
+            return self._running_by_model.get(model, 0) < slots
         pool = self.peer_pools[peer]
         return sum(self.running_on(m) for m in pool.models) < pool.slots
 
@@ -301,11 +306,16 @@ class SchedulerState:
         """How many requests `model` may run at once: its `concurrencyLimit` as
         `server_started` recorded it (absent: fifo's default 10, serial's 1).
         Serial logs before format 4 ran one at a time whatever they recorded."""
-        if self.scheduler == FIFO:
-            return self.concurrency.get(model, DEFAULT_CONCURRENCY_LIMIT)
-        if self._serial_slots:
-            return max(1, self.concurrency.get(model, SERIAL_CONCURRENCY_LIMIT))
-        return 1
+        slots = self._slot_counts.get(model)
+        if slots is None:
+            if self.scheduler == FIFO:
+                slots = self.concurrency.get(model, DEFAULT_CONCURRENCY_LIMIT)
+            elif self._serial_slots:
+                slots = max(1, self.concurrency.get(model, SERIAL_CONCURRENCY_LIMIT))
+            else:
+                slots = 1
+            self._slot_counts[model] = slots
+        return slots
 
     def fair_keys(self) -> FairKeys:
         """Each active caller's fair-share term in key units, from its attained
