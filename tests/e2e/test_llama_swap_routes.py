@@ -18,7 +18,8 @@ from app.web.model_routes import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, forwarded
 from tests.e2e.gateway import Gateway, fake_model
 
 # The fake upstream answers these itself instead of echoing what it received.
-_ANSWERED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+# The fake upstream answers these in their own shapes; every other path is echoed.
+_ANSWERED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
 
 
 def _model(model_id: str, **keys: Any) -> str:
