@@ -62,7 +62,8 @@ export async function render(main, info) {
         h("td", { class: "num" }, duration(w.waited_s)),
         terms.map((t) => h("td", { class: "num term", "data-term": t }, points(w.score[t] ?? 0))),
         h("td", { class: "num" }, points(w.score.total)),
-        h("td", { class: "waits-for" }, w.waits_for ? w.waits_for.text : "–"),
+        // Request ids shortened as the request column shows them; the link has the whole id.
+        h("td", { class: "waits-for" }, w.waits_for ? w.waits_for.text.replace(/\b([0-9a-f]{8})[0-9a-f]{24}\b/g, "$1") : "–"),
         h("td", { class: "reason" }, w.reason),
         h("td", {}, h("button", { class: "danger", onclick: () => cancel(w.request_id, "waiting") }, "Cancel")),
       ),
