@@ -89,9 +89,9 @@ def choose(state: SchedulerState, now_ns: int) -> Choice | None:
     return Choice(pick=pick, dispatched=dispatched, action=action, evicted=evicted)
 
 
-def _pick(state: SchedulerState, skip: frozenset[str]) -> Pick | None:
+def _pick(state: SchedulerState, skip: frozenset[str], fair: FairKeys) -> Pick | None:
     if state.scheduler != FIFO:
-        return state.queue.pick(state.affine, state.fair_keys(), skip)
+        return state.queue.pick(state.affine, fair, skip)
     # fifo: the queue's order alone (model priority + header, then arrival).
     winner = state.queue.best(None, skip=skip)
     if winner is None:
@@ -135,7 +135,8 @@ def _dispatch_pick(state: SchedulerState, now_ns: int) -> tuple[Pick, frozenset[
     The recorded counterfactuals (`Pick`) are among the requests of the models
     not held back before the winner's."""
     backing_off = state.backing_off(now_ns)
-    pick = _pick(state, backing_off)
+    fair = state.fair_keys()  # the same for every question below: the state does not move
+    pick = _pick(state, backing_off, fair)
     if pick is None:
         return None
     held: set[str] = set()
@@ -146,12 +147,15 @@ def _dispatch_pick(state: SchedulerState, now_ns: int) -> tuple[Pick, frozenset[
     if start is not None:
         return pick, *start
     skip = {pick.winner.model, *backing_off}
-    for model in state.queue.model_order(state.affine, state.fair_keys()):
+    for model in state.queue.model_order(state.affine, fair):
         if model in skip:
+            continue
+        if model in held and model not in state.choices:
+            skip.add(model)  # held back: `_can_start` would say no at once
             continue
         start = _start(state, model, held, awaited, backing_off)
         if start is not None:
-            found = _pick(state, frozenset(skip))
+            found = _pick(state, frozenset(skip), fair)
             assert found is not None and found.winner.model == model
             return found, *start
         skip.add(model)
@@ -196,11 +200,10 @@ def _can_start(
         held.add(model)  # its peer's slots are taken, by this model or another
         return None
     if model in state.in_use:
-        running = state.running_on(model)
         # A load no request waits on (a preload, or one whose request left) is
         # not joined under serial: requests wait for it to end, then take the
         # slots in score order.
-        joinable = running > 0 or model not in state.loads or state.scheduler == FIFO
+        joinable = model not in state.loads or state.scheduler == FIFO or state.running_on(model)
         if joinable and state.has_free_slot(model):
             return _NOTHING
         held.add(model)
@@ -210,7 +213,7 @@ def _can_start(
         return None
     occupied = state.occupied()
     evict = to_evict(state.router, model, occupied)
-    if not evict.isdisjoint(held) or any(state.busy(m) for m in evict):
+    if not evict.isdisjoint(held) or state.any_busy(evict):
         held.update(evict)
         held.add(model)
         awaited.append(model)
@@ -248,7 +251,7 @@ def cannot_start(state: SchedulerState, model: str) -> bool:
         return not state.has_free_slot(model)
     if state.running_on(model):
         return True
-    return any(state.busy(m) for m in to_evict(state.router, model, state.occupied()))
+    return state.any_busy(to_evict(state.router, model, state.occupied()))
 
 
 def _scores_event(

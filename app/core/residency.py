@@ -30,6 +30,7 @@ caller to judge.
 from __future__ import annotations
 
 from collections.abc import Iterable, Set
+from functools import cached_property
 from typing import Final
 
 import msgspec
@@ -53,17 +54,29 @@ class Group(msgspec.Struct, frozen=True, kw_only=True):
     """Never evicted by another group's model (its own swap still applies)."""
 
 
-class GroupRouter(msgspec.Struct, frozen=True, kw_only=True, tag="group"):
+class GroupRouter(msgspec.Struct, frozen=True, kw_only=True, tag="group", dict=True):
     """`routing.router.use: group`. Every configured model is in exactly one group
     (the ones no group names are in `DEFAULT_GROUP`)."""
 
     groups: tuple[Group, ...]
 
     def group_of(self, model: str) -> Group | None:
+        return self._homes.get(model)
+
+    @cached_property
+    def _homes(self) -> dict[str, Group]:
+        """Model -> the first group that names it, built once per router (the
+        router is frozen; `dict=True` gives it a place for this, never encoded)."""
+        homes: dict[str, Group] = {}
         for group in self.groups:
-            if model in group.members:
-                return group
-        return None
+            for model in group.members:
+                homes.setdefault(model, group)
+        return homes
+
+    @cached_property
+    def _evict_memo(self) -> dict[tuple[str, frozenset[str]], frozenset[str]]:
+        """`to_evict`'s answers for this router, by (target, resident)."""
+        return {}
 
 
 class MatrixSet(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,7 +87,7 @@ class MatrixSet(msgspec.Struct, frozen=True, kw_only=True):
     models: frozenset[str]
 
 
-class MatrixRouter(msgspec.Struct, frozen=True, kw_only=True, tag="matrix"):
+class MatrixRouter(msgspec.Struct, frozen=True, kw_only=True, tag="matrix", dict=True):
     """`routing.router.use: matrix`, its expressions expanded to model sets."""
 
     sets: tuple[MatrixSet, ...]
@@ -83,6 +96,11 @@ class MatrixRouter(msgspec.Struct, frozen=True, kw_only=True, tag="matrix"):
     within an entry, the order of its expression."""
     evict_costs: dict[str, int] = {}
     """Model id -> cost of evicting it (>= 1); unnamed models cost `DEFAULT_EVICT_COST`."""
+
+    @cached_property
+    def _evict_memo(self) -> dict[tuple[str, frozenset[str]], frozenset[str]]:
+        """`to_evict`'s answers for this router, by (target, resident)."""
+        return {}
 
     def cost(self, model: str) -> int:
         return self.evict_costs.get(model, DEFAULT_EVICT_COST)
@@ -113,20 +131,40 @@ def to_evict(router: Router | None, target: str, resident: Set[str]) -> frozense
     """
     if router is None:
         return frozenset(resident) - {target}
+    if not isinstance(resident, frozenset):
+        return _evictions(router, target, resident)
+    # A pure function of frozen values: remembered per router, since a dispatch
+    # asks it for each model it walks and the resident sets are few.
+    memo = router._evict_memo
+    key = (target, resident)
+    evict = memo.get(key)
+    if evict is None:
+        if len(memo) >= _EVICT_MEMO:
+            memo.clear()
+        evict = memo[key] = _evictions(router, target, resident)
+    return evict
+
+
+_EVICT_MEMO: Final = 1024
+"""Entries a router's `to_evict` memo holds before it starts again."""
+
+
+def _evictions(router: Router, target: str, resident: Set[str]) -> frozenset[str]:
     if isinstance(router, GroupRouter):
         return _group_evictions(router, target, resident)
     return _matrix_evictions(router, target, resident)
 
 
 def _group_evictions(router: GroupRouter, target: str, resident: Set[str]) -> frozenset[str]:
-    home = router.group_of(target)
+    homes = router._homes
+    home = homes.get(target)
     if home is None:
         raise ValueError(f"model {target!r} is in no group of the router")
     evict: set[str] = set()
     for model in resident:
         if model == target:
             continue
-        group = router.group_of(model)
+        group = homes.get(model)
         if group is home:
             if home.swap:
                 evict.add(model)

@@ -177,6 +177,8 @@ class SchedulerState:
         """Callers with queued or running requests (how many): the active ones."""
         self._active_attained: dict[str | None, int] = {}
         """`attained` of the active callers only: what every decision reads."""
+        self._fair_keys: FairKeys | None = None
+        """`fair_keys()` as of the last change to `_active_attained` (None: to compute)."""
         self._most_attained = 0
         """The most of any caller's `attained` (it only grows): kept, not
         searched for, when a caller arrives at an idle server."""
@@ -276,10 +278,14 @@ class SchedulerState:
         """Running requests, or loading: a model that cannot be evicted now."""
         return model in self._running_by_model or model in self.loads
 
+    def any_busy(self, models: frozenset[str]) -> bool:
+        """Whether any of `models` is `busy`."""
+        return not models.isdisjoint(self._running_by_model) or not models.isdisjoint(self.loads)
+
     def occupied(self) -> frozenset[str]:
         """The models in use and those with running requests: what a load is
         weighed against (`residency.to_evict`)."""
-        if not self._running_by_model.keys() - self.in_use:
+        if self._running_by_model.keys() <= self.in_use:
             return self.in_use
         return self.in_use.union(self._running_by_model)
 
@@ -324,7 +330,12 @@ class SchedulerState:
         active = self._active_attained
         if not self._fair or len(active) < 2:
             return NO_FAIR  # one caller alone has had no less than anyone: no term
-        return self.queue.params.fair_share_keys(active)
+        keys = self._fair_keys
+        if keys is None:
+            # Several decisions may read it between changes (arrivals of active
+            # callers change nothing): computed once for them.
+            keys = self._fair_keys = self.queue.params.fair_share_keys(active)
+        return keys
 
     def score(self, q: Queued, now_ns: int, fair: FairKeys | None = None) -> Breakdown:
         """A waiting request's score at `now_ns`, term by term, as the next decision
@@ -352,6 +363,7 @@ class SchedulerState:
                 attained, active = self.attained, self._active_attained
                 floor = min(active.values()) if active else self._most_attained
                 attained[caller] = active[caller] = max(attained.get(caller, 0), floor)
+                self._fair_keys = None
             self.open_by_caller[caller] = count + 1
         self.requests[request.request_id] = request
         self.queue.push(
@@ -384,6 +396,7 @@ class SchedulerState:
             # Charged while open (before its finish closes it), so it is active.
             served = self.attained.get(caller, 0) + (at - since) // weight
             self.attained[caller] = self._active_attained[caller] = served
+            self._fair_keys = None
             if served > self._most_attained:
                 self._most_attained = served
 
@@ -400,7 +413,8 @@ class SchedulerState:
             self.open_by_caller[request.caller] = count
         else:
             del self.open_by_caller[request.caller]
-            self._active_attained.pop(request.caller, None)
+            if self._active_attained.pop(request.caller, None) is not None:
+                self._fair_keys = None
 
 
 def apply(state: SchedulerState, event: ev.AnyEvent) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -262,6 +263,10 @@ def test_group_evictions_are_resident_and_never_the_target(
 matrix_sets = st.lists(st.frozensets(names, min_size=1), min_size=1, max_size=5)
 
 
+def _matrix_of(sets: list[frozenset[str]]) -> MatrixRouter:
+    return MatrixRouter(sets=tuple(MatrixSet(name=f"s{i}", models=s) for i, s in enumerate(sets)))
+
+
 @given(matrix_sets, names, st.frozensets(names))
 def test_matrix_keeps_a_set_that_holds_the_target(
     sets: list[frozenset[str]], target: str, resident: frozenset[str]
@@ -275,6 +280,23 @@ def test_matrix_keeps_a_set_that_holds_the_target(
         # No set costs less than the one chosen.
         cost = len(evict)
         assert all(len(resident - s) >= cost for s in sets if target in s)
+
+
+@given(st.one_of(group_routers(), matrix_sets.map(_matrix_of)), names, st.frozensets(names))
+def test_a_remembered_answer_is_the_one_computed_afresh(
+    router: GroupRouter | MatrixRouter, target: str, resident: frozenset[str]
+) -> None:
+    """`to_evict` remembers a router's answers for frozen resident sets: asked
+    again, it answers as a plain set (never remembered) and a decoded copy of
+    the router do, and the memo is not part of the router's encoding."""
+    first = to_evict(router, target, resident)
+    assert to_evict(router, target, resident) == first
+    assert to_evict(router, target, set(resident)) == first
+    encoded = msgspec.json.encode(router)
+    copy = msgspec.json.decode(encoded, type=type(router))
+    assert copy == router
+    assert set(msgspec.json.decode(encoded)) == {"type", *type(router).__struct_fields__}
+    assert to_evict(copy, target, set(resident)) == first
 
 
 # -- preload and coexistence
