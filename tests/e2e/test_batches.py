@@ -346,3 +346,31 @@ def test_a_batch_left_validating_by_a_crash_queues_its_lines_at_the_next_start(
         (a["custom_id"], a["response"]["body"]["choices"][0]["message"]["content"]) for a in out
     )
     assert got == [("c0", "r0"), ("c1", "r1"), ("c2", "r2")]
+
+
+def test_two_callers_batches_share_the_gpu_under_fair_share(gateway: Start) -> None:
+    """Alice's batch is all queued before Bob's: in arrival order she would have
+    the GPU until her last line ends. With fair share on, Bob's lines are served
+    between hers as soon as she has had more GPU time than he has."""
+    keys = f"apiKeys:\n  - key: {ALICE}\n    label: alice\n  - key: {BOB}\n    label: bob\n"
+    fair = "routing:\n  scheduler:\n    settings:\n      serial:\n        fairShareBonus: 20\n"
+    gw = gateway(config(keys + fair))
+    alice, bob = client(gw, ALICE), client(gw, BOB)
+    first = submit(alice, [line(f"a{i}", delay=0.3) for i in range(6)])
+    second = submit(bob, [line(f"b{i}", delay=0.3) for i in range(6)])
+    for oa, batch in ((alice, first), (bob, second)):
+        done = wait_batch(oa, batch.id, "completed", timeout=60)
+        assert done.request_counts is not None and done.request_counts.completed == 6
+    order = [
+        r["caller"]
+        for r in gw.sql(
+            "SELECT r.caller FROM events e JOIN requests r ON r.id = e.request_id "
+            "WHERE e.type = 'request_dispatched' ORDER BY e.seq"
+        )
+    ]
+    assert sorted(order) == ["alice"] * 6 + ["bob"] * 6
+    # Bob does not wait for Alice's whole batch: he has half of the first eight runs.
+    assert order[:8].count("bob") >= 3, order
+    assert order.index("bob") < order.index("alice") + 3, order
+    check = gw.db_check()
+    assert check.returncode == 0, check.stdout + check.stderr
