@@ -278,6 +278,8 @@ class Scheduler:
         self.before_stop: Callable[[str], Awaitable[None]] | None = None
         """Set by serve: closes idle connections to a model before it is stopped."""
         self._idle: asyncio.Future[None] | None = None
+        self._last_commit: asyncio.Future[list[int]] | None = None
+        """The newest emit's commit: `recorded` waits for it."""
 
     # -- read-only views for the web layer --------------------------------------
 
@@ -346,7 +348,18 @@ class Scheduler:
             self.metrics.observe(event, self.state)
         fut = self.store.submit(batch)
         fut.add_done_callback(_consume_error)
+        self._last_commit = fut
         return fut
+
+    async def recorded(self, timeout: float) -> None:
+        """Wait, at most `timeout` seconds, until everything emitted so far is on
+        disk (the store commits in order), so a reader of the log that comes next
+        sees it. A refusing store only makes this return later, never fail."""
+        fut = self._last_commit
+        if fut is None or fut.done():
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
 
     def restore(self, restored: ev.RequestRestored, endpoint: str) -> Ticket:
         """The ticket of a job recovery puts back. The state changes only when the

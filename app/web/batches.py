@@ -433,6 +433,8 @@ class BatchRunner:
             )
             states = await asyncio.to_thread(line_states, self.engine, batch_id)
             self._withdraw(states)
+            # On disk before the answer, so its counts and the next read agree.
+            await self.scheduler.recorded(timeout=5.0)
             self._wake.set()
         elif batch["status"] != "cancelling":
             raise BatchError(

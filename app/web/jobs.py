@@ -451,8 +451,10 @@ class JobRunner:
             }
         # A running job is cut off at once: its upstream connection is closed.
         self.scheduler.cancel_any(request_id)
+        # Answered once the cancel is on disk, so the next read of the job agrees.
+        await self.scheduler.recorded(timeout=5.0)
         after = await self.view(request_id) or view
-        # The read model may not have the group commit yet; the live state has ended it.
+        # If the store is slow or refusing, the live state has ended it all the same.
         return 200, after | {"status": "cancelled"}
 
 
