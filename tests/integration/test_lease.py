@@ -291,7 +291,8 @@ async def test_leadership_releases_on_a_clean_stop(engine: Engine) -> None:
     lease = acquire(engine, holder(1), NOW, alive=always(True))
     leadership = Leadership(engine, lease, lambda reason: None, clock=lambda: NOW + 1, every=0.01)
     keeping = asyncio.create_task(leadership.keep())
-    await asyncio.sleep(0.05)
+    while (renewed := row(engine)) is None or renewed.renewed_at != NOW + 1:
+        await asyncio.sleep(0.01)  # polls until the first renewal is on disk
     keeping.cancel()
     await leadership.release()
     current = row(engine)
