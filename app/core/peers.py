@@ -64,6 +64,12 @@ def candidates(
     return [m for m in ordered if m not in blocked]
 
 
+def another_peer_left(choices: Iterable[str], failed: str, failing: Set[str]) -> bool:
+    """The probe of `failed`, one peer's entry for a choice, failed: is another
+    entry left to retry the request on (one whose last probe did not fail)?"""
+    return any(m != failed and m not in failing for m in choices)
+
+
 def affine(
     in_use: frozenset[str],
     peer_of: Mapping[str, str],

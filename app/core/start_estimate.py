@@ -52,7 +52,7 @@ def start_steps(
 ) -> Steps:
     """request id -> estimated start (unix ns) of every waiting request, or of those
     placed up to the last of `wanted` (which may name `arriving`: a request not
-    queued, as the queue would hold it, `admission.newcomer`). Yields every
+    queued, as the queue would hold it, `SchedulerState.newcomer`). Yields every
     `SLICE` requests placed: between slices `state` must not change."""
     free = _slots_now(state, running_since, now_ns, times)
     lanes = state.queue.lanes_in_order()

@@ -370,10 +370,7 @@ class SchedulerState:
             Queued(
                 request_id=request.request_id,
                 model=request.model,
-                # fifo's queue adds the model's priority to the header's
-                priority=request.priority
-                if self.scheduler != FIFO
-                else request.priority + self.model_priority.get(request.model, 0),
+                priority=self.queue_priority(request.model, request.priority),
                 enqueued_ns=request.enqueued_ns,
                 order=self.next_order,
                 caller=request.caller,
@@ -382,6 +379,37 @@ class SchedulerState:
             )
         )
         self.next_order += 1
+
+    def queue_priority(self, model: str, priority: int) -> int:
+        """The priority a request for `model` queues at: the granted one, to which
+        fifo adds the model's priority (the one place that rule lives)."""
+        if self.scheduler == FIFO:
+            return priority + self.model_priority.get(model, 0)
+        return priority
+
+    def newcomer(
+        self,
+        model: str,
+        priority: int,
+        now_ns: int,
+        *,
+        caller: str | None = None,
+        expected_run_ns: int | None = None,
+        endpoint: str = "",
+    ) -> Queued:
+        """A request arriving now as the queue would hold it, not queued: after
+        every request already there on equal scores. What admission's bounds and
+        `Retry-After` estimate for a request before it is admitted."""
+        return Queued(
+            request_id="",
+            model=model,
+            priority=self.queue_priority(model, priority),
+            enqueued_ns=now_ns,
+            order=self.next_order,
+            caller=caller,
+            expected_run_ns=expected_run_ns,
+            endpoint=endpoint,
+        )
 
     def _charge(self, request: OpenRequest, at: int) -> None:
         """Charge a running request's caller the GPU time since its dispatch

@@ -21,7 +21,7 @@ from app.core.queue import Queued
 from app.core.run_estimate import Durations
 from app.core.scoring import NS_PER_S
 from app.core.start_estimate import start_of
-from app.core.state import FIFO, SchedulerState
+from app.core.state import SchedulerState
 
 
 class Refused(Exception):
@@ -74,32 +74,6 @@ class WaitEstimates:
         wait = estimated_wait_s(state, arriving, running_since, now_ns, self._durations())
         self._known[key] = (now_ns, wait)
         return wait
-
-
-def newcomer(
-    state: SchedulerState,
-    model: str,
-    priority: int,
-    now_ns: int,
-    *,
-    caller: str | None = None,
-    expected_run_ns: int | None = None,
-    endpoint: str = "",
-) -> Queued:
-    """A request arriving now as the queue would hold it: after every request
-    already there on equal scores (fifo adds the model's priority, as it does)."""
-    if state.scheduler == FIFO:
-        priority += state.model_priority.get(model, 0)
-    return Queued(
-        request_id="",
-        model=model,
-        priority=priority,
-        enqueued_ns=now_ns,
-        order=state.next_order,
-        caller=caller,
-        expected_run_ns=expected_run_ns,
-        endpoint=endpoint,
-    )
 
 
 class BatchLines:
@@ -186,7 +160,7 @@ def estimated_wait_s(
     times: Durations | None = None,
 ) -> int:
     """Whole seconds, rounded up (at least 1), before `arriving` (not queued yet:
-    `newcomer`) would start if nothing else came: the live queue's own estimate
+    `SchedulerState.newcomer`) would start if nothing else came: the live queue's own estimate
     (`start_estimate.start_of`) with `arriving` placed in the queue's order,
     after every equal score. O(n) over the waiting requests, paid only when refusing."""
     start = start_of(state, arriving, running_since, now_ns, times or Durations())

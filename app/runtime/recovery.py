@@ -24,8 +24,9 @@ from typing import Any
 import msgspec
 
 from app.core import events as ev
+from app.runtime.api import Ticket
 from app.runtime.process_table import marked, signal_procs, wait_gone
-from app.runtime.scheduler import Scheduler, Ticket
+from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import (
     find_group_leaders,
     kill_process_group,

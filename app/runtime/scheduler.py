@@ -25,135 +25,38 @@ import contextlib
 import logging
 import math
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Literal, Protocol
-
-import msgspec
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 from app import __version__
 from app.config import Config, ModelConfig
 from app.core import events as ev
+from app.core.drain import after_grace, cancelled_at_stop
+from app.core.loads import idle_evictions, plan_load, preload_evictions
+from app.core.peers import another_peer_left
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
-from app.core.residency import describe, plan_preload, to_evict
+from app.core.residency import describe, plan_preload
 from app.core.run_estimate import Durations, RunEstimates
-from app.core.scoring import Breakdown
 from app.core.state import SchedulerState, apply
-from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds, newcomer
+from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds
+from app.runtime.api import (
+    SHUTTING_DOWN,
+    Admission,
+    Detached,
+    LiveState,
+    ModelStatus,
+    OpenStatus,
+    Ticket,
+    new_request_id,
+)
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
-from app.runtime.peer import probe
-from app.runtime.upstream import UpstreamProcess, UpstreamSpec, UpstreamStartError
+from app.runtime.ports import Cancellable, EventSink, Timers
+from app.runtime.processes import Processes, Upstream, UpstreamFactory
+from app.runtime.upstream import UpstreamProcess, UpstreamStartError
 
 log = logging.getLogger("gpulane.scheduler")
-
-
-class EventSink(Protocol):
-    failure: str | None
-    retry_in: float
-
-    def submit(self, events: list[ev.AnyEvent]) -> asyncio.Future[list[int]]: ...
-    def on_change(self, listener: Callable[[], None]) -> None: ...
-
-
-class Upstream(Protocol):
-    """What the run loop needs of one model's server: `UpstreamProcess` in
-    production, a recording fake in tests/unit/test_scheduler.py."""
-
-    @property
-    def spec(self) -> UpstreamSpec: ...
-    @property
-    def pid(self) -> int | None: ...
-    @property
-    def cmdline(self) -> list[str]: ...
-    @property
-    def running(self) -> bool: ...
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def exit_code(self) -> int | None: ...
-
-    async def start(self) -> int: ...
-    async def stop(self) -> int | None: ...
-    async def wait_exit(self) -> int: ...
-
-
-UpstreamFactory = Callable[[ModelConfig, Callable[[Upstream], None]], Upstream]
-"""Builds the upstream for a model; the callback records it once it has a pid."""
-
-
-class Timers(Protocol):
-    """`call_later` as the event loop has it; a fake clock in unit tests."""
-
-    def call_later(
-        self, delay: float, callback: Callable[..., object], *args: Any
-    ) -> Cancellable: ...
-
-
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Admission(msgspec.Struct, frozen=True, kw_only=True):
-    """What the web layer knows about a request when it asks for a place in the queue."""
-
-    model: str
-    model_requested: str
-    endpoint: str
-    priority: int
-    """Granted: what the request queues at."""
-    requested_priority: int | None = None
-    """What it asked for (header, else service_tier); None: nothing."""
-    caller: str | None = None
-    durable: bool = False
-    idempotency_key: str | None = None
-    job: dict[str, Any] | None = None
-    max_wait_ns: int | None = None
-    """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`)."""
-    request_id: str | None = None
-    """Chosen by the caller (a durable job's body is stored under it first); else new."""
-
-
-class OpenStatus(msgspec.Struct, frozen=True):
-    """What the live state says of a request that is queued or running."""
-
-    status: Literal["queued", "running"]
-    attempt: int
-    ahead: int | None = None
-    """Waiting requests that would go first (`app.core.policy.ahead_of`)."""
-    score: Breakdown | None = None
-    """Its score's terms as of now, while it waits."""
-
-
-class LiveState(msgspec.Struct, frozen=True):
-    """What reports read of the run loop, as of `now_ns`. Read-only: only the
-    scheduler changes its state, and only through events."""
-
-    state: SchedulerState
-    running_since: Mapping[str, int]
-    """request id -> unix ns of its dispatch, for what is running."""
-    now_ns: int
-
-
-class ModelStatus(msgspec.Struct, frozen=True):
-    state: Literal["starting", "ready", "stopped"]
-    pid: int | None
-    in_flight: int
-
-
-class Detached(msgspec.Struct, frozen=True):
-    """Why the scheduler took a request away from the task serving it, and what
-    that task should answer its client (OpenAI error shape)."""
-
-    status: int
-    code: str
-    message: str
-    retry_after: int | None = None
-    """Seconds, sent as `Retry-After`."""
-
-
-_SHUTTING_DOWN = "gpulane is shutting down; retry in a moment"
 
 
 def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
@@ -182,46 +85,6 @@ def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
     )
 
 
-class Ticket:
-    """A caller's handle on its request: resolves to the upstream's base URL when it may run."""
-
-    __slots__ = (
-        "request_id",
-        "model",
-        "endpoint",
-        "band",
-        "priority",
-        "enqueued_ns",
-        "ready",
-        "committed",
-        "score",
-        "queue_wait_ms",
-        "detached",
-    )
-
-    def __init__(
-        self, request_id: str, model: str, priority: int, enqueued_ns: int, endpoint: str = ""
-    ) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.endpoint = endpoint
-        self.priority = priority
-        self.band = band_of(priority)
-        self.enqueued_ns = enqueued_ns
-        self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.committed: asyncio.Future[list[int]] | None = None
-        """Resolves when the enqueue is on disk (durable jobs wait for it)."""
-        self.score: float | None = None
-        self.queue_wait_ms: float | None = None
-        self.detached: asyncio.Future[Detached] = asyncio.get_running_loop().create_future()
-        """Set when the scheduler ends or re-queues the request on its own
-        (time limit, operator, shutdown): the serving task stops and answers this."""
-
-
-def new_request_id() -> str:
-    return uuid.uuid4().hex
-
-
 class Scheduler:
     def __init__(
         self,
@@ -244,7 +107,8 @@ class Scheduler:
         self.logs = logs
         self.clock = clock
         self._timers: Timers = timers or asyncio.get_running_loop()
-        self._new_upstream = upstreams or self._upstream_process
+        self.processes = Processes(self, upstreams or self._upstream_process, clock)
+        """The model servers: loads, stops and the process watcher (the effects)."""
         self.owner = owner
         """Names this server's database in its upstreams' environment (recovery)."""
         self.state = SchedulerState()
@@ -254,11 +118,6 @@ class Scheduler:
         """Expected run times, recorded in each enqueue (seeded from the log by serve)."""
         self.metrics = Metrics(lambda: self.state, clock, callers=config.caller_labels())
         self.tickets: dict[str, Ticket] = {}
-        self.upstreams: dict[str, Upstream] = {}
-        self._stopping: dict[str, asyncio.Task[None]] = {}
-        self._swap_tasks: dict[str, asyncio.Task[None]] = {}
-        """Loads in progress, by model: one per lane, several lanes in parallel."""
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._last_used: dict[str, int] = {}
         self.running_since: dict[str, int] = {}
         self._served_by: dict[str, asyncio.Task[Any]] = {}
@@ -273,10 +132,6 @@ class Scheduler:
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
-        self.probe_peer: Callable[[ModelConfig], Awaitable[None]] = probe
-        """Loads a peer's model: a reachability check (app/runtime/peer.py)."""
-        self.before_stop: Callable[[str], Awaitable[None]] | None = None
-        """Set by serve: closes idle connections to a model before it is stopped."""
         self._idle: asyncio.Future[None] | None = None
         self._last_commit: asyncio.Future[list[int]] | None = None
         """The newest emit's commit: `recorded` waits for it."""
@@ -323,7 +178,7 @@ class Scheduler:
         return OpenStatus(status=status, attempt=request.attempt, ahead=ahead, score=score)
 
     def model_status(self, model: str) -> ModelStatus:
-        proc = self.upstreams.get(model)
+        proc = self.processes.get(model)
         if model in self.state.loads:
             state: Literal["starting", "ready", "stopped"] = "starting"
         elif proc is not None and proc.running:
@@ -335,7 +190,7 @@ class Scheduler:
 
     def loaded_models(self) -> list[str]:
         """Models with a server process (running, starting or stopping)."""
-        return list(self.upstreams)
+        return self.processes.models()
 
     # -- messages ------------------------------------------------------------
 
@@ -403,7 +258,7 @@ class Scheduler:
 
     def _enqueue(self, admission: Admission) -> Ticket:
         if self.draining:
-            raise Refused(_SHUTTING_DOWN, code="shutting_down")
+            raise Refused(SHUTTING_DOWN, code="shutting_down")
         if self.store.failure is not None:
             raise Refused(
                 f"the event log cannot be written: {self.store.failure}; nothing new is "
@@ -411,8 +266,7 @@ class Scheduler:
                 retry_after=max(1, math.ceil(self.store.retry_in)),
             )
         now = self.clock()
-        arriving = newcomer(
-            self.state,
+        arriving = self.state.newcomer(
             admission.model,
             admission.priority,
             now,
@@ -616,7 +470,7 @@ class Scheduler:
     def unload(self, model: str | None, reason: ev.StopReason = "unload") -> list[str]:
         """Stop idle upstreams (all, or one model); busy ones are left running."""
         stopped = []
-        for name in list(self.upstreams):
+        for name in self.processes.models():
             if model is not None and name != model:
                 continue
             if self.state.busy(name):
@@ -632,7 +486,7 @@ class Scheduler:
         model = self.state.running.get(request_id)
         if model is None or self.draining:
             return False
-        proc = self.upstreams.get(model)
+        proc = self.processes.get(model)
         if proc is not None:
             exited = asyncio.ensure_future(proc.wait_exit())
             await self._first(exited, 1.0)
@@ -669,11 +523,8 @@ class Scheduler:
     def preload(self, model: str) -> bool:
         """Load `model` for no request, if that evicts only idle models; True when
         its load began."""
-        state = self.state
-        if self.draining or model in state.in_use:
-            return False
-        evict = to_evict(state.router, model, state.occupied())
-        if any(state.busy(m) for m in evict):
+        evict = None if self.draining else preload_evictions(self.state, model)
+        if evict is None:
             return False
         self._begin_swap(model, request_id=None, evicted=evict)
         return True
@@ -709,25 +560,20 @@ class Scheduler:
         the same attempt (a stop is not the job's fault), a synchronous request
         fails. Durable jobs that wait stay queued in the log for the next start."""
         self.draining = True
-        detach = Detached(503, "shutting_down", _SHUTTING_DOWN)
-        for request_id, request in list(self.state.requests.items()):
-            if not request.running and not request.durable:
-                self._end(
-                    ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="shutdown"),
-                    detach,
-                )
+        detach = Detached(503, "shutting_down", SHUTTING_DOWN)
+        for request_id in cancelled_at_stop(self.state):
+            self._end(
+                ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="shutdown"),
+                detach,
+            )
         if self.state.running:
             self._idle = asyncio.get_running_loop().create_future()
             await self._first(self._idle, grace)
-        for request_id in list(self.state.running):
-            request = self.state.requests[request_id]
-            if request.durable:
+        for request_id, fate in after_grace(self.state):
+            if fate == "requeue":
+                attempt = self.state.requests[request_id].attempt
                 self.emit(
-                    [
-                        ev.RequestRequeued(
-                            at=self.clock(), request_id=request_id, attempt=request.attempt
-                        )
-                    ]
+                    [ev.RequestRequeued(at=self.clock(), request_id=request_id, attempt=attempt)]
                 )
                 self._detach(request_id, detach)
             else:
@@ -811,7 +657,7 @@ class Scheduler:
                 ticket.ready.set_result(spec.proxy)
                 self._arm_deadline(request_id, model)
             return
-        proc = self.upstreams.get(model)
+        proc = self.processes.get(model)
         if proc is None or not proc.running:
             if self.draining:
                 return  # no swap starts during shutdown; drain ends the request
@@ -850,14 +696,9 @@ class Scheduler:
         self, model: str, request_id: str | None, evicted: Iterable[str] | None = None
     ) -> None:
         """Load `model` (for `request_id`, None: a preload), evicting `evicted`: the
-        decision's, else what the router says of the idle models in use (a reload
-        after a crash leaves busy ones alone)."""
-        state = self.state
-        if evicted is None:
-            evicted = [
-                m for m in to_evict(state.router, model, state.occupied()) if not state.busy(m)
-            ]
-        names = sorted(evicted)
+        decision's, else what the core says a load no dispatch planned evicts
+        (`loads.idle_evictions`: a reload after a crash leaves busy ones alone)."""
+        names = sorted(idle_evictions(self.state, model) if evicted is None else evicted)
         # The dispatch that asked for this swap is applied already: what it evicts
         # says where the lane comes from (several: `evicted` names them).
         from_model = names[0] if len(names) == 1 else None
@@ -872,61 +713,12 @@ class Scheduler:
                 )
             ]
         )
-        task = self._spawn(self._swap(model, names, request_id))
-        self._swap_tasks[model] = task
-        task.add_done_callback(
-            lambda t: self._swap_tasks.pop(model) if self._swap_tasks.get(model) is t else None
+        plan = plan_load(
+            self.state.router, model, names, self.processes.models(), self.processes.stopping()
         )
-
-    async def _swap(self, model: str, evicted: list[str], request_id: str | None) -> None:
-        t0 = self.clock()
-        try:
-            router = self.state.router
-            if router is None:
-                # One model at a time: stop every other one first.
-                evicted = [other for other in self.upstreams if other != model]
-            for other in evicted:
-                if other in self.upstreams:
-                    self._stop(other, "evicted", evicted_for=model, evicted_by=request_id)
-            # Wait for the evicted to free their GPU, and for any other stop in
-            # progress the router would have had this load evict (its lane), or
-            # of this model's previous process.
-            stopping = set(self._stopping)
-            wait_for = stopping if router is None else to_evict(router, model, stopping)
-            for other in sorted(wait_for | (stopping & {model, *evicted})):
-                task = self._stopping.get(other)
-                if task is not None:
-                    await task
-            spec = self.config.models[model]
-            if spec.peer is not None:
-                await self.probe_peer(spec)  # no process: is the peer there?
-            elif (proc := self.upstreams.get(model)) is None or not proc.running:
-                proc = self._new_upstream(
-                    self.config.models[model], lambda p: self._process_started(model, p)
-                )
-                self.upstreams[model] = proc
-                await proc.start()
-                self._watch(model, proc)
-        except Exception as exc:  # any failure must release the waiting requests
-            if not isinstance(exc, UpstreamStartError | OSError):
-                log.exception("loading %s failed unexpectedly", model)
-            failed = self.upstreams.pop(model, None)
-            if failed is not None and failed.pid is not None:
-                # start() already stopped it; close the record ProcessStarted opened.
-                self.emit(
-                    [
-                        ev.ProcessStopped(
-                            at=self.clock(),
-                            model=model,
-                            pid=failed.pid,
-                            reason="failed_start",
-                            exit_code=failed.exit_code,
-                        )
-                    ]
-                )
-            self._swap_done(model, error=str(exc), seconds=(self.clock() - t0) / 1e9)
-            return
-        self._swap_done(model, error=None, seconds=(self.clock() - t0) / 1e9)
+        for other in plan.stop:
+            self._stop(other, "evicted", evicted_for=model, evicted_by=request_id)
+        self.processes.load(self.config.models[model], plan.wait_for)
 
     def _upstream_process(
         self, spec: ModelConfig, on_spawn: Callable[[Upstream], None]
@@ -939,7 +731,9 @@ class Scheduler:
             owner=self.owner,
         )
 
-    def _process_started(self, model: str, proc: Upstream) -> None:
+    # -- facts from the processes (app/runtime/processes.py) -------------------
+
+    def process_spawned(self, model: str, proc: Upstream) -> None:
         assert proc.pid is not None
         self.emit(
             [
@@ -953,8 +747,23 @@ class Scheduler:
             ]
         )
 
-    def _swap_done(self, model: str, *, error: str | None, seconds: float) -> None:
+    def load_ended(
+        self, model: str, error: str | None, seconds: float, failed: Upstream | None
+    ) -> None:
         now = self.clock()
+        if failed is not None and failed.pid is not None:
+            # start() already stopped it; close the record ProcessStarted opened.
+            self.emit(
+                [
+                    ev.ProcessStopped(
+                        at=now,
+                        model=model,
+                        pid=failed.pid,
+                        reason="failed_start",
+                        exit_code=failed.exit_code,
+                    )
+                ]
+            )
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
             self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
@@ -973,6 +782,21 @@ class Scheduler:
                     ticket.ready.set_exception(UpstreamStartError(error))
                 self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502))
             self._after_failed_load(model, error, now)
+        self.pump()
+
+    def process_crashed(self, model: str, proc: Upstream, exit_code: int) -> None:
+        assert proc.pid is not None
+        self.emit(
+            [
+                ev.ProcessStopped(
+                    at=self.clock(),
+                    model=model,
+                    pid=proc.pid,
+                    reason="crashed",
+                    exit_code=exit_code,
+                )
+            ]
+        )
         self.pump()
 
     def _after_failed_load(self, model: str, error: str, now: int) -> None:
@@ -1010,12 +834,12 @@ class Scheduler:
     def _retry_on_another_peer(self, request_id: str, model: str, error: str) -> bool:
         """A peer did not answer the probe for a request several peers may serve:
         put it back in the queue (recorded), so the next decision sends it to
-        another peer (one whose last probe did not fail); False when none is left."""
+        another peer (`peers.another_peer_left`); False when none is left."""
         request = self.state.requests.get(request_id)
         if request is None or model == request.model:
             return False
-        others = self.state.choices.get(request.model, ())
-        if all(m == model or m in self.state.load_failures for m in others):
+        choices = self.state.choices.get(request.model, ())
+        if not another_peer_left(choices, model, self.state.load_failures.keys()):
             return False
         log.warning("request %s: %s; retrying it on another peer", request_id, error)
         self.emit(
@@ -1031,30 +855,7 @@ class Scheduler:
         evicted_for: str | None = None,
         evicted_by: str | None = None,
     ) -> None:
-        proc = self.upstreams.pop(model, None)
-        if proc is None:
-            return
-        self.emit(
-            [
-                ev.ProcessStopping(
-                    at=self.clock(),
-                    model=model,
-                    pid=proc.pid,
-                    reason=reason,
-                    evicted_for=evicted_for,
-                    evicted_by=evicted_by,
-                )
-            ]
-        )
-
-        async def stop() -> None:
-            try:
-                if self.before_stop is not None:
-                    with contextlib.suppress(Exception):
-                        await self.before_stop(model)
-                code = await proc.stop()
-            finally:
-                self._stopping.pop(model, None)
+        def stopped(proc: Upstream, code: int | None) -> None:
             if proc.pid is not None:
                 self.emit(
                     [
@@ -1071,26 +872,21 @@ class Scheduler:
                 )
             self.pump()
 
-        self._stopping[model] = self._spawn(stop())
-
-    def _watch(self, model: str, proc: Upstream) -> None:
-        async def watch() -> None:
-            code = await proc.wait_exit()
-            if proc.stopping or proc.pid is None:
-                return
-            if self.upstreams.get(model) is proc:
-                del self.upstreams[model]
-            log.warning("upstream %s (pid %s) exited with %s", model, proc.pid, code)
-            self.emit(
-                [
-                    ev.ProcessStopped(
-                        at=self.clock(), model=model, pid=proc.pid, reason="crashed", exit_code=code
-                    )
-                ]
-            )
-            self.pump()
-
-        self._spawn(watch())
+        proc = self.processes.stop(model, stopped)
+        if proc is None:
+            return
+        self.emit(
+            [
+                ev.ProcessStopping(
+                    at=self.clock(),
+                    model=model,
+                    pid=proc.pid,
+                    reason=reason,
+                    evicted_for=evicted_for,
+                    evicted_by=evicted_by,
+                )
+            ]
+        )
 
     def _arm_ttl(self, model: str) -> None:
         ttl = self.config.models[model].ttl
@@ -1100,7 +896,7 @@ class Scheduler:
 
     def _ttl_check(self, model: str) -> None:
         ttl = self.config.models[model].ttl
-        if model not in self.upstreams or self.state.busy(model):
+        if self.processes.get(model) is None or self.state.busy(model):
             return  # busy: the request's end arms the TTL again
         early = ttl - (self.clock() - self._last_used.get(model, 0)) / 1e9
         if early > 0:
@@ -1109,31 +905,16 @@ class Scheduler:
             return
         self._stop(model, "ttl")
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("scheduler task failed", exc_info=task.exception())
-
     async def shutdown(self) -> None:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
-        for model in list(self.upstreams):
+        for model in self.processes.models():
             self._stop(model, "shutdown")
-        for swap in list(self._swap_tasks.values()):
-            # Its process is stopped, so it ends now and records how (a swap
-            # cancelled instead would leave its swap_started unfinished).
-            with contextlib.suppress(Exception):
-                await swap
-        for model in list(self.upstreams):
-            self._stop(model, "shutdown")  # one that swap had not spawned yet
-        for task in list(self._stopping.values()):
-            with contextlib.suppress(Exception):
-                await task
+        # Each load's process is stopped, so it ends now and records how (a load
+        # cancelled instead would leave its swap_started unfinished).
+        await self.processes.loads_ended()
+        for model in self.processes.models():
+            self._stop(model, "shutdown")  # one that a load had not spawned yet
+        await self.processes.stops_ended()
 
     async def _first(self, fut: asyncio.Future[Any], seconds: float) -> None:
         """Wait until `fut` is done or `seconds` pass on the scheduler's timers

@@ -43,7 +43,7 @@ from sqlalchemy import RowMapping
 from app.core.priority import ALIASES, HEADER, grant, read_priority, tier_offset
 from app.report.progress import Progress, progress
 from app.runtime.admission import Refused
-from app.runtime.scheduler import Admission, new_request_id
+from app.runtime.api import Admission, new_request_id
 from app.store.batches import (
     OPEN_BATCH_STATUSES,
     batch_of_request,

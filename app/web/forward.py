@@ -25,7 +25,8 @@ from litestar.types import Send
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
-from app.runtime.scheduler import Detached, Scheduler, Ticket
+from app.runtime.api import Detached, Ticket
+from app.runtime.scheduler import Scheduler
 from app.runtime.usage import UsageSniffer
 from app.web.errors import retry_after, send_error
 

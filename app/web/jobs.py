@@ -33,7 +33,8 @@ from sqlalchemy import Engine
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
 from app.runtime.admission import Refused
-from app.runtime.scheduler import Admission, Scheduler, Ticket, new_request_id
+from app.runtime.api import Admission, Ticket, new_request_id
+from app.runtime.scheduler import Scheduler
 from app.store.engine import describe
 from app.store.event_store import write_until_accepted
 from app.store.job_bodies import (

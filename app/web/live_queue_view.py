@@ -19,7 +19,8 @@ import asyncio
 
 from app.core.state import SchedulerState
 from app.report.live_queue import QueueView, Steps, Times, queue_view_steps
-from app.runtime.scheduler import LiveState, Scheduler
+from app.runtime.api import LiveState
+from app.runtime.scheduler import Scheduler
 
 AT_ONCE = 4
 """Slices computed at once, on the live state, before a view goes to a snapshot:

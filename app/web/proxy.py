@@ -19,7 +19,8 @@ from litestar.types import Message, Receive, Scope, Send
 from app.config import Config
 from app.core.priority import HEADER, grant, read_priority, tier_priority
 from app.runtime.admission import Refused
-from app.runtime.scheduler import Admission, Detached, Scheduler, Ticket
+from app.runtime.api import Admission, Detached, Ticket
+from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import UpstreamStartError
 from app.web.auth import ANONYMOUS, identify
 from app.web.errors import retry_after, send_error

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import hashlib
 import logging
@@ -141,7 +140,7 @@ async def _serve(
     for model, load_ms in reversed(loads):
         scheduler.run_estimates.observe_load(model, int(load_ms * 1e6))
     forwarder = Forwarder(config, scheduler)
-    scheduler.before_stop = forwarder.release
+    scheduler.processes.before_stop = forwarder.release
     proxy = Proxy(config, scheduler, forwarder)
     jobs = JobRunner(config, scheduler, forwarder, engine)
     proxy.jobs = jobs
@@ -233,10 +232,7 @@ def _fenced(scheduler: Scheduler, reason: str) -> None:
     """Another gpulane took this database over: stop at once, writing nothing more
     (no drain, no events); this server's upstreams are killed, not recorded."""
     log.error("%s; stopping now without writing anything more", reason)
-    for proc in list(scheduler.upstreams.values()):
-        if proc.pid is not None:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # each upstream leads its own group
+    scheduler.processes.kill_all()
     logging.shutdown()
     os._exit(FENCED_EXIT)
 

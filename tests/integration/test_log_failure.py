@@ -14,8 +14,9 @@ import pytest
 
 from app.config import parse_config
 from app.core.events import AnyEvent, RequestEnqueued
+from app.runtime.api import Admission
 from app.runtime.log_buffer import LogBuffer
-from app.runtime.scheduler import Admission, Scheduler
+from app.runtime.scheduler import Scheduler
 from app.store.memory_store import InMemoryEventStore
 from app.store.port import StoreError
 from app.web.app import create_app
@@ -110,4 +111,4 @@ async def test_a_durable_enqueue_that_fails_to_commit_leaves_no_phantom() -> Non
     # Its swap had not spawned the upstream yet: shutdown still leaves none running.
     pids = {type(e).__name__: e.pid for _, e in store.events if hasattr(e, "pid")}
     assert pids.get("ProcessStarted") == pids.get("ProcessStopped")
-    assert not scheduler.upstreams
+    assert not scheduler.loaded_models()

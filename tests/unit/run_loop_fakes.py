@@ -22,8 +22,10 @@ from typing import Any
 
 from app.config import ModelConfig, parse_config
 from app.core import events as ev
+from app.runtime.api import Admission, Ticket
 from app.runtime.log_buffer import LogBuffer
-from app.runtime.scheduler import Admission, Scheduler, Ticket, Upstream
+from app.runtime.processes import Upstream
+from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import UpstreamStartError
 from app.store.memory_store import InMemoryEventStore
 from app.store.port import StoreError

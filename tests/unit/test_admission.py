@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from app.core.run_estimate import Durations, RunEstimates
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.runtime.admission import BatchLines, WaitEstimates, estimated_wait_s, newcomer
+from app.runtime.admission import BatchLines, WaitEstimates, estimated_wait_s
 from tests.unit.core_driver import CoreDriver
 
 MIN = 60 * NS_PER_S
@@ -27,7 +27,7 @@ def wait(
     runs: Mapping[str, int] | None = None,
 ) -> int:
     """The estimate for a request arriving now."""
-    arriving = newcomer(driver.state, model, priority, driver.now)
+    arriving = driver.state.newcomer(model, priority, driver.now)
     times = Durations(dict(runs or {}), dict(loads or {}))
     return estimated_wait_s(driver.state, arriving, running_since or {}, driver.now, times)
 
@@ -86,7 +86,7 @@ def test_with_no_history_of_their_own_requests_take_their_models_run_time() -> N
     driver = CoreDriver(ScoringParams(0, 0), resident="m")
     for rid in ("a", "b", "c"):
         driver.enqueue(rid, "m", 0)  # enqueued before any run had finished
-    arriving = newcomer(driver.state, "m", 0, driver.now, expected_run_ns=2 * NS_PER_S)
+    arriving = driver.state.newcomer("m", 0, driver.now, expected_run_ns=2 * NS_PER_S)
     times = Durations({"m": 2 * NS_PER_S})
     assert estimated_wait_s(driver.state, arriving, {}, driver.now, times) == 3 * 2
 
@@ -119,7 +119,7 @@ def test_estimates_are_kept_for_a_second_per_priority_and_model() -> None:
     waits = WaitEstimates()
 
     def get(priority: int, model: str = "m") -> int:
-        arriving = newcomer(driver.state, model, priority, driver.now)
+        arriving = driver.state.newcomer(model, priority, driver.now)
         return waits.get(driver.state, arriving, {}, driver.now)
 
     assert get(0) == 60
@@ -171,5 +171,5 @@ def test_the_learnt_times_are_each_models_median_run_and_load() -> None:
     waits = WaitEstimates(learnt.durations)
     driver = CoreDriver(ScoringParams(0, 0), resident="n")
     driver.enqueue("a", "m", 0)
-    arriving = newcomer(driver.state, "m", 0, driver.now)
+    arriving = driver.state.newcomer("m", 0, driver.now)
     assert waits.get(driver.state, arriving, {}, driver.now) == 20 + 4  # load, then a's run

@@ -18,7 +18,7 @@ from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.live_queue import SLICE, estimate_starts, queue_view, queue_view_steps
 from app.report.run_times import RunTimes
-from app.runtime.admission import estimated_wait_s, newcomer
+from app.runtime.admission import estimated_wait_s
 from app.web.console.queue_page import page_window, queue_page
 from tests.unit.core_driver import CoreDriver
 
@@ -281,7 +281,7 @@ def test_retry_after_and_the_live_queue_agree_on_the_same_request(slots_a: int) 
         )
     d.advance(NS_PER_S // 3)
     for model, priority in (("A", 0), ("B", -100), ("C", 100), ("B", 100)):
-        arriving = newcomer(d.state, model, priority, d.now, expected_run_ns=9 * NS_PER_S)
+        arriving = d.state.newcomer(model, priority, d.now, expected_run_ns=9 * NS_PER_S)
         told = estimated_wait_s(d.state, arriving, running_since, d.now, TIMES_NS)
         state = d.state.snapshot()
         apply(state, _enqueued(arriving))

@@ -13,7 +13,8 @@ import pytest
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState
 from app.report.live_queue import SLICE, QueueView, queue_view
-from app.runtime.scheduler import LiveState, Scheduler
+from app.runtime.api import LiveState
+from app.runtime.scheduler import Scheduler
 from app.web.live_queue_view import live_queue_view
 from tests.unit.core_driver import CoreDriver
 from tests.unit.test_live_queue import TIMES

@@ -17,7 +17,8 @@ import pytest
 from app.core import events as ev
 from app.core.residency import Group, GroupRouter, MatrixRouter, MatrixSet
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.runtime.scheduler import Ticket, server_started
+from app.runtime.api import Ticket
+from app.runtime.scheduler import server_started
 from tests.unit.run_loop_fakes import FakeUpstream, Lane, config_text
 from tools.replay import simulate as simulate_module
 from tools.replay.cli import ResourcesError, load_resources, replay_command
@@ -73,7 +74,7 @@ async def recorded_run(seed: int) -> tuple[list[ev.AnyEvent], int]:
         made._on_spawn = spawned
         return made
 
-    scheduler._new_upstream = upstream
+    scheduler.processes.new_upstream = upstream
     tickets: list[Ticket] = []
 
     def arrive(model: str, priority: int, run_s: float) -> None:

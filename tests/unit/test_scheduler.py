@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from app.core import events as ev
-from app.runtime.scheduler import Detached, Refused, Ticket, server_started
+from app.runtime.admission import Refused
+from app.runtime.api import Detached, Ticket
+from app.runtime.scheduler import server_started
 from app.runtime.upstream import UpstreamStartError
 from app.store.port import StoreError
 from tests.unit.run_loop_fakes import HeldStore, Lane, config_text, settle
@@ -242,7 +244,7 @@ async def test_a_failed_start_fails_the_request_502_and_the_lane_moves_on() -> N
     assert "exited with code 3" in lane.events(ev.SwapFailed)[0].error
     stopped = lane.events(ev.ProcessStopped)
     assert [(e.model, e.pid, e.reason) for e in stopped] == [("A", upstream.pid, "failed_start")]
-    assert "A" not in lane.scheduler.upstreams
+    assert "A" not in lane.scheduler.loaded_models()
     # The lane moved on: B loads and runs.
     lane.upstreams.last("B").load()
     await lane.finish(next_one)
@@ -292,7 +294,7 @@ async def test_a_crash_while_idle_is_recorded_and_the_next_request_loads_again()
     await settle()
     stopped = lane.events(ev.ProcessStopped)
     assert [(e.pid, e.reason, e.exit_code) for e in stopped] == [(first.pid, "crashed", 139)]
-    assert lane.scheduler.state.resident is None and lane.scheduler.upstreams == {}
+    assert lane.scheduler.state.resident is None and lane.scheduler.loaded_models() == []
     again = await running(lane)
     assert lane.events(ev.RequestDispatched)[-1].swap is True
     assert lane.upstreams.calls == [("start", "A"), ("start", "A")]
@@ -876,4 +878,4 @@ async def test_shutdown_stops_every_upstream() -> None:
     await lane.finish(await running(lane))
     await lane.scheduler.shutdown()
     assert [(e.model, e.reason) for e in lane.events(ev.ProcessStopped)] == [("A", "shutdown")]
-    assert lane.scheduler.upstreams == {}
+    assert lane.scheduler.loaded_models() == []

@@ -47,7 +47,7 @@ class Probes:
 def lane() -> tuple[Lane, Probes]:
     lane = Lane(CONFIG)
     probes = Probes()
-    lane.scheduler.probe_peer = probes
+    lane.scheduler.processes.probe_peer = probes
     return lane, probes
 
 

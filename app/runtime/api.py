@@ -1,0 +1,119 @@
+"""What the web layer and the run loop exchange: the values web hands the
+scheduler (`Admission`), the handle it gets back (`Ticket`), what the
+scheduler tells a serving task (`Detached`) and the read-only views web reads
+(`OpenStatus`, `ModelStatus`, `LiveState`). Web imports these and calls
+`Scheduler`'s methods; it reads no scheduler field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from app.core.priority import band_of
+from app.core.scoring import Breakdown
+from app.core.state import SchedulerState
+
+SHUTTING_DOWN = "gpulane is shutting down; retry in a moment"
+
+
+class Admission(msgspec.Struct, frozen=True, kw_only=True):
+    """What the web layer knows about a request when it asks for a place in the queue."""
+
+    model: str
+    model_requested: str
+    endpoint: str
+    priority: int
+    """Granted: what the request queues at."""
+    requested_priority: int | None = None
+    """What it asked for (header, else service_tier); None: nothing."""
+    caller: str | None = None
+    durable: bool = False
+    idempotency_key: str | None = None
+    job: dict[str, Any] | None = None
+    max_wait_ns: int | None = None
+    """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`)."""
+    request_id: str | None = None
+    """Chosen by the caller (a durable job's body is stored under it first); else new."""
+
+
+class OpenStatus(msgspec.Struct, frozen=True):
+    """What the live state says of a request that is queued or running."""
+
+    status: Literal["queued", "running"]
+    attempt: int
+    ahead: int | None = None
+    """Waiting requests that would go first (`app.core.policy.ahead_of`)."""
+    score: Breakdown | None = None
+    """Its score's terms as of now, while it waits."""
+
+
+class LiveState(msgspec.Struct, frozen=True):
+    """What reports read of the run loop, as of `now_ns`. Read-only: only the
+    scheduler changes its state, and only through events."""
+
+    state: SchedulerState
+    running_since: Mapping[str, int]
+    """request id -> unix ns of its dispatch, for what is running."""
+    now_ns: int
+
+
+class ModelStatus(msgspec.Struct, frozen=True):
+    state: Literal["starting", "ready", "stopped"]
+    pid: int | None
+    in_flight: int
+
+
+class Detached(msgspec.Struct, frozen=True):
+    """Why the scheduler took a request away from the task serving it, and what
+    that task should answer its client (OpenAI error shape)."""
+
+    status: int
+    code: str
+    message: str
+    retry_after: int | None = None
+    """Seconds, sent as `Retry-After`."""
+
+
+class Ticket:
+    """A caller's handle on its request: resolves to the upstream's base URL when it may run."""
+
+    __slots__ = (
+        "request_id",
+        "model",
+        "endpoint",
+        "band",
+        "priority",
+        "enqueued_ns",
+        "ready",
+        "committed",
+        "score",
+        "queue_wait_ms",
+        "detached",
+    )
+
+    def __init__(
+        self, request_id: str, model: str, priority: int, enqueued_ns: int, endpoint: str = ""
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.endpoint = endpoint
+        self.priority = priority
+        self.band = band_of(priority)
+        self.enqueued_ns = enqueued_ns
+        self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.committed: asyncio.Future[list[int]] | None = None
+        """Resolves when the enqueue is on disk (durable jobs wait for it)."""
+        self.score: float | None = None
+        self.queue_wait_ms: float | None = None
+        self.detached: asyncio.Future[Detached] = asyncio.get_running_loop().create_future()
+        """Set when the scheduler ends or re-queues the request on its own
+        (time limit, operator, shutdown): the serving task stops and answers this."""
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
