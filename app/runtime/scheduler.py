@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from app import __version__
-from app.config import Config, ModelConfig
+from app.config import Config
 from app.core import events as ev
 from app.core.drain import after_grace, cancelled_at_stop
-from app.core.loads import idle_evictions, plan_load, preload_evictions
+from app.core.loads import preload_evictions
 from app.core.peers import another_peer_left
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
@@ -53,8 +53,9 @@ from app.runtime.api import (
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.ports import Cancellable, EventSink, Timers
-from app.runtime.processes import Processes, Upstream, UpstreamFactory
-from app.runtime.upstream import UpstreamProcess, UpstreamStartError
+from app.runtime.processes import UpstreamFactory
+from app.runtime.swaps import Swaps
+from app.runtime.upstream import UpstreamStartError
 
 log = logging.getLogger("gpulane.scheduler")
 
@@ -107,8 +108,10 @@ class Scheduler:
         self.logs = logs
         self.clock = clock
         self._timers: Timers = timers or asyncio.get_running_loop()
-        self.processes = Processes(self, upstreams or self._upstream_process, clock)
-        """The model servers: loads, stops and the process watcher (the effects)."""
+        self.swaps = Swaps(self, config, self._timers, upstreams, logs=logs, owner=owner)
+        """Loads, stops, TTL and back-off: recorded, then carried out by its processes."""
+        self.processes = self.swaps.processes
+        """The model servers (the effects): what each model runs."""
         self.owner = owner
         """Names this server's database in its upstreams' environment (recovery)."""
         self.state = SchedulerState()
@@ -118,7 +121,6 @@ class Scheduler:
         """Expected run times, recorded in each enqueue (seeded from the log by serve)."""
         self.metrics = Metrics(lambda: self.state, clock, callers=config.caller_labels())
         self.tickets: dict[str, Ticket] = {}
-        self._last_used: dict[str, int] = {}
         self.running_since: dict[str, int] = {}
         self._served_by: dict[str, asyncio.Task[Any]] = {}
         self._deadlines: dict[str, Cancellable] = {}
@@ -189,8 +191,12 @@ class Scheduler:
         return ModelStatus(state=state, pid=pid, in_flight=self.state.running_on(model))
 
     def loaded_models(self) -> list[str]:
-        """Models with a server process (running, starting or stopping)."""
+        """Models with a server process (running or starting), in spawn order."""
         return self.processes.models()
+
+    def stopping_models(self) -> list[str]:
+        """Models whose process is being stopped now, sorted."""
+        return sorted(self.processes.stopping())
 
     # -- messages ------------------------------------------------------------
 
@@ -439,7 +445,7 @@ class Scheduler:
         if hung:
             # Stopped first, so the next dispatch to this model loads it afresh.
             log.warning("upstream %s hung (%s): restarting it", model, error)
-            self._stop(model, "hung")
+            self.swaps.stop(model, "hung")
         self._end(
             ev.RequestFailed(
                 at=self.clock(), request_id=request_id, error=error, http_status=http_status
@@ -475,7 +481,7 @@ class Scheduler:
                 continue
             if self.state.busy(name):
                 continue
-            self._stop(name, reason)
+            self.swaps.stop(name, reason)
             stopped.append(name)
         return stopped
 
@@ -498,7 +504,7 @@ class Scheduler:
             return False
         ticket.ready = asyncio.get_running_loop().create_future()
         if model not in self.state.loads:
-            self._begin_swap(model, request_id)
+            self.swaps.begin(model, request_id)
         try:
             await ticket.ready
         except (asyncio.CancelledError, UpstreamStartError):
@@ -526,7 +532,7 @@ class Scheduler:
         evict = None if self.draining else preload_evictions(self.state, model)
         if evict is None:
             return False
-        self._begin_swap(model, request_id=None, evicted=evict)
+        self.swaps.begin(model, request_id=None, evicted=evict)
         return True
 
     def pump(self) -> None:
@@ -548,7 +554,7 @@ class Scheduler:
                 ticket.score = decision.scores.winner.total
                 ticket.queue_wait_ms = (now - enqueued) / 1e6
             if decision.action == "swap":
-                self._begin_swap(dispatched.model, dispatched.request_id, decision.evicted)
+                self.swaps.begin(dispatched.model, dispatched.request_id, decision.evicted)
             elif decision.action == "run":
                 self._release(dispatched.request_id, dispatched.model)
             # "join": released by _swap_done when the load in progress ends
@@ -602,8 +608,7 @@ class Scheduler:
         self._detach(request_id, detach)
         status = ev.type_name(event).removeprefix("request_")  # completed, failed, ...
         self.metrics.observe_finish(band_of(request.priority), status)
-        self._last_used[request.model] = self.clock()
-        self._arm_ttl(request.model)
+        self.swaps.used(request.model)
         if self._idle is not None and not self.state.running and not self._idle.done():
             self._idle.set_result(None)
         self.pump()
@@ -663,7 +668,7 @@ class Scheduler:
                 return  # no swap starts during shutdown; drain ends the request
             # The process went away between decision and release (TTL stop, crash):
             # load it again rather than send the request to nothing.
-            self._begin_swap(model, request_id)
+            self.swaps.begin(model, request_id)
             return
         if ticket is not None and not ticket.ready.done():
             ticket.ready.set_result(proc.spec.proxy)
@@ -684,7 +689,7 @@ class Scheduler:
             return
         message = f"the request ran longer than maxRunTime ({limit:g} s) for model {model!r}"
         log.warning("request %s: %s; restarting the upstream", request_id, message)
-        self._stop(model, "hung")
+        self.swaps.stop(model, "hung")
         self._end(
             ev.RequestFailed(
                 at=self.clock(), request_id=request_id, error=message, http_status=504
@@ -692,85 +697,20 @@ class Scheduler:
             Detached(504, "upstream_timeout", message),
         )
 
-    def _begin_swap(
-        self, model: str, request_id: str | None, evicted: Iterable[str] | None = None
-    ) -> None:
-        """Load `model` (for `request_id`, None: a preload), evicting `evicted`: the
-        decision's, else what the core says a load no dispatch planned evicts
-        (`loads.idle_evictions`: a reload after a crash leaves busy ones alone)."""
-        names = sorted(idle_evictions(self.state, model) if evicted is None else evicted)
-        # The dispatch that asked for this swap is applied already: what it evicts
-        # says where the lane comes from (several: `evicted` names them).
-        from_model = names[0] if len(names) == 1 else None
-        self.emit(
-            [
-                ev.SwapStarted(
-                    at=self.clock(),
-                    from_model=from_model,
-                    to_model=model,
-                    request_id=request_id,
-                    evicted=names,
-                )
-            ]
-        )
-        plan = plan_load(
-            self.state.router, model, names, self.processes.models(), self.processes.stopping()
-        )
-        for other in plan.stop:
-            self._stop(other, "evicted", evicted_for=model, evicted_by=request_id)
-        self.processes.load(self.config.models[model], plan.wait_for)
+    # -- what a load's end means for the requests waiting on it ---------------
 
-    def _upstream_process(
-        self, spec: ModelConfig, on_spawn: Callable[[Upstream], None]
-    ) -> Upstream:
-        return UpstreamProcess(
-            spec,
-            health_check_timeout=self.config.health_check_timeout,
-            logs=self.logs,
-            on_spawn=on_spawn,
-            owner=self.owner,
-        )
-
-    # -- facts from the processes (app/runtime/processes.py) -------------------
-
-    def process_spawned(self, model: str, proc: Upstream) -> None:
-        assert proc.pid is not None
-        self.emit(
-            [
-                ev.ProcessStarted(
-                    at=self.clock(),
-                    model=model,
-                    pid=proc.pid,
-                    cmdline=list(proc.cmdline),
-                    port=self.config.models[model].port,
-                )
-            ]
-        )
-
-    def load_ended(
-        self, model: str, error: str | None, seconds: float, failed: Upstream | None
-    ) -> None:
+    def load_ended(self, model: str, error: str | None, seconds: float) -> None:
+        """The load of `model` ended (`error`: how it failed): record it, then
+        release the requests that waited for it, or fail them (or send them to
+        another peer)."""
         now = self.clock()
-        if failed is not None and failed.pid is not None:
-            # start() already stopped it; close the record ProcessStarted opened.
-            self.emit(
-                [
-                    ev.ProcessStopped(
-                        at=now,
-                        model=model,
-                        pid=failed.pid,
-                        reason="failed_start",
-                        exit_code=failed.exit_code,
-                    )
-                ]
-            )
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
             self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
             self.run_estimates.observe_load(model, int(seconds * 1e9))
             for rid in waiting:
                 self._release(rid, model)
-            self._arm_ttl(model)
+            self.swaps.arm_ttl(model)
         else:
             log.warning("loading %s failed: %s", model, error)
             self.emit([ev.SwapFailed(at=now, model=model, error=error, duration_ms=seconds * 1000)])
@@ -782,21 +722,6 @@ class Scheduler:
                     ticket.ready.set_exception(UpstreamStartError(error))
                 self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502))
             self._after_failed_load(model, error, now)
-        self.pump()
-
-    def process_crashed(self, model: str, proc: Upstream, exit_code: int) -> None:
-        assert proc.pid is not None
-        self.emit(
-            [
-                ev.ProcessStopped(
-                    at=self.clock(),
-                    model=model,
-                    pid=proc.pid,
-                    reason="crashed",
-                    exit_code=exit_code,
-                )
-            ]
-        )
         self.pump()
 
     def _after_failed_load(self, model: str, error: str, now: int) -> None:
@@ -817,19 +742,7 @@ class Scheduler:
                 if ticket is not None and not ticket.ready.done():
                     ticket.ready.set_exception(UpstreamStartError(message))
                 self._end(ev.RequestFailed(at=now, request_id=rid, error=message, http_status=502))
-        self._arm_backoff(model)
-
-    def _arm_backoff(self, model: str) -> None:
-        """Pump when `model`'s back-off ends, so its waiting requests load it then
-        (a timer that rings a hair early looks again)."""
-        until = self.state.backoff_until(model)
-        if until is None:
-            return
-        left = until - self.clock()
-        if left <= 0:
-            self.pump()
-            return
-        self._timers.call_later(max(left / 1e9, 0.001), self._arm_backoff, model)
+        self.swaps.arm_backoff(model)
 
     def _retry_on_another_peer(self, request_id: str, model: str, error: str) -> bool:
         """A peer did not answer the probe for a request several peers may serve:
@@ -847,74 +760,9 @@ class Scheduler:
         )
         return True
 
-    def _stop(
-        self,
-        model: str,
-        reason: ev.StopReason,
-        *,
-        evicted_for: str | None = None,
-        evicted_by: str | None = None,
-    ) -> None:
-        def stopped(proc: Upstream, code: int | None) -> None:
-            if proc.pid is not None:
-                self.emit(
-                    [
-                        ev.ProcessStopped(
-                            at=self.clock(),
-                            model=model,
-                            pid=proc.pid,
-                            reason=reason,
-                            exit_code=code,
-                            evicted_for=evicted_for,
-                            evicted_by=evicted_by,
-                        )
-                    ]
-                )
-            self.pump()
-
-        proc = self.processes.stop(model, stopped)
-        if proc is None:
-            return
-        self.emit(
-            [
-                ev.ProcessStopping(
-                    at=self.clock(),
-                    model=model,
-                    pid=proc.pid,
-                    reason=reason,
-                    evicted_for=evicted_for,
-                    evicted_by=evicted_by,
-                )
-            ]
-        )
-
-    def _arm_ttl(self, model: str) -> None:
-        ttl = self.config.models[model].ttl
-        if ttl <= 0:
-            return
-        self._timers.call_later(ttl, self._ttl_check, model)
-
-    def _ttl_check(self, model: str) -> None:
-        ttl = self.config.models[model].ttl
-        if self.processes.get(model) is None or self.state.busy(model):
-            return  # busy: the request's end arms the TTL again
-        early = ttl - (self.clock() - self._last_used.get(model, 0)) / 1e9
-        if early > 0:
-            # The timer and the clock may disagree by a hair; look again then.
-            self._timers.call_later(early, self._ttl_check, model)
-            return
-        self._stop(model, "ttl")
-
     async def shutdown(self) -> None:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
-        for model in self.processes.models():
-            self._stop(model, "shutdown")
-        # Each load's process is stopped, so it ends now and records how (a load
-        # cancelled instead would leave its swap_started unfinished).
-        await self.processes.loads_ended()
-        for model in self.processes.models():
-            self._stop(model, "shutdown")  # one that a load had not spawned yet
-        await self.processes.stops_ended()
+        await self.swaps.shutdown()
 
     async def _first(self, fut: asyncio.Future[Any], seconds: float) -> None:
         """Wait until `fut` is done or `seconds` pass on the scheduler's timers

@@ -34,11 +34,17 @@ T0_NS = 1_700_000_000 * 10**9
 """Where every fake clock starts (unix ns), so event times read like real ones."""
 
 
-async def settle(turns: int = 50) -> None:
-    """Let every task the scheduler started run until it waits on something the
-    test controls. Nothing here does I/O, so a few dozen loop turns are plenty."""
-    for _ in range(turns):
+async def settle() -> None:
+    """Run the event loop until every task the scheduler started waits on
+    something the test controls: nothing is left ready to run (asyncio's ready
+    queue is empty). Nothing here does I/O or uses the wall clock, so that is
+    the state in which a test may look; a loop that never gets there spins."""
+    loop = asyncio.get_running_loop()
+    for _ in range(100_000):
         await asyncio.sleep(0)
+        if not loop._ready:  # type: ignore[attr-defined]
+            return
+    raise AssertionError("the event loop never went idle: some task spins")
 
 
 class FakeTimer:

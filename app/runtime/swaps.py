@@ -1,0 +1,231 @@
+"""The lane's loads and stops: what the run loop records about model servers.
+
+`Scheduler` owns requests; this owns what happens to the processes serving
+them. It asks the core what a load evicts, stops and waits for
+(`app.core.loads`), records each step (`swap_started`, `process_stopping`,
+`process_started`, `process_stopped`) and has `Processes` carry it out; when a
+load ends it tells the run loop (`RunLoop.load_ended`), which records the
+swap's end and releases or fails the requests that waited. It also holds the
+timers about models: a model's TTL, and the end of a model's load back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from app.config import Config, ModelConfig
+from app.core import events as ev
+from app.core.loads import idle_evictions, plan_load
+from app.core.state import SchedulerState
+from app.runtime.log_buffer import LogBuffer
+from app.runtime.ports import Timers
+from app.runtime.processes import Processes, Upstream, UpstreamFactory
+from app.runtime.upstream import UpstreamProcess
+
+
+class RunLoop(Protocol):
+    """What `Swaps` needs of the scheduler."""
+
+    state: SchedulerState
+    clock: Callable[[], int]
+
+    def emit(self, events: Iterable[ev.AnyEvent]) -> asyncio.Future[list[int]]: ...
+    def pump(self) -> None: ...
+    def load_ended(self, model: str, error: str | None, seconds: float) -> None: ...
+
+
+class Swaps:
+    def __init__(
+        self,
+        loop: RunLoop,
+        config: Config,
+        timers: Timers,
+        upstreams: UpstreamFactory | None = None,
+        *,
+        logs: LogBuffer,
+        owner: str = "",
+    ) -> None:
+        self._loop = loop
+        self.config = config
+        self._timers = timers
+        self._logs = logs
+        self._owner = owner
+        self.processes = Processes(self, upstreams or self._upstream_process, loop.clock)
+        self._last_used: dict[str, int] = {}
+
+    def begin(
+        self, model: str, request_id: str | None, evicted: Iterable[str] | None = None
+    ) -> None:
+        """Load `model` (for `request_id`, None: a preload), evicting `evicted`: the
+        decision's, else what the core says a load no dispatch planned evicts
+        (`loads.idle_evictions`: a reload after a crash leaves busy ones alone)."""
+        state = self._loop.state
+        names = sorted(idle_evictions(state, model) if evicted is None else evicted)
+        # The dispatch that asked for this swap is applied already: what it evicts
+        # says where the lane comes from (several: `evicted` names them).
+        from_model = names[0] if len(names) == 1 else None
+        self._loop.emit(
+            [
+                ev.SwapStarted(
+                    at=self._loop.clock(),
+                    from_model=from_model,
+                    to_model=model,
+                    request_id=request_id,
+                    evicted=names,
+                )
+            ]
+        )
+        plan = plan_load(
+            state.router, model, names, self.processes.models(), self.processes.stopping()
+        )
+        for other in plan.stop:
+            self.stop(other, "evicted", evicted_for=model, evicted_by=request_id)
+        self.processes.load(self.config.models[model], plan.wait_for)
+
+    def _upstream_process(
+        self, spec: ModelConfig, on_spawn: Callable[[Upstream], None]
+    ) -> Upstream:
+        return UpstreamProcess(
+            spec,
+            health_check_timeout=self.config.health_check_timeout,
+            logs=self._logs,
+            on_spawn=on_spawn,
+            owner=self._owner,
+        )
+
+    # -- facts from the processes ---------------------------------------------
+
+    def process_spawned(self, model: str, proc: Upstream) -> None:
+        assert proc.pid is not None
+        self._loop.emit(
+            [
+                ev.ProcessStarted(
+                    at=self._loop.clock(),
+                    model=model,
+                    pid=proc.pid,
+                    cmdline=list(proc.cmdline),
+                    port=self.config.models[model].port,
+                )
+            ]
+        )
+
+    def load_ended(
+        self, model: str, error: str | None, seconds: float, failed: Upstream | None
+    ) -> None:
+        if failed is not None and failed.pid is not None:
+            # start() already stopped it; close the record ProcessStarted opened.
+            self._loop.emit(
+                [
+                    ev.ProcessStopped(
+                        at=self._loop.clock(),
+                        model=model,
+                        pid=failed.pid,
+                        reason="failed_start",
+                        exit_code=failed.exit_code,
+                    )
+                ]
+            )
+        self._loop.load_ended(model, error, seconds)
+
+    def process_crashed(self, model: str, proc: Upstream, exit_code: int) -> None:
+        assert proc.pid is not None
+        self._loop.emit(
+            [
+                ev.ProcessStopped(
+                    at=self._loop.clock(),
+                    model=model,
+                    pid=proc.pid,
+                    reason="crashed",
+                    exit_code=exit_code,
+                )
+            ]
+        )
+        self._loop.pump()
+
+    def arm_backoff(self, model: str) -> None:
+        """Pump when `model`'s back-off ends, so its waiting requests load it then
+        (a timer that rings a hair early looks again)."""
+        until = self._loop.state.backoff_until(model)
+        if until is None:
+            return
+        left = until - self._loop.clock()
+        if left <= 0:
+            self._loop.pump()
+            return
+        self._timers.call_later(max(left / 1e9, 0.001), self.arm_backoff, model)
+
+    def stop(
+        self,
+        model: str,
+        reason: ev.StopReason,
+        *,
+        evicted_for: str | None = None,
+        evicted_by: str | None = None,
+    ) -> None:
+        def stopped(proc: Upstream, code: int | None) -> None:
+            if proc.pid is not None:
+                self._loop.emit(
+                    [
+                        ev.ProcessStopped(
+                            at=self._loop.clock(),
+                            model=model,
+                            pid=proc.pid,
+                            reason=reason,
+                            exit_code=code,
+                            evicted_for=evicted_for,
+                            evicted_by=evicted_by,
+                        )
+                    ]
+                )
+            self._loop.pump()
+
+        proc = self.processes.stop(model, stopped)
+        if proc is None:
+            return
+        self._loop.emit(
+            [
+                ev.ProcessStopping(
+                    at=self._loop.clock(),
+                    model=model,
+                    pid=proc.pid,
+                    reason=reason,
+                    evicted_for=evicted_for,
+                    evicted_by=evicted_by,
+                )
+            ]
+        )
+
+    def arm_ttl(self, model: str) -> None:
+        ttl = self.config.models[model].ttl
+        if ttl <= 0:
+            return
+        self._timers.call_later(ttl, self._ttl_check, model)
+
+    def used(self, model: str) -> None:
+        """A request on `model` ended now: its TTL counts from here."""
+        self._last_used[model] = self._loop.clock()
+        self.arm_ttl(model)
+
+    def _ttl_check(self, model: str) -> None:
+        ttl = self.config.models[model].ttl
+        if self.processes.get(model) is None or self._loop.state.busy(model):
+            return  # busy: the request's end arms the TTL again
+        early = ttl - (self._loop.clock() - self._last_used.get(model, 0)) / 1e9
+        if early > 0:
+            # The timer and the clock may disagree by a hair; look again then.
+            self._timers.call_later(early, self._ttl_check, model)
+            return
+        self.stop(model, "ttl")
+
+    async def shutdown(self) -> None:
+        """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
+        for model in self.processes.models():
+            self.stop(model, "shutdown")
+        # Each load's process is stopped, so it ends now and records how (a load
+        # cancelled instead would leave its swap_started unfinished).
+        await self.processes.loads_ended()
+        for model in self.processes.models():
+            self.stop(model, "shutdown")  # one that a load had not spawned yet
+        await self.processes.stops_ended()
