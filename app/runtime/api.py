@@ -63,7 +63,8 @@ class LiveState(msgspec.Struct, frozen=True):
 
 
 class ModelStatus(msgspec.Struct, frozen=True):
-    state: Literal["starting", "ready", "stopped"]
+    state: Literal["starting", "ready", "stopping", "stopped"]
+    """llama-swap's words: a process being stopped is `stopping`."""
     pid: int | None
     in_flight: int
 

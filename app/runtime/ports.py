@@ -30,3 +30,21 @@ class Timers(Protocol):
     def call_later(
         self, delay: float, callback: Callable[..., object], *args: Any
     ) -> Cancellable: ...
+
+
+async def first_of(timers: Timers, fut: asyncio.Future[Any], seconds: float) -> None:
+    """Wait until `fut` is done or `seconds` pass on `timers` (a fake clock in
+    unit tests); `fut` is left as it is."""
+    if seconds <= 0 or fut.done():
+        return
+    timer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def ring() -> None:
+        if not timer.done():
+            timer.set_result(None)
+
+    handle = timers.call_later(seconds, ring)
+    try:
+        await asyncio.wait({fut, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        handle.cancel()

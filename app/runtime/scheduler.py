@@ -32,11 +32,9 @@ from app import __version__
 from app.config import Config
 from app.core import events as ev
 from app.core.drain import after_grace, cancelled_at_stop
-from app.core.loads import preload_evictions
 from app.core.peers import another_peer_left
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
-from app.core.residency import describe, plan_preload
 from app.core.run_estimate import Durations, RunEstimates
 from app.core.state import SchedulerState, apply
 from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds
@@ -52,7 +50,7 @@ from app.runtime.api import (
 )
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
-from app.runtime.ports import Cancellable, EventSink, Timers
+from app.runtime.ports import Cancellable, EventSink, Timers, first_of
 from app.runtime.processes import UpstreamFactory
 from app.runtime.swaps import Swaps
 from app.runtime.upstream import UpstreamStartError
@@ -182,9 +180,11 @@ class Scheduler:
     def model_status(self, model: str) -> ModelStatus:
         proc = self.processes.get(model)
         if model in self.state.loads:
-            state: Literal["starting", "ready", "stopped"] = "starting"
+            state: Literal["starting", "ready", "stopping", "stopped"] = "starting"
         elif proc is not None and proc.running:
             state = "ready"
+        elif model in self.processes.stopping():
+            state = "stopping"
         else:
             state = "stopped"
         pid = None if proc is None else proc.pid
@@ -495,7 +495,7 @@ class Scheduler:
         proc = self.processes.get(model)
         if proc is not None:
             exited = asyncio.ensure_future(proc.wait_exit())
-            await self._first(exited, 1.0)
+            await first_of(self._timers, exited, 1.0)
             exited.cancel()  # no-op once done
             if proc.running:
                 return False
@@ -512,28 +512,12 @@ class Scheduler:
         return True
 
     def preload_all(self, models: Iterable[str]) -> list[str]:
-        """`hooks.on_startup.preload`: load every listed model the router lets be
-        resident together, in order (`residency.plan_preload`: one that would
-        evict a model listed before it is left out, with a warning naming both).
-        Loads in different lanes run in parallel. Returns the models loading."""
-        plan = plan_preload(self.config.router, models)
-        for skipped in plan.skipped:
-            log.warning(
-                "preload: %s is not loaded: with %s it would evict %s, preloaded before it",
-                skipped.model,
-                describe(self.config.router),
-                ", ".join(skipped.conflicts),
-            )
-        return [model for model in plan.load if self.preload(model)]
+        """`hooks.on_startup.preload` (`Swaps.preload_all`); the models loading."""
+        return [] if self.draining else self.swaps.preload_all(models)
 
     def preload(self, model: str) -> bool:
-        """Load `model` for no request, if that evicts only idle models; True when
-        its load began."""
-        evict = None if self.draining else preload_evictions(self.state, model)
-        if evict is None:
-            return False
-        self.swaps.begin(model, request_id=None, evicted=evict)
-        return True
+        """Load `model` for no request, if that evicts only idle models."""
+        return not self.draining and self.swaps.preload(model)
 
     def pump(self) -> None:
         """Dispatch until the policy says nothing more can run now. Nothing
@@ -574,7 +558,7 @@ class Scheduler:
             )
         if self.state.running:
             self._idle = asyncio.get_running_loop().create_future()
-            await self._first(self._idle, grace)
+            await first_of(self._timers, self._idle, grace)
         for request_id, fate in after_grace(self.state):
             if fate == "requeue":
                 attempt = self.state.requests[request_id].attempt
@@ -763,23 +747,6 @@ class Scheduler:
     async def shutdown(self) -> None:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
         await self.swaps.shutdown()
-
-    async def _first(self, fut: asyncio.Future[Any], seconds: float) -> None:
-        """Wait until `fut` is done or `seconds` pass on the scheduler's timers
-        (a fake clock in unit tests); `fut` is left as it is."""
-        if seconds <= 0 or fut.done():
-            return
-        timer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def ring() -> None:
-            if not timer.done():
-                timer.set_result(None)
-
-        handle = self._timers.call_later(seconds, ring)
-        try:
-            await asyncio.wait({fut, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            handle.cancel()
 
 
 def _consume_error(fut: asyncio.Future[Any]) -> None:

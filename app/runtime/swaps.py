@@ -12,17 +12,21 @@ timers about models: a model's TTL, and the end of a model's load back-off.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from app.config import Config, ModelConfig
 from app.core import events as ev
-from app.core.loads import idle_evictions, plan_load
+from app.core.loads import idle_evictions, plan_load, preload_evictions
+from app.core.residency import describe, plan_preload
 from app.core.state import SchedulerState
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.ports import Timers
 from app.runtime.processes import Processes, Upstream, UpstreamFactory
 from app.runtime.upstream import UpstreamProcess
+
+log = logging.getLogger("gpulane.scheduler")
 
 
 class RunLoop(Protocol):
@@ -83,6 +87,31 @@ class Swaps:
         for other in plan.stop:
             self.stop(other, "evicted", evicted_for=model, evicted_by=request_id)
         self.processes.load(self.config.models[model], plan.wait_for)
+
+    def preload_all(self, models: Iterable[str]) -> list[str]:
+        """`hooks.on_startup.preload`: load every listed model the router lets be
+        resident together, in order (`residency.plan_preload`: one that would
+        evict a model listed before it is left out, with a warning naming both).
+        Loads in different lanes run in parallel. Returns the models loading."""
+        router = self.config.router
+        plan = plan_preload(router, models)
+        for skipped in plan.skipped:
+            log.warning(
+                "preload: %s is not loaded: with %s it would evict %s, preloaded before it",
+                skipped.model,
+                describe(router),
+                ", ".join(skipped.conflicts),
+            )
+        return [model for model in plan.load if self.preload(model)]
+
+    def preload(self, model: str) -> bool:
+        """Load `model` for no request, if that evicts only idle models
+        (`loads.preload_evictions`); True when its load began."""
+        evict = preload_evictions(self._loop.state, model)
+        if evict is None:
+            return False
+        self.begin(model, request_id=None, evicted=evict)
+        return True
 
     def _upstream_process(
         self, spec: ModelConfig, on_spawn: Callable[[Upstream], None]

@@ -196,15 +196,10 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         waiting: dict[str, int] = {}
         for item in live.scheduler.live().state.queue:
             waiting[item.model] = waiting.get(item.model, 0) + 1
-        loaded = set(live.scheduler.loaded_models())
         rows = []
         for spec in live.config.models.values():
             status = live.scheduler.model_status(spec.id)
-            state: str = status.state
-            if state == "stopped" and spec.id in loaded:
-                state = "stopping"  # its process is still being stopped
-            elif state == "starting":
-                state = "loading"
+            state: str = "loading" if status.state == "starting" else status.state
             row: dict[str, Any] = {
                 "id": spec.id,
                 "name": spec.name,
