@@ -29,6 +29,7 @@ from app.web.llama_swap_routes import listing_routes, log_routes
 from app.web.model_routes import model_in_path, model_route_handlers
 from app.web.proxy import Proxy
 from app.web.stream_headers import no_proxy_buffering
+from app.web.websocket_proxy import Upgrades, WebsocketProxy
 
 _UPSTREAM_PREFIX = "/upstream"
 
@@ -45,12 +46,13 @@ def create_app(
     on_startup: Sequence[Callable[[], Any]] = (),
     on_shutdown: Sequence[Callable[[], Any]] = (),
 ) -> Litestar:
+    sockets = Upgrades(WebsocketProxy(config, scheduler))
     handlers: list[BaseRouteHandler] = [
         # Every route llama-swap dispatches by model (app/web/model_routes.py).
-        *model_route_handlers(proxy.inference),
+        *model_route_handlers(proxy.inference, sockets.on_model_route),
         # An upstream's own pages (/slots, /metrics) show every caller's work: admin only.
         asgi(path="/upstream", is_mount=True, copy_scope=False, guards=[admin_only])(
-            _upstream_mount(proxy)
+            _upstream_mount(proxy, sockets)
         ),
     ]
 
@@ -175,7 +177,7 @@ def _post_only(handle: Callable[..., Any]) -> Callable[..., Any]:
     return post_only
 
 
-def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
+def _upstream_mount(proxy: Proxy, sockets: Upgrades) -> Callable[..., Any]:
     async def upstream(scope: Any, receive: Any, send: Any) -> None:
         # Litestar cannot mount under a path parameter (/upstream/{model} never
         # matches a longer path) and adds a trailing slash to a mount's
@@ -184,6 +186,9 @@ def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
         # as the client sent it).
         raw = scope.get("raw_path") or scope["path"].encode("utf-8")
         raw_path = raw.decode("latin-1").split("?", 1)[0]
+        if scope["type"] == "websocket":
+            await sockets.on_upstream(scope, receive, send, raw_path)
+            return
         if raw_path == _UPSTREAM_PREFIX and scope["method"] in ("GET", "HEAD"):
             # llama-swap's list of models with their pages is its UI's models page.
             await _redirect(send, 302, "/ui/models")
