@@ -22,6 +22,7 @@ import logging
 import re
 import time
 from typing import Any
+from urllib.parse import unquote
 
 from litestar.types import Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
@@ -89,7 +90,8 @@ class WebsocketProxy:
             identity = self._identify(scope, headers, admin_only=admin_only)
             max_wait = max_wait_ns(headers)
         except BadRequest as exc:
-            await deny(exc.status, exc.message, exc.code)
+            challenge = [(b"www-authenticate", b'Bearer realm="gpulane"')]
+            await deny(exc.status, exc.message, exc.code, challenge if exc.status == 401 else [])
             return
         model = self.config.resolve_model(requested) if requested else None
         if model is None:
@@ -135,8 +137,7 @@ class WebsocketProxy:
             if ticket.ready.cancelled():
                 return
             failure = ticket.ready.exception()
-            if failure is not None:
-                self.scheduler.failed(ticket.request_id, str(failure), 502)
+            if failure is not None:  # the scheduler has recorded it, as for HTTP
                 message = f"model {model!r} failed to start: {failure}"
                 await deny(502, message, "upstream_start_failed")
                 return
@@ -195,12 +196,14 @@ class WebsocketProxy:
             response = exc.response
             message = f"upstream refused the websocket with HTTP {response.status_code}"
             self.scheduler.failed(rid, message, response.status_code)
+            body = bytes(response.body or b"")
             back = [
                 (k.lower().encode("latin-1"), v.encode("latin-1"))
                 for k, v in response.headers.raw_items()
                 if k.lower() not in HOP_BY_HOP
             ]
-            await deny.raw(response.status_code, back, bytes(response.body or b""))
+            back.append((b"content-length", str(len(body)).encode()))
+            await deny.raw(response.status_code, back, body)
             return
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             message = f"upstream websocket failed: {type(exc).__name__}: {exc}"
@@ -331,7 +334,12 @@ class Upgrades:
         # The longest configured id or alias the path starts with, as for HTTP.
         rest = raw_path.removeprefix("/upstream").lstrip("/")
         found = model_in_path(self.proxy.config.name_index, rest)
-        requested, path = (found[0], found[2]) if found is not None else (None, "/")
+        requested: str | None
+        if found is not None:
+            requested, path = found[0], found[2]
+        else:  # named in the error: the first segment, as for HTTP
+            first, _, tail = rest.partition("/")
+            requested, path = unquote(first) or None, "/" + tail
         endpoint = "/upstream" + path
         await self.proxy.serve(scope, receive, send, requested, path, endpoint, admin_only=True)
 

@@ -108,7 +108,11 @@ def test_refusals_are_http_answers(gw: Gateway) -> None:
     ):
         with pytest.raises(InvalidStatus) as refused:
             _open(gw, path, headers=headers)
-        assert refused.value.response.status_code == status, (path, refused.value.response)
+        response = refused.value.response
+        assert response.status_code == status, (path, response)
+        if path == "/upstream/nothing/ws":  # gpulane's error shape, naming the model
+            error = json.loads(response.body or b"")["error"]
+            assert error["code"] == "model_not_found" and "'nothing'" in error["message"]
     # An HTTP request on the same route is still HTTP.
     with httpx.Client(base_url=gw.url, headers=AUTH) as client:
         assert client.get("/upstream/W/health").text == "OK\n"
