@@ -22,10 +22,14 @@ from app.web.access import ACCESS_HANDLERS, admin_only, identity, only_caller
 from app.web.auth import api_key_middleware
 from app.web.console import Live, console_routes, open_console_assets
 from app.web.console.security import add_security_headers
-from app.web.errors import EXCEPTION_HANDLERS, send_error
+from app.web.cors import answer_preflights
+from app.web.errors import EXCEPTION_HANDLERS, error_body, send_error
+from app.web.events_api import events_routes
 from app.web.llama_swap_routes import listing_routes, log_routes
 from app.web.model_routes import model_in_path, model_route_handlers
 from app.web.proxy import Proxy
+from app.web.stream_headers import no_proxy_buffering
+from app.web.websocket_proxy import Upgrades, WebsocketProxy
 
 _UPSTREAM_PREFIX = "/upstream"
 
@@ -42,12 +46,13 @@ def create_app(
     on_startup: Sequence[Callable[[], Any]] = (),
     on_shutdown: Sequence[Callable[[], Any]] = (),
 ) -> Litestar:
+    sockets = Upgrades(WebsocketProxy(config, scheduler))
     handlers: list[BaseRouteHandler] = [
         # Every route llama-swap dispatches by model (app/web/model_routes.py).
-        *model_route_handlers(proxy.inference),
+        *model_route_handlers(proxy.inference, sockets.on_model_route),
         # An upstream's own pages (/slots, /metrics) show every caller's work: admin only.
         asgi(path="/upstream", is_mount=True, copy_scope=False, guards=[admin_only])(
-            _upstream_mount(proxy)
+            _upstream_mount(proxy, sockets)
         ),
     ]
 
@@ -68,9 +73,12 @@ def create_app(
         scheduler.unload(None)
         return "OK"
 
+    # llama-swap's bodies (its internal/server/apigroup.go): JSON `{"msg":"ok"}`
+    # for every model, plain `OK` for one.
     @post("/api/models/unload", status_code=200, sync_to_thread=False, guards=[admin_only])
-    def unload_all() -> dict[str, Any]:
-        return {"unloaded": scheduler.unload(None)}
+    def unload_all() -> Response[bytes]:
+        scheduler.unload(None)
+        return Response(b'{"msg":"ok"}\n', media_type=MediaType.JSON)
 
     # {model:path}: an id may hold slashes (org/model), sent as / or %2F.
     @post(
@@ -79,21 +87,18 @@ def create_app(
         sync_to_thread=False,
         guards=[admin_only],
     )
-    def unload_one(model: FromPath[str]) -> Response[dict[str, Any]]:
+    def unload_one(model: FromPath[str]) -> Response[Any]:
         model = model.lstrip("/")
         resolved = config.resolve_model(model)
-        if resolved is None:
+        if resolved is None or config.models[resolved].peer is not None:
+            what = "is not configured" if resolved is None else "is a peer's: nothing runs here"
             return Response(
-                {
-                    "error": {
-                        "message": f"model {model!r} is not configured",
-                        "type": "not_found_error",
-                        "code": "model_not_found",
-                    }
-                },
+                error_body(404, f"model {model!r} {what}", "model_not_found"),
                 status_code=404,
+                media_type=MediaType.JSON,
             )
-        return Response({"unloaded": scheduler.unload(resolved)})
+        scheduler.unload(resolved)
+        return Response("OK", media_type=MediaType.TEXT)
 
     # Every caller's labels and counts: a scraper uses an admin key.
     @get("/metrics", sync_to_thread=False, guards=[admin_only])
@@ -129,13 +134,14 @@ def create_app(
     ]
     # /v1/models, /models, /running and the log streams, in llama-swap's shapes.
     handlers += listing_routes(config, scheduler) + log_routes(config, logs)
+    handlers += events_routes(config, scheduler, logs)  # llama-swap's /api/events
     handlers += list(extra_handlers)
     # The web console (/ui/, and / redirects there); its shells and assets need no key.
     handlers += console_routes(engine, Live(config, scheduler, logs))
     middleware = (
         [open_console_assets(api_key_middleware(config.api_keys))] if config.api_keys else []
     )
-    return Litestar(
+    app = Litestar(
         route_handlers=handlers,
         middleware=middleware,
         on_startup=list(on_startup),
@@ -143,10 +149,14 @@ def create_app(
         state=State({"scheduler": scheduler}),
         request_max_body_size=None,
         exception_handlers={**EXCEPTION_HANDLERS, **ACCESS_HANDLERS},
-        before_send=[add_security_headers],  # every answer, errors and redirects too
+        # Every answer, errors and redirects too.
+        before_send=[add_security_headers, no_proxy_buffering],
         logging_config=None,  # serve.py configures logging once, for every module
         debug=False,
     )
+    # Outside routing and the key check: every OPTIONS is a CORS preflight (app/web/cors.py).
+    app.asgi_handler = answer_preflights(app.asgi_handler)
+    return app
 
 
 def _post_only(handle: Callable[..., Any]) -> Callable[..., Any]:
@@ -167,7 +177,7 @@ def _post_only(handle: Callable[..., Any]) -> Callable[..., Any]:
     return post_only
 
 
-def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
+def _upstream_mount(proxy: Proxy, sockets: Upgrades) -> Callable[..., Any]:
     async def upstream(scope: Any, receive: Any, send: Any) -> None:
         # Litestar cannot mount under a path parameter (/upstream/{model} never
         # matches a longer path) and adds a trailing slash to a mount's
@@ -175,12 +185,32 @@ def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
         # path: /upstream/MODEL/REST -> model MODEL, path /REST (still %-encoded,
         # as the client sent it).
         raw = scope.get("raw_path") or scope["path"].encode("utf-8")
-        rest = raw.decode("latin-1").split("?", 1)[0][len(_UPSTREAM_PREFIX) :].lstrip("/")
+        raw_path = raw.decode("latin-1").split("?", 1)[0]
+        if scope["type"] == "websocket":
+            await sockets.on_upstream(scope, receive, send, raw_path)
+            return
+        if raw_path == _UPSTREAM_PREFIX and scope["method"] in ("GET", "HEAD"):
+            # llama-swap's list of models with their pages is its UI's models page.
+            await _redirect(send, 302, "/ui/models")
+            return
+        if raw_path == _UPSTREAM_PREFIX:
+            message = f"method {scope['method']} is not allowed on /upstream; allowed: GET, HEAD"
+            allow = [(b"allow", b"GET, HEAD")]
+            await send_error(send, 405, message, code="method_not_allowed", headers=allow)
+            return
+        rest = raw_path[len(_UPSTREAM_PREFIX) :].lstrip("/")
         # The longest configured id or alias the path starts with: an id may hold
         # slashes (org/model), sent as / or %2F.
         found = model_in_path(proxy.config.name_index, rest)
         if found is not None:
             model, _, path = found
+            if path == "/" and not rest.endswith("/"):
+                # /upstream/MODEL -> /upstream/MODEL/, so the server's relative
+                # links resolve: 301, or 308 to keep a method other than GET/HEAD.
+                status = 301 if scope["method"] in ("GET", "HEAD") else 308
+                query = bytes(scope.get("query_string", b"")).decode("latin-1")
+                await _redirect(send, status, raw_path + "/" + (f"?{query}" if query else ""))
+                return
         else:
             first, _, tail = rest.partition("/")
             model, path = unquote(first), "/" + tail
@@ -193,6 +223,12 @@ def _upstream_mount(proxy: Proxy) -> Callable[..., Any]:
         await proxy.upstream(scope, receive, send)
 
     return upstream
+
+
+async def _redirect(send: Any, status: int, location: str) -> None:
+    headers = [(b"location", location.encode("latin-1")), (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 __all__ = ["create_app", "Request"]

@@ -82,7 +82,8 @@ def running_models(
             "state": status.state,
             "cmd": " ".join(spec.cmd),
             "proxy": spec.proxy,
-            "ttl": spec.ttl,
+            # llama-swap's ttl is whole seconds; gpulane's may be fractional.
+            "ttl": int(spec.ttl) if float(spec.ttl).is_integer() else spec.ttl,
             "name": spec.name or "",
             "description": spec.description or "",
             "pid": status.pid,
@@ -94,8 +95,11 @@ def running_models(
 
 def listing_routes(config: Config, scheduler: Scheduler) -> list[BaseRouteHandler]:
     @get(["/v1/models", "/models"], sync_to_thread=False)
-    def models() -> dict[str, Any]:
-        return list_models(config, scheduler)
+    def models(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+        # The Origin echoed, as llama-swap does, so a browser app may read the list.
+        origin = request.headers.get("origin")
+        headers = {"Access-Control-Allow-Origin": origin} if origin else None
+        return Response(list_models(config, scheduler), headers=headers)
 
     @get("/running", sync_to_thread=False)
     def running(request: Request[Any, Any, Any]) -> dict[str, Any]:

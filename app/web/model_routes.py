@@ -87,11 +87,18 @@ def model_in_path(names: Mapping[str, str], raw: str) -> tuple[str, str, str] | 
 Source = str  # "json" | "form" | "query": where the model is read from
 
 
+Upgrade = Callable[[Scope, Receive, Send], Awaitable[None]]
+"""Serves a websocket upgrade on a GET route (app/web/websocket_proxy.py)."""
+
+
 def model_route_handlers(
     handle: Callable[[Scope, Receive, Send, Source], Awaitable[None]],
+    upgrade: Upgrade | None = None,
 ) -> list[BaseRouteHandler]:
     """Raw ASGI handlers for every model-dispatched route; `handle` serves a
-    request once its method is known to fit the route."""
+    request once its method is known to fit the route, `upgrade` a websocket
+    on a GET route (llama-swap's reverse proxy passes those through; a socket
+    always opens with a GET, so the POST routes refuse one)."""
     sources: dict[str, dict[str, Source]] = {}
     for path in JSON_ROUTES:
         sources.setdefault(path, {})["POST"] = "json"
@@ -104,17 +111,25 @@ def model_route_handlers(
     for path, by_method in sources.items():
         grouped.setdefault(tuple(sorted(by_method.items())), []).append(path)
     return [
-        asgi(path=paths, is_mount=False, copy_scope=False)(_by_method(dict(table), handle))
+        asgi(path=paths, is_mount=False, copy_scope=False)(_by_method(dict(table), handle, upgrade))
         for table, paths in grouped.items()
     ]
 
 
 def _by_method(
-    table: dict[str, Source], handle: Callable[[Scope, Receive, Send, Source], Awaitable[None]]
+    table: dict[str, Source],
+    handle: Callable[[Scope, Receive, Send, Source], Awaitable[None]],
+    upgrade: Upgrade | None,
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     allowed = ", ".join(sorted(table))
 
     async def by_method(scope: Any, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            if upgrade is not None and table.get("GET") == "query":
+                await upgrade(scope, receive, send)
+            else:
+                await send({"type": "websocket.close", "code": 1008, "reason": "not a GET route"})
+            return
         source = table.get(scope["method"])
         if source is None:
             await send_error(

@@ -214,8 +214,7 @@ def test_an_id_with_slashes_works_wherever_an_id_is_a_path(client: httpx.Client)
     _error(client.get("/upstream/org/nothing/x"), 404, "model_not_found")
     for url in ("/api/models/unload/org/model/v2", "/api/models/unload/org%2Fmodel%2Fv2"):
         r = client.post(url)
-        assert r.status_code == 200, (url, r.text)
-        assert "unloaded" in r.json()
+        assert (r.status_code, r.text) == (200, "OK"), url
     _error(client.post("/api/models/unload/org/nothing"), 404, "model_not_found")
 
 

@@ -1,0 +1,355 @@
+"""Websocket upgrades passed through to a model's server, where llama-swap
+passes them: `/upstream/MODEL/...` (OpenAI Realtime at
+`/upstream/MODEL/v1/realtime`, ComfyUI's `/ws`, ...) and the model-dispatched
+GET routes (`?model=`). llama-swap's reverse proxy forwards the `Upgrade`;
+here uvicorn takes the client's side and the `websockets` package opens the
+same socket to the upstream, and messages pass both ways as they come.
+
+A socket is a request like any other: admitted, queued by its score, and
+holding a slot of its model from the upstream handshake until either side
+closes it (recorded as completed with status 101), or until the scheduler
+takes it away (`maxRunTime`, an operator's cancel, shutdown), which closes both
+sides. A socket refused before it opens (bad key, unknown model, queue full,
+the upstream's own refusal) gets an HTTP answer in gpulane's error shape, or
+the upstream's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from typing import Any
+from urllib.parse import unquote
+
+from litestar.types import Receive, Scope, Send
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from app.config import Config
+from app.core.priority import HEADER, read_priority
+from app.runtime.admission import Refused
+from app.runtime.scheduler import Admission, Detached, Scheduler, Ticket
+from app.web.auth import Identity, find_key, identify, identity_of, presented_key
+from app.web.errors import error_body, retry_after
+from app.web.forward import HOP_BY_HOP, outgoing_headers, ticket_headers
+from app.web.model_routes import forwarded_path, model_in_path
+from app.web.request_body import BadRequest, max_wait_ns, query_model
+
+log = logging.getLogger("gpulane.proxy")
+
+HANDSHAKE_HEADERS = frozenset(
+    {
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-protocol",
+        "sec-websocket-accept",
+    }
+)
+"""The client's handshake with gpulane; the upstream handshake has its own."""
+
+_UNSENDABLE = {1005, 1006, 1015}
+"""Close codes that only report what happened and may not be sent (RFC 6455, 7.4.1)."""
+
+
+def websocket_url(base: str, path: str, query: str) -> str:
+    """The upstream's socket: its `proxy` URL with ws:// or wss://."""
+    url = re.sub(r"^http", "ws", base.rstrip("/")) + path
+    return url + (f"?{query}" if query else "")
+
+
+class WebsocketProxy:
+    def __init__(self, config: Config, scheduler: Scheduler) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self._ignore = re.compile(config.ignore_paths)
+
+    async def serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        requested: str | None,
+        path: str,
+        endpoint: str,
+        *,
+        admin_only: bool = False,
+    ) -> None:
+        """Serve one upgrade: `requested` names the model (None: none named),
+        `path` (still %-encoded) is where it reaches the upstream, `endpoint`
+        what the log records."""
+        if (await receive())["type"] != "websocket.connect":
+            return
+        deny = _Denial(scope, send)
+        headers = _headers(scope)
+        asked = read_priority(headers.get(HEADER.lower()))
+        try:
+            identity = self._identify(scope, headers, admin_only=admin_only)
+            max_wait = max_wait_ns(headers)
+        except BadRequest as exc:
+            challenge = [(b"www-authenticate", b'Bearer realm="gpulane"')]
+            await deny(exc.status, exc.message, exc.code, challenge if exc.status == 401 else [])
+            return
+        model = self.config.resolve_model(requested) if requested else None
+        if model is None:
+            await deny(404, f"model {requested!r} is not configured", "model_not_found")
+            return
+        static = endpoint.startswith("/upstream") and self._ignore.search(path)
+        if static and not self.scheduler.is_resident(model):
+            # A browser asking for a favicon must not trigger a model swap.
+            message = f"model {model!r} is not loaded; static paths do not load it"
+            await deny(409, message, "model_not_loaded")
+            return
+        admission = Admission(
+            model=model,
+            model_requested=requested or model,
+            endpoint=endpoint,
+            priority=identity.grant(asked),
+            requested_priority=asked,
+            caller=identity.caller,
+            max_wait_ns=max_wait,
+        )
+        try:
+            ticket = self.scheduler.admit(admission)
+        except Refused as exc:
+            self.scheduler.refused(admission, exc)
+            await deny(exc.status, str(exc), exc.code, retry_after(exc.retry_after))
+            return
+        current = asyncio.current_task()
+        assert current is not None
+        # Whatever this handler does from here, the request ends when it does.
+        self.scheduler.supervise(ticket.request_id, current)
+        # Until the socket opens, the client can send nothing but its leaving.
+        first: asyncio.Future[Any] = asyncio.ensure_future(receive())
+        try:
+            waiting: list[asyncio.Future[Any]] = [ticket.ready, ticket.detached, first]
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if ticket.detached.done():
+                why = ticket.detached.result()
+                await deny(why.status, why.message, why.code, retry_after(why.retry_after))
+                return
+            if not ticket.ready.done():
+                self.scheduler.client_gone(ticket.request_id)
+                return
+            if ticket.ready.cancelled():
+                return
+            failure = ticket.ready.exception()
+            if failure is not None:  # the scheduler has recorded it, as for HTTP
+                message = f"model {model!r} failed to start: {failure}"
+                await deny(502, message, "upstream_start_failed")
+                return
+            query = bytes(scope.get("query_string", b"")).decode("latin-1")
+            url = websocket_url(ticket.ready.result(), path, query)
+            await self._bridge(scope, first, receive, send, deny, ticket, url, headers)
+        finally:
+            first.cancel()
+
+    def _identify(self, scope: Scope, headers: dict[str, str], *, admin_only: bool) -> Identity:
+        # The key middleware (app/web/auth.py) sees HTTP requests only: the key
+        # of an upgrade is checked here, in the same ways.
+        if not self.config.api_keys:
+            return identify(scope, headers)
+        presented = presented_key(headers)
+        key = find_key(self.config.api_keys, presented) if presented else None
+        if key is None:
+            raise BadRequest(401, "missing or invalid API key", "invalid_api_key")
+        found = identity_of(key)
+        if admin_only and found.role != "admin":
+            raise BadRequest(403, "/upstream needs an admin API key", "admin_key_required")
+        return found
+
+    async def _bridge(
+        self,
+        scope: Scope,
+        first: asyncio.Future[Any],
+        receive: Receive,
+        send: Send,
+        deny: _Denial,
+        ticket: Ticket,
+        url: str,
+        headers: dict[str, str],
+    ) -> None:
+        rid = ticket.request_id
+        spec = self.config.models[self.scheduler.target_of(rid, ticket.model)]
+        passed = {k: v for k, v in headers.items() if k not in HANDSHAKE_HEADERS}
+        forward, dropped = outgoing_headers(passed, pass_credentials=spec.pass_credentials)
+        sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in forward]
+        sent += list(spec.headers.items())
+        self.scheduler.started(rid, dropped)
+        t0 = time.monotonic()
+        try:
+            upstream = await connect(
+                url,
+                additional_headers=sent,
+                subprotocols=scope.get("subprotocols") or None,  # type: ignore[arg-type]
+                open_timeout=spec.connect_timeout,
+                user_agent_header=None,  # the client's own, if any, is in `sent`
+                compression=None,
+                ping_interval=None,  # the client and the upstream keep their own pace
+                max_size=None,
+            )
+        except InvalidStatus as exc:
+            # The upstream's refusal (401, 404, ...) is the client's answer.
+            response = exc.response
+            message = f"upstream refused the websocket with HTTP {response.status_code}"
+            self.scheduler.failed(rid, message, response.status_code)
+            body = bytes(response.body or b"")
+            back = [
+                (k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in response.headers.raw_items()
+                if k.lower() not in HOP_BY_HOP
+            ]
+            back.append((b"content-length", str(len(body)).encode()))
+            await deny.raw(response.status_code, back, body)
+            return
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            message = f"upstream websocket failed: {type(exc).__name__}: {exc}"
+            self.scheduler.failed(rid, message, 502)
+            await deny(502, message, "upstream_error")
+            return
+        async with upstream:
+            await send(
+                {
+                    "type": "websocket.accept",
+                    "subprotocol": upstream.subprotocol,
+                    "headers": ticket_headers(ticket),
+                }
+            )
+            counted = _Counter()
+            inbound = asyncio.ensure_future(_client_to_upstream(first, receive, upstream))
+            outbound = asyncio.ensure_future(_upstream_to_client(upstream, send, counted))
+            watched: set[asyncio.Future[Any]] = {inbound, outbound, ticket.detached}
+            try:
+                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (inbound, outbound):
+                    if not task.done():
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
+            if ticket.detached.done():
+                why: Detached = ticket.detached.result()
+                code = 1001 if why.code == "shutting_down" else 1011
+                reason = why.message.encode()[:123].decode(errors="ignore")
+                await upstream.close(code, reason)
+                await _close_client(send, code, reason)
+                return
+            if inbound.done() and not inbound.cancelled() and inbound.exception() is None:
+                code, reason = inbound.result()  # the client closed: so does the upstream
+                await upstream.close(code if _sendable(code) else 1000, reason)
+            else:  # the upstream closed (or failed): so does the client
+                code = upstream.close_code or 1000
+                reason = upstream.close_reason or ""
+                await _close_client(send, code if _sendable(code) else 1011, reason)
+        self.scheduler.completed(
+            rid, 101, bytes=counted.bytes, run_ms=(time.monotonic() - t0) * 1000
+        )
+
+
+class _Counter:
+    bytes = 0
+
+
+async def _client_to_upstream(
+    first: asyncio.Future[Any], receive: Receive, upstream: ClientConnection
+) -> tuple[int, str]:
+    message = await first
+    while message["type"] != "websocket.disconnect":
+        if message["type"] == "websocket.receive":
+            text = message.get("text")
+            await upstream.send(text if text is not None else message.get("bytes") or b"")
+        message = await receive()
+    return int(message.get("code") or 1000), str(message.get("reason") or "")
+
+
+async def _upstream_to_client(upstream: ClientConnection, send: Any, counted: _Counter) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        async for data in upstream:
+            if isinstance(data, str):
+                counted.bytes += len(data.encode())
+                await send({"type": "websocket.send", "text": data})
+            else:
+                counted.bytes += len(data)
+                await send({"type": "websocket.send", "bytes": bytes(data)})
+
+
+async def _close_client(send: Any, code: int, reason: str) -> None:
+    with contextlib.suppress(Exception):  # the client may be gone already
+        await send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+def _sendable(code: int) -> bool:
+    return 1000 <= code <= 4999 and code not in _UNSENDABLE
+
+
+class _Denial:
+    """An upgrade refused before it opens: an HTTP answer where the server
+    can send one (ASGI's `websocket.http.response`), else a close (403)."""
+
+    def __init__(self, scope: Scope, send: Send) -> None:
+        self._can_answer = "websocket.http.response" in (scope.get("extensions") or {})
+        self._send: Any = send  # raw ASGI messages, as app/web/errors.py sends them
+
+    async def __call__(
+        self,
+        status: int,
+        message: str,
+        code: str | None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        body = error_body(status, message, code)
+        head = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *(headers or []),
+        ]
+        await self.raw(status, head, body)
+
+    async def raw(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        with contextlib.suppress(Exception):  # the client may be gone already
+            if not self._can_answer:
+                await self._send({"type": "websocket.close", "code": 1008})
+                return
+            await self._send(
+                {"type": "websocket.http.response.start", "status": status, "headers": headers}
+            )
+            await self._send({"type": "websocket.http.response.body", "body": body})
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+class Upgrades:
+    """Where the routes hand their websocket upgrades: `/upstream/MODEL/PATH`
+    (admin only, as the route is) and the model-dispatched GET routes."""
+
+    def __init__(self, proxy: WebsocketProxy) -> None:
+        self.proxy = proxy
+
+    async def on_upstream(self, scope: Scope, receive: Receive, send: Send, raw_path: str) -> None:
+        # The longest configured id or alias the path starts with, as for HTTP.
+        rest = raw_path.removeprefix("/upstream").lstrip("/")
+        found = model_in_path(self.proxy.config.name_index, rest)
+        requested: str | None
+        if found is not None:
+            requested, path = found[0], found[2]
+        else:  # named in the error: the first segment, as for HTTP
+            first, _, tail = rest.partition("/")
+            requested, path = unquote(first) or None, "/" + tail
+        endpoint = "/upstream" + path
+        await self.proxy.serve(scope, receive, send, requested, path, endpoint, admin_only=True)
+
+    async def on_model_route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = scope["path"]
+        try:
+            requested = query_model(scope.get("query_string", b""))
+        except BadRequest as exc:
+            await receive()  # websocket.connect
+            await _Denial(scope, send)(exc.status, exc.message, exc.code)
+            return
+        path = forwarded_path(endpoint)
+        await self.proxy.serve(scope, receive, send, requested, path, endpoint)
