@@ -31,7 +31,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from app.config import Config
 from app.core.priority import HEADER, read_priority
 from app.runtime.admission import Refused
-from app.runtime.scheduler import Admission, Detached, Scheduler, Ticket
+from app.runtime.api import Admission, Detached, Ticket
+from app.runtime.scheduler import Scheduler
 from app.web.auth import Identity, find_key, identify, identity_of, presented_key
 from app.web.errors import error_body, retry_after
 from app.web.forward import HOP_BY_HOP, outgoing_headers, ticket_headers
