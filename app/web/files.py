@@ -29,7 +29,7 @@ from app.store.job_bodies import WAL_COPIES, disk_free
 from app.web.access import identity, may_see, only_caller
 from app.web.auth import identify
 from app.web.errors import send_error, send_json
-from app.web.request_body import BadRequest
+from app.web.request_body import BadRequest, read_body
 
 UPLOAD_PURPOSES = ("batch", "user_data", "assistants", "vision", "fine-tune", "evals")
 """What a caller may upload a file for; `batch_output` files are gpulane's own."""
@@ -194,22 +194,14 @@ def _too_large(limit: int) -> str:
 async def _read_limited(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     """The upload's body; 413 naming jobs.maxFileBytes as soon as it cannot fit."""
     cap = limit + _ENVELOPE
+
+    def too_large() -> BadRequest:
+        return BadRequest(413, _too_large(limit), "file_too_large")
+
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
-        raise BadRequest(413, _too_large(limit), "file_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionError("client disconnected while sending the file")
-        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
-        size += len(chunk)
-        if size > cap:
-            raise BadRequest(413, _too_large(limit), "file_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        raise too_large()
+    return await read_body(receive, cap, too_large)
 
 
 def parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:
