@@ -646,7 +646,7 @@ _ARRIVAL_FIELDS = ("model_requested", "endpoint", "caller", "priority", "band", 
 
 def request_fields(row: Any, names: Sequence[str]) -> dict[str, Any]:
     """The columns `names` of a request's read-model row (`requests`), as the
-    fields of a view of it: an explanation here, a job's view."""
+    fields of a view of it: an explanation here, a job's view (app/jobs/job_view.py)."""
     return {name: row[name] for name in names}
 
 
