@@ -28,7 +28,7 @@ The replay (documented in docs/queries.md, "How explain works"):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -568,12 +568,7 @@ class _Story:
         return Explanation(
             request_id=self.request_id,
             model=row["model"],
-            model_requested=row["model_requested"],
-            endpoint=row["endpoint"],
-            caller=row["caller"],
-            priority=row["priority"],
-            band=row["band"],
-            attempt=row["attempt"],
+            **request_fields(row, _ARRIVAL_FIELDS),
             status=status,
             as_of=as_of_ns / NS_PER_S,
             arrived_at=self.enqueued_ns / NS_PER_S,
@@ -645,6 +640,16 @@ class _Story:
         return None if found is None else live_position(found, now_ns)
 
 
+_ARRIVAL_FIELDS = ("model_requested", "endpoint", "caller", "priority", "band", "attempt")
+"""What an explanation copies from the request's row, whatever became of it."""
+
+
+def request_fields(row: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The columns `names` of a request's read-model row (`requests`), as the
+    fields of a view of it: an explanation here, a job's view (app/jobs/job_view.py)."""
+    return {name: row[name] for name in names}
+
+
 def live_position(found: tuple[int, int, int], now_ns: int) -> Position:
     """A `Position` from `live_queue.position_of`'s answer."""
     position, depth, start = found
@@ -662,12 +667,7 @@ def _rejected(row: Any) -> Explanation:
     return Explanation(
         request_id=row["id"],
         model=None,
-        model_requested=row["model_requested"],
-        endpoint=row["endpoint"],
-        caller=row["caller"],
-        priority=row["priority"],
-        band=row["band"],
-        attempt=row["attempt"],
+        **request_fields(row, _ARRIVAL_FIELDS),
         status="rejected",
         as_of=at_s,
         arrived_at=at_s,

@@ -1,21 +1,28 @@
 """OpenAI-style error envelope: {"error": {"message", "type", "code"}}.
 
 Every error gpulane itself answers uses it: the raw ASGI paths send it with
-`send_error`, Litestar's own (404, 405, validation, anything a route raises) go
-through `EXCEPTION_HANDLERS`, and the HTTP protocol writes it with `error_body`
-for what it refuses before a request exists (431, 408, 400).
+`send_error`, the routes return `error_response`, Litestar's own (404, 405,
+validation, anything a route raises) go through `EXCEPTION_HANDLERS`, and the
+HTTP protocol writes it with `error_body` for what it refuses before a request
+exists (431, 408, 400). The jobs service's domain errors (app/jobs/errors.py)
+become HTTP here only (`jobs_error`, `send_jobs_error`), and so do admission's
+refusals (`send_refused`).
 """
 
 from __future__ import annotations
 
 import logging
 from http import HTTPStatus
+from types import EllipsisType
 from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap, Send
+
+from app.jobs.errors import Conflict, Invalid, JobsError, NoSpace, NotFound, Unavailable
+from app.runtime.admission import Refused
 
 log = logging.getLogger("gpulane.http")
 
@@ -40,9 +47,75 @@ _CODES = {
 }
 
 
+def error_doc(
+    status: int,
+    message: str,
+    code: str | None = None,
+    *,
+    kind: str | None = None,
+    param: str | None | EllipsisType = ...,
+) -> dict[str, Any]:
+    """The envelope. `kind` overrides the status's type where OpenAI's own shape
+    says otherwise; `param` (the field at fault, None for none) is there where
+    OpenAI's shape has it (batches, responses), absent by default."""
+    kind = kind or _TYPES.get(status, "server_error")
+    error: dict[str, Any] = {"message": message, "type": kind}
+    if not isinstance(param, EllipsisType):
+        error["param"] = param
+    error["code"] = code or kind
+    return {"error": error}
+
+
 def error_body(status: int, message: str, code: str | None = None) -> bytes:
-    kind = _TYPES.get(status, "server_error")
-    return msgspec.json.encode({"error": {"message": message, "type": kind, "code": code or kind}})
+    return msgspec.json.encode(error_doc(status, message, code))
+
+
+def error_response(
+    status: int,
+    message: str,
+    code: str | None = None,
+    *,
+    kind: str | None = None,
+    param: str | None | EllipsisType = ...,
+    headers: dict[str, str] | None = None,
+) -> Response[bytes]:
+    """The envelope as a Litestar response, for the routes (`error_doc`)."""
+    return Response(
+        msgspec.json.encode(
+            error_doc(status, message, code or _CODES.get(status), kind=kind, param=param)
+        ),
+        status_code=status,
+        media_type=MediaType.JSON,
+        headers=headers,
+    )
+
+
+_JOBS_STATUS: dict[type[JobsError], int] = {
+    Invalid: 400,
+    NotFound: 404,
+    Conflict: 409,
+    Unavailable: 503,
+    NoSpace: 507,
+}
+"""The jobs service's errors (app/jobs/errors.py) as HTTP statuses: the one mapping."""
+
+
+def jobs_error(exc: JobsError, *, with_param: bool = False) -> Response[bytes]:
+    """A jobs-service refusal as a response; `with_param` for the Batch API,
+    whose errors name the field at fault (None for none)."""
+    param = exc.param if with_param else ...
+    return error_response(_JOBS_STATUS[type(exc)], exc.message, exc.code, param=param)
+
+
+async def send_jobs_error(send: Send, exc: JobsError) -> None:
+    await send_error(send, _JOBS_STATUS[type(exc)], exc.message, code=exc.code)
+
+
+async def send_refused(send: Send, exc: Refused) -> None:
+    """An admission refusal (the queue's bounds, a draining server), with its Retry-After."""
+    await send_error(
+        send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
+    )
 
 
 def retry_after(seconds: int | None) -> list[tuple[bytes, bytes]]:
@@ -79,17 +152,6 @@ async def send_json(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _error_response(
-    status: int, message: str, code: str | None, headers: dict[str, str] | None = None
-) -> Response[bytes]:
-    return Response(
-        error_body(status, message, code or _CODES.get(status)),
-        status_code=status,
-        media_type=MediaType.JSON,
-        headers=headers,
-    )
-
-
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
     where = f"{request.method} {request.url.path}"
@@ -112,7 +174,7 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
         message = exc.detail
     if status >= 500:
         log.error("%s failed with %d: %s", where, status, exc.detail, exc_info=exc)
-    return _error_response(status, message, None, exc.headers)
+    return error_response(status, message, headers=exc.headers)
 
 
 def _problem(problem: dict[str, Any]) -> str:
@@ -124,7 +186,7 @@ def _problem(problem: dict[str, Any]) -> str:
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     # The traceback goes to the log only: it is for the operator, not the caller.
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return _error_response(
+    return error_response(
         500,
         f"internal error while handling {request.method} {request.url.path} "
         f"({type(exc).__name__}); the gpulane log has the traceback",

@@ -24,12 +24,12 @@ from litestar.types import Receive, Scope, Send
 from sqlalchemy import Engine, RowMapping
 
 from app.config import Config
+from app.jobs.reserve import disk_shortfall
 from app.store.files import delete_file, file_content, file_meta, file_row, list_files, store_file
-from app.store.job_bodies import WAL_COPIES, disk_free
 from app.web.access import identity, may_see, only_caller
 from app.web.auth import identify
-from app.web.errors import send_error, send_json
-from app.web.request_body import BadRequest
+from app.web.errors import error_response, send_error, send_json
+from app.web.request_body import BadRequest, read_body
 
 UPLOAD_PURPOSES = ("batch", "user_data", "assistants", "vision", "fine-tune", "evals")
 """What a caller may upload a file for; `batch_output` files are gpulane's own."""
@@ -54,9 +54,8 @@ def file_object(row: RowMapping | dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def not_found(file_id: str) -> dict[str, Any]:
-    message = f"no file {file_id}"
-    return {"error": {"message": message, "type": "not_found_error", "code": "file_not_found"}}
+def not_found(file_id: str) -> Response[bytes]:
+    return error_response(404, f"no file {file_id}", "file_not_found")
 
 
 class FileStore:
@@ -110,25 +109,15 @@ class FileStore:
             return
         except ConnectionError:
             return
-        short = self._disk_too_full(len(content))
+        short = disk_shortfall(
+            self.engine, self.config.min_free_disk, len(content), "this file: its content"
+        )
         if short is not None:
             await send_error(send, 507, short, code="insufficient_storage")
             return
         row = file_row(who.caller, purpose, filename or "upload", content)
         await asyncio.to_thread(store_file, self.engine, row)
         await send_json(send, 200, msgspec.json.encode(file_object(row)))
-
-    def _disk_too_full(self, size: int) -> str | None:
-        """Why a file of `size` bytes may not be stored now (jobs.minFreeDisk), or None."""
-        found = disk_free(self.engine)
-        if found is None or found[1] - WAL_COPIES * size >= self.config.min_free_disk:
-            return None
-        directory, free = found
-        return (
-            f"not enough disk space for this file ({size} bytes, {WAL_COPIES * size} while "
-            f"it is written): the database's disk ({directory}) has {free} bytes free and "
-            f"jobs.minFreeDisk keeps {self.config.min_free_disk} in reserve"
-        )
 
     async def _list(self, scope: Scope, send: Send) -> None:
         query = _query(scope)
@@ -164,22 +153,22 @@ def file_routes(store: FileStore) -> list[BaseRouteHandler]:
     async def retrieve(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[Any]:
         row = await store.owned(request, file_id)
         if row is None:
-            return Response(not_found(file_id), status_code=404)
+            return not_found(file_id)
         return Response(file_object(row))
 
     @get("/v1/files/{file_id:str}/content")
     async def content(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[Any]:
         if await store.owned(request, file_id) is None:
-            return Response(not_found(file_id), status_code=404)
+            return not_found(file_id)
         found = await asyncio.to_thread(file_content, store.engine, file_id)
         if found is None:
-            return Response(not_found(file_id), status_code=404)
+            return not_found(file_id)
         return Response(found[1], media_type="application/octet-stream")
 
     @delete("/v1/files/{file_id:str}", status_code=200)
     async def remove(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[Any]:
         if await store.owned(request, file_id) is None:
-            return Response(not_found(file_id), status_code=404)
+            return not_found(file_id)
         deleted = await asyncio.to_thread(delete_file, store.engine, file_id)
         return Response({"id": file_id, "object": "file", "deleted": deleted})
 
@@ -194,22 +183,14 @@ def _too_large(limit: int) -> str:
 async def _read_limited(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     """The upload's body; 413 naming jobs.maxFileBytes as soon as it cannot fit."""
     cap = limit + _ENVELOPE
+
+    def too_large() -> BadRequest:
+        return BadRequest(413, _too_large(limit), "file_too_large")
+
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
-        raise BadRequest(413, _too_large(limit), "file_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionError("client disconnected while sending the file")
-        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
-        size += len(chunk)
-        if size > cap:
-            raise BadRequest(413, _too_large(limit), "file_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        raise too_large()
+    return await read_body(receive, cap, too_large)
 
 
 def parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:

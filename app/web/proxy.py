@@ -12,19 +12,21 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from litestar.types import Message, Receive, Scope, Send
 
 from app.config import Config
 from app.core.priority import HEADER, grant, read_priority, tier_priority
+from app.jobs.durable import JobRequest
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import UpstreamStartError
 from app.web.auth import ANONYMOUS, identify
-from app.web.errors import retry_after, send_error
+from app.web.errors import send_error, send_refused
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
+from app.web.jobs import JobDoor
 from app.web.model_routes import forwarded_path
 from app.web.request_body import (
     BadRequest,
@@ -41,30 +43,15 @@ from app.web.responses import DOOR, is_background
 log = logging.getLogger("gpulane.proxy")
 
 
-class JobIntake(Protocol):
-    """Takes a request sent with `Prefer: respond-async` (app/web/jobs.py)."""
-
-    async def accept(
-        self,
-        send: Send,
-        admission: Admission,
-        method: str,
-        path: str,
-        query: str,
-        body: bytes,
-        headers: dict[str, str],
-        door: str | None = None,
-    ) -> None: ...
-
-
 class Proxy:
     def __init__(self, config: Config, scheduler: Scheduler, forwarder: Forwarder) -> None:
         self.config = config
         self.scheduler = scheduler
         self.forwarder = forwarder
         self._ignore = re.compile(config.ignore_paths)
-        self.jobs: JobIntake | None = None
-        """Set by serve: takes requests sent with `Prefer: respond-async`."""
+        self.jobs: JobDoor | None = None
+        """Set by serve: takes requests sent with `Prefer: respond-async` or
+        `background: true` (app/web/jobs.py)."""
 
     def handler(
         self, source: Literal["json", "form", "query"]
@@ -130,6 +117,7 @@ class Proxy:
             max_wait_ns=max_wait,
         )
         path = forwarded_path(endpoint)
+        job = None
         if self.jobs is not None and is_background(path, doc):
             # The Responses API's `background: true`: a durable job (app/web/responses.py).
             assert doc is not None
@@ -143,9 +131,9 @@ class Proxy:
             # The body as rewritten for the model (useModelName, filters), less `background`.
             sent = json.loads(body)
             body = json.dumps({k: v for k, v in sent.items() if k != "background"}).encode()
-            query = bytes(scope.get("query_string", b"")).decode("latin-1")
-            await self.jobs.accept(send, admission, "POST", path, query, body, headers, DOOR)
-            return
+            job = JobRequest(
+                method="POST", path=path, query=_query(scope), body=body, headers=headers, door=DOOR
+            )
         progress = (
             spec.send_loading_state
             and path == "/v1/chat/completions"
@@ -153,7 +141,15 @@ class Proxy:
             and doc.get("stream") is True
         )
         await self._run(
-            scope, receive, send, admission, body, headers, upstream_path=path, progress=progress
+            scope,
+            receive,
+            send,
+            admission,
+            body,
+            headers,
+            upstream_path=path,
+            progress=progress,
+            job=job,
         )
 
     async def upstream(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -209,20 +205,26 @@ class Proxy:
         headers: dict[str, str],
         upstream_path: str | None = None,
         progress: bool = False,
+        job: JobRequest | None = None,
     ) -> None:
-        if self.jobs is not None and "respond-async" in headers.get("prefer", "").lower():
-            path = upstream_path or scope["path"]
-            query = bytes(scope.get("query_string", b"")).decode("latin-1")
-            method = str(scope.get("method", "POST"))
-            await self.jobs.accept(send, admission, method, path, query, body, headers)
+        """Run the request now, or hand it to the job door: `job` (a background
+        response), or one sent with `Prefer: respond-async`."""
+        if job is None and "respond-async" in headers.get("prefer", "").lower():
+            job = JobRequest(
+                method=str(scope.get("method", "POST")),
+                path=upstream_path or scope["path"],
+                query=_query(scope),
+                body=body,
+                headers=headers,
+            )
+        if self.jobs is not None and job is not None:
+            await self.jobs.accept(send, admission, job)
             return
         try:
             ticket = self.scheduler.admit(admission)
         except Refused as exc:
             self.scheduler.refused(admission, exc)
-            await send_error(
-                send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
-            )
+            await send_refused(send, exc)
             return
         current = asyncio.current_task()
         assert current is not None
@@ -315,6 +317,10 @@ def _with_service_tier(asked: int | None, doc: dict[str, Any]) -> int | None:
     except ValueError as exc:
         raise BadRequest(400, str(exc), "invalid_service_tier") from None
     return asked if asked is not None else tier
+
+
+def _query(scope: Scope) -> str:
+    return bytes(scope.get("query_string", b"")).decode("latin-1")
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Final
 from urllib.parse import parse_qs
@@ -46,10 +47,13 @@ def max_wait_ns(headers: dict[str, str]) -> int | None:
     return max(1, int(seconds * 1_000_000_000))
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body; 413 as soon as it passes `limit` bytes. Gathered
-    in one growing buffer that becomes the result without a copy, so a large
-    body takes about its own size (a list of chunks joined took twice)."""
+async def read_body(
+    receive: Receive, limit: int, too_large: Callable[[], BadRequest] | None = None
+) -> bytes:
+    """The whole request body; as soon as it passes `limit` bytes, `too_large()`
+    is raised (by default 413 naming server.maxBodyBytes). Gathered in one
+    growing buffer that becomes the result without a copy, so a large body
+    takes about its own size (a list of chunks joined took twice)."""
     buffer = io.BytesIO()
     size = 0
     while True:
@@ -59,6 +63,8 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
         size += len(chunk)
         if size > limit:
+            if too_large is not None:
+                raise too_large()
             raise BadRequest(
                 413,
                 f"request body is larger than the limit of {limit} bytes (server.maxBodyBytes)",

@@ -15,16 +15,16 @@ so only such jobs answer here; a user key sees only its own (app/web/access.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 
-from app.web.access import identity
-
-if TYPE_CHECKING:
-    from app.web.jobs import JobRunner
+from app.jobs.durable import Jobs
+from app.jobs.errors import JobsError
+from app.web.access import identity, only_caller
+from app.web.errors import error_response
 
 DOOR = "background"
 PREFIX = "resp_"
@@ -53,7 +53,7 @@ def request_id_of(response: str) -> str | None:
 
 
 def response_object(view: dict[str, Any]) -> dict[str, Any]:
-    """A job's view (JobRunner.view) as the Response object the official client parses."""
+    """A job's view (app/jobs/job_view.py) as the Response object the official client parses."""
     status = _STATUSES.get(str(view.get("status")), "queued")
     out: dict[str, Any] = {
         "id": response_id(view["id"]),
@@ -103,22 +103,20 @@ def _upstream_error(code: int, body: Any) -> str:
     return f"the upstream answered {code}" + (f": {detail}" if detail else "")
 
 
-def _not_found(response: str) -> Response[Any]:
-    error = {
-        "message": f"no background response {response}",
-        "type": "invalid_request_error",
-        "param": None,
-        "code": "response_not_found",
-    }
-    return Response({"error": error}, status_code=404)
+def _not_found(response: str) -> Response[bytes]:
+    # OpenAI's own answer for an unknown response: an invalid request, with `param`.
+    message = f"no background response {response}"
+    return error_response(
+        404, message, "response_not_found", kind="invalid_request_error", param=None
+    )
 
 
-def response_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
+def response_routes(jobs: Jobs) -> list[BaseRouteHandler]:
     async def owned(request: Request[Any, Any, Any], response: str) -> dict[str, Any] | None:
         request_id = request_id_of(response)
         if request_id is None:
             return None
-        view = await jobs.view_for(identity(request.scope), request_id)
+        view = await jobs.view_for(only_caller(identity(request.scope)), request_id)
         if view is None or view.get("door") != DOOR:
             return None
         return view
@@ -136,9 +134,10 @@ def response_routes(jobs: JobRunner) -> list[BaseRouteHandler]:
         if view is None:
             return _not_found(response)
         if view.get("status") in ("queued", "running"):
-            status, after = await jobs.cancel(identity(request.scope), view["id"])
-            if status == 200:
-                view = after
+            try:
+                view = await jobs.cancel(only_caller(identity(request.scope)), view["id"])
+            except JobsError:
+                pass  # it ended meanwhile: answered as it is
         # An ended response is answered as it is: cancelling twice is harmless.
         return Response(response_object(view))
 

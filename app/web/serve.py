@@ -23,6 +23,8 @@ from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config, ConfigError, load_config
+from app.jobs.batches import Batches
+from app.jobs.durable import Jobs
 from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.recovery import recover
@@ -35,10 +37,11 @@ from app.store.queries import activity
 from app.store.samples import recent_runs, recent_samples
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
-from app.web.batches import BatchRunner, batch_routes
+from app.web.batches import batch_routes, line_encoder
+from app.web.console.batch_lines import batch_line_routes
 from app.web.files import FileStore, file_routes
 from app.web.forward import Forwarder
-from app.web.jobs import JobRunner, job_routes
+from app.web.jobs import JobDoor, JobRunner, job_routes
 from app.web.limits import server_options
 from app.web.proxy import Proxy
 from app.web.report_routes import report_routes
@@ -143,8 +146,8 @@ async def _serve(
     scheduler.processes.before_stop = forwarder.release
     proxy = Proxy(config, scheduler, forwarder)
     jobs = JobRunner(config, scheduler, forwarder, engine)
-    proxy.jobs = jobs
-    batches = BatchRunner(jobs)
+    proxy.jobs = JobDoor(jobs)
+    batches = Batches(jobs, line_encoder(config))
     background: list[asyncio.Task[None]] = []
 
     async def startup() -> None:
@@ -212,18 +215,19 @@ async def _serve(
 
 
 def extra_routes(
-    scheduler: Scheduler, jobs: JobRunner, engine: Engine, batches: BatchRunner | None = None
+    scheduler: Scheduler, jobs: Jobs, engine: Engine, batches: Batches | None = None
 ) -> list[BaseRouteHandler]:
     """The routes serve gives `create_app` beside its own: jobs, files and
     batches, reports, admin (tests/e2e/test_user_view.py walks them all with a
     user key)."""
-    batches = batches or BatchRunner(jobs)
+    batches = batches or Batches(jobs, line_encoder(jobs.config))
     return [
         *job_routes(jobs),
         *file_routes(FileStore(jobs.config, engine)),
         *batch_routes(batches),
+        *batch_line_routes(batches),
         *response_routes(jobs),
-        *report_routes(scheduler, engine, batches),
+        *report_routes(scheduler, engine, batches.progress),
         *admin_routes(scheduler),
     ]
 

@@ -273,12 +273,14 @@ def test_a_user_key_cannot_see_another_callers_file_or_batch(gateway: Start) -> 
     with pytest.raises(openai.NotFoundError):
         bob.batches.cancel(batch.id)
     # Nor can bob run a batch on alice's file.
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as on_alices:
         bob.batches.create(
             input_file_id=batch.input_file_id,
             endpoint="/v1/chat/completions",
             completion_window="24h",
         )
+    # In OpenAI's shape, the error names the field at fault.
+    assert (on_alices.value.code, on_alices.value.param) == ("file_not_found", "input_file_id")
     assert [b.id for b in bob.batches.list()] == []
     assert [f.id for f in bob.files.list()] == []
     assert batch.id in [b.id for b in alice.batches.list()]

@@ -1,12 +1,12 @@
-"""Reading a Batch API input file (app/web/batch_input.py) and a batch's default priority."""
+"""Reading a Batch API input file (app/jobs/batch_input.py) and a batch's default priority."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from app.web.batch_input import completion_window_s, read_lines
-from app.web.batches import batch_default
+from app.jobs.batch_input import completion_window_s, read_lines
+from app.jobs.batches import batch_default
 
 ENDPOINT = "/v1/chat/completions"
 

@@ -1,9 +1,12 @@
-"""Request bodies: the model of a multipart form (useModelName renaming only that
-field), and JSON bodies a parser must not choke on (deep nesting, NaN)."""
+"""Request bodies: read whole up to a limit, the model of a multipart form
+(useModelName renaming only that field), and JSON bodies a parser must not
+choke on (deep nesting, NaN)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -15,10 +18,39 @@ from app.web.request_body import (
     form_model,
     json_model,
     max_wait_ns,
+    read_body,
     rename_form_model,
 )
 
 AUDIO = bytes(range(256)) * 4  # binary, with \r\n inside
+
+
+def chunked(*chunks: bytes) -> Any:
+    """An ASGI `receive` that sends `chunks` as one body, in that many messages."""
+    messages = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    return receive
+
+
+def test_a_body_in_many_messages_is_read_whole_up_to_its_limit() -> None:
+    assert asyncio.run(read_body(chunked(b"ab", b"", b"cd"), 4)) == b"abcd"
+    with pytest.raises(BadRequest) as default:
+        asyncio.run(read_body(chunked(b"ab", b"cd", b"e"), 4))
+    assert default.value.status == 413 and "server.maxBodyBytes" in default.value.message
+
+    def file_too_large() -> BadRequest:
+        return BadRequest(413, "over jobs.maxFileBytes", "file_too_large")
+
+    # The files route's own refusal, raised once the limit is passed, mid-body.
+    with pytest.raises(BadRequest) as own:
+        asyncio.run(read_body(chunked(b"abc", b"de", b"never read"), 4, file_too_large))
+    assert own.value.code == "file_too_large"
 
 
 def multipart(model: str) -> tuple[bytes, str]:
