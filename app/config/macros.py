@@ -14,6 +14,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Final
 
+from app.config.checks import Issues, join_path
+
 MacroValue = str | int | float | bool
 
 REF: Final = re.compile(r"\$\{([^{}]*)\}")
@@ -146,6 +148,25 @@ class Expander:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean ${{{close[0]}}}?" if close else ""
         return f"unknown macro ${{{name}}}{hint}"
+
+
+def expand(issues: Issues, expander: Expander, text: str, where: str) -> str | None:
+    """`text` expanded, or None with each problem reported where it lies."""
+    try:
+        return expander.expand(text)
+    except MacroError as exc:
+        for location, message in exc.problems:
+            issues.error(location or where, message)
+        return None
+
+
+def check_macro_names(issues: Issues, macros: Mapping[str, MacroValue], path: str) -> None:
+    for name in macros:
+        where = join_path(path, name)
+        if name in RESERVED:
+            issues.error(where, f"{name} is a reserved macro name")
+        elif not NAME.match(name):
+            issues.error(where, "macro names are 1-64 characters of letters, digits, _ and -")
 
 
 def strip_comments(text: str) -> str:
