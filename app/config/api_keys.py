@@ -56,6 +56,9 @@ def resolve_api_keys(
                 "an API key must not start or end with whitespace (it could never be presented)",
             )
             key = None
+        elif key is not None and " " in key:
+            issues.error(key_where, "an API key must not contain spaces (llama-swap refuses them)")
+            key = None
         if key is not None:
             if key in key_at:
                 issues.error(

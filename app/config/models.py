@@ -21,7 +21,6 @@ from app.config.macros import (
     Expander,
     MacroError,
     MacroValue,
-    check_macro_names,
     expand,
     split_args,
     strip_comments,
@@ -64,7 +63,6 @@ class ModelScope:
 def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int) -> ModelConfig:
     issues = scope.issues
     path = join_path("models", model_id)
-    check_macro_names(issues, m.macros, f"{path}.macros")
     table: dict[str, MacroValue] = {**scope.macros, **m.macros}
     origins = {**scope.origins, **{n: join_path(f"{path}.macros", n) for n in m.macros}}
     builtins: dict[str, MacroValue] = {"MODEL_ID": model_id}
@@ -103,7 +101,11 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         cmd=cmd or (),
         cmd_stop=cmd_stop or None,
         proxy=_proxy(issues, m, plain, port, path),
-        aliases=_aliases(issues, m, path, [k for k in by_id if k != model_id]),
+        aliases=_ports(
+            _aliases(issues, m, path, [k for k in by_id if k != model_id]),
+            with_port,
+            f"{path}.aliases",
+        ),
         env=_env(issues, m, plain, with_port, path),
         check_endpoint=_check_endpoint(issues, m, plain, with_port, path),
         ttl=_ttl(issues, m.ttl, scope.global_ttl, f"{path}.ttl"),
@@ -111,12 +113,14 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
             issues, m.unload_timeout, scope.unload_timeout, f"{path}.unloadTimeout"
         ),
         unlisted=m.unlisted,
-        use_model_name=m.use_model_name or None,
-        name=m.name or None,
-        description=m.description or None,
+        use_model_name=_ports(m.use_model_name, with_port, f"{path}.useModelName") or None,
+        name=_ports(m.name, with_port, f"{path}.name") or None,
+        description=_ports(m.description, with_port, f"{path}.description") or None,
         strip_params=strip_params(issues, m.filters, plain, f"{path}.filters.stripParams"),
-        set_params=set_params(issues, m.filters, path),
-        set_params_by_id=by_id,
+        set_params=_ports(
+            set_params(issues, m.filters, path), with_port, f"{path}.filters.setParams"
+        ),
+        set_params_by_id=_ports(by_id, with_port, f"{path}.filters.setParamsByID"),
         concurrency_limit=_concurrency(
             issues, m.concurrency_limit, scope.scheduler, f"{path}.concurrencyLimit"
         ),
@@ -227,6 +231,22 @@ def name_index(
     return index
 
 
+def _ports(value: Any, with_port: WithPort, where: str) -> Any:
+    """`value` with `${PORT}` filled in (a lone one as the number), as llama-swap
+    fills it in every value of a model whose cmd uses it."""
+    if isinstance(value, str):
+        filled = with_port(value, where) if PORT_REF in value else value
+        if filled is None:
+            return value
+        return int(filled) if value == PORT_REF else filled
+    if isinstance(value, dict):
+        return {k: _ports(v, with_port, join_path(where, str(k))) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        filled_items = [_ports(v, with_port, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(filled_items) if isinstance(value, tuple) else filled_items
+    return value
+
+
 def _argv(issues: Issues, text: str | None, where: str) -> tuple[str, ...] | None:
     if text is None:
         return None
@@ -298,8 +318,14 @@ def _check_endpoint(
 ) -> str | None:
     where = f"{path}.checkEndpoint"
     text = with_port(expand(issues, expander, m.check_endpoint, where), where)
-    if text is None or text == "none":
+    if text is None or text.strip() == "none":
         return None
+    parts = urlsplit(text)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        # llama-swap sends it through the model's proxy, which keeps only the path.
+        path_only = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        issues.warn(where, f"{text!r} is checked on the model's proxy as {path_only!r}")
+        return path_only
     if not text.startswith("/"):
         issues.error(where, f"{text!r} must be a path starting with / or `none`")
     return str(text)
@@ -328,12 +354,21 @@ def _set_params_by_id(
     """Requested id -> params; macros expanded in the ids, as llama-swap does
     (`${MODEL_ID}:high`)."""
     out: dict[str, dict[str, Any]] = {}
+    key_of: dict[str, str] = {}
     for key, given in m.filters.set_params_by_id.items():
         where = join_path(f"{path}.filters.setParamsByID", key)
         requested = (expand(issues, expander, key, where) or "").strip()
         if not requested:
             issues.error(where, "an id must not be empty")
             continue
+        if requested in key_of:
+            issues.error(
+                where,
+                f"resolves to {requested!r}, as {key_of[requested]!r} does; "
+                "each key must be a distinct id",
+            )
+            continue
+        key_of[requested] = key
         params = dict(given)
         if params.pop("model", None) is not None:
             issues.warn(f"{where}.model", "`model` cannot be set; ignored")

@@ -7,6 +7,7 @@ a `RawConfig` into the `Config` the rest of gpulane reads.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import msgspec
@@ -287,3 +288,8 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
 # Structs whose other keys are llama-swap features we skip (hooks other than
 # on_startup) rather than typos, unless they look like a typo of a known key.
 OPEN_STRUCTS: Final[dict[type, str]] = {RawHooks: "gpulane only runs hooks.on_startup"}
+# Structs whose unknown keys load with a warning naming them, as llama-swap
+# ignores them, unless one edit away from a key gpulane reads (`tll`), which
+# stays an error naming the key meant. The pattern names the keys that hold
+# YAML anchors only (`defs:`, `x-common:`): they load without a warning.
+LENIENT_STRUCTS: Final[dict[type, re.Pattern[str]]] = {RawConfig: re.compile(r"defs|x-.*")}

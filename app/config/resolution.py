@@ -18,7 +18,7 @@ import msgspec
 
 from app.config.api_keys import resolve_api_keys
 from app.config.checks import Issues, join_path
-from app.config.macros import RESERVED, Expander, check_macro_names, expand
+from app.config.macros import RESERVED, Expander, expand
 from app.config.models import ModelScope, name_index, resolve_model
 from app.config.peers import PeerResolver
 from app.config.raw import (
@@ -72,7 +72,6 @@ class Resolver:
 
     def run(self) -> Config:
         raw, issues = self.raw, self.issues
-        check_macro_names(issues, raw.macros, "macros")
         self._check_global_macros()
         global_ttl = non_negative(issues, raw.global_ttl, "globalTTL", "seconds >= 0 (0 = never)")
         unload = non_negative(issues, raw.unload_timeout, "unloadTimeout", "seconds >= 0")
@@ -117,13 +116,18 @@ class Resolver:
             )
         index = name_index(issues, self.declared, models)
         check_fifo_keys(issues, fifo, self.declared, index)
-        router = resolve_router(raw, index, issues, lambda name: unknown_model(name, index))
+        router = resolve_router(
+            raw, index, issues, lambda name, outcome: unknown_model(name, index, outcome)
+        )
         # Peers after the local names (local ids and aliases first) and the router.
         peers, router = PeerResolver(
             raw, issues, self.environ, self.global_origins, run_limits
         ).run(models, index, router)
         models = dict(sorted(models.items()))
         choices = {m for m, spec in models.items() if spec.choices}
+        if not models and not self.declared:
+            # llama-swap loads such a config too; every request then gets a 404.
+            issues.warn("models", "no models and no peers: there is nothing to serve")
 
         serial = raw.routing.scheduler.settings.serial
         divisor, divisor_ns = aging_divisor(issues, serial.aging_divisor)
@@ -134,7 +138,8 @@ class Resolver:
                 issues, raw.health_check_timeout, "healthCheckTimeout", "seconds > 0"
             ),
             start_port=start_port,
-            log_level=choice(issues, raw.log_level, "logLevel", LOG_LEVELS),
+            # Any case, as llama-swap reads it.
+            log_level=choice(issues, raw.log_level.strip().lower(), "logLevel", LOG_LEVELS),
             api_keys=resolve_api_keys(raw, issues, self.environ, self.global_origins),
             preload=_preload(raw, issues, index, choices),
             router=router,

@@ -490,16 +490,37 @@ def test_missing_env_variable_in_a_macro_is_reported_once_at_the_macro() -> None
     assert errors == ["macros.dir: environment variable NOPE is not set (used as ${env.NOPE})"]
 
 
-def test_macro_cycle_is_an_error() -> None:
+def test_a_macro_using_itself_is_an_error() -> None:
+    errors = errors_of('macros: {a: "x ${a}"}\n' + one_model(cmd="srv --port ${PORT} ${a}"))
+    assert errors == ["macros.a: uses itself"]
+
+
+def test_a_macro_may_use_only_the_macros_defined_before_it() -> None:
+    # llama-swap substitutes macros last to first, so a later one stays literal
+    # and is refused (its TestConfig_MacroForwardReferenceRejected); a cycle
+    # always has such a reference.
     errors = errors_of('macros: {a: "x ${b}", b: "${c}", c: "${a}"}\n' + one_model())
-    assert errors == ["macros: cycle: a -> b -> c -> a"]
-
-
-def test_macros_may_reference_macros_defined_later() -> None:
+    assert errors == [
+        "macros.a: uses ${b}, which is defined after it; a macro may use only the macros "
+        "defined before it",
+        "macros.b: uses ${c}, which is defined after it; a macro may use only the macros "
+        "defined before it",
+    ]
     config = parse(
-        'macros: {a: "${b} -c ${ctx}", b: srv, ctx: 2048}\n' + one_model(cmd="${a} --port ${PORT}")
+        'macros: {b: srv, ctx: 2048, a: "${b} -c ${ctx}"}\n' + one_model(cmd="${a} --port ${PORT}")
     )
     assert config.models["m"].cmd == ("srv", "-c", "2048", "--port", "5800")
+
+
+def test_a_model_macro_may_use_the_global_ones_and_its_own_defined_before_it() -> None:
+    config = parse(
+        "macros: {dir: /srv}\n"
+        + one_model(
+            cmd="${bin} --port ${PORT}",
+            extra='macros: {name: x, bin: "${dir}/${name}-${MODEL_ID}"}\n',
+        )
+    )
+    assert config.models["m"].cmd == ("/srv/x-m", "--port", "5800")
 
 
 def test_unknown_macro_names_model_and_macro() -> None:
