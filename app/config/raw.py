@@ -288,8 +288,31 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
 # Structs whose other keys are llama-swap features we skip (hooks other than
 # on_startup) rather than typos, unless they look like a typo of a known key.
 OPEN_STRUCTS: Final[dict[type, str]] = {RawHooks: "gpulane only runs hooks.on_startup"}
-# Structs whose unknown keys load with a warning naming them, as llama-swap
-# ignores them, unless one edit away from a key gpulane reads (`tll`), which
+# llama-swap's sections: an unknown key loads with a warning naming it, as
+# llama-swap ignores it, unless one edit from a key gpulane reads (`tll`), which
 # stays an error naming the key meant. The pattern names the keys that hold
 # YAML anchors only (`defs:`, `x-common:`): they load without a warning.
-LENIENT_STRUCTS: Final[dict[type, re.Pattern[str]]] = {RawConfig: re.compile(r"defs|x-.*")}
+# gpulane's own sections (database, jobs, server, apiKeys' mappings, the
+# scheduler's settings) stay strict: any unknown key there is an error.
+_NO_ANCHORS: Final = re.compile(r"(?!)")
+LENIENT_STRUCTS: Final[dict[type, re.Pattern[str]]] = {
+    RawConfig: re.compile(r"defs|x-.*"),
+    **{
+        cls: _NO_ANCHORS
+        for cls in (
+            RawAlias,
+            RawFilters,
+            RawTimeouts,
+            RawCompat,
+            RawModel,
+            RawPeer,
+            RawOnStartup,
+            RawGroup,
+            RawMatrix,
+            RawRouterSettings,
+            RawRouter,
+            RawRouting,
+            RawUpstream,
+        )
+    },
+}
