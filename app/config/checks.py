@@ -54,12 +54,16 @@ class Walker:
         issues: Issues,
         ignored_keys: Mapping[type, Mapping[str, str]],
         open_structs: Mapping[type, str],
+        lenient_structs: Mapping[type, re.Pattern[str]] | None = None,
     ) -> None:
         self.issues = issues
         # Per struct: keys accepted with a warning, and why.
         self.ignored_keys = ignored_keys
         # Structs whose unknown keys warn rather than fail, unless a typo.
         self.open_structs = open_structs
+        # Structs whose unknown keys warn unless one edit from a known key; the
+        # pattern names keys skipped without a word (YAML anchor blocks).
+        self.lenient_structs = lenient_structs or {}
 
     def value(self, value: Any, typ: Any, path: str) -> Any:
         if _is_struct(typ):
@@ -126,6 +130,12 @@ class Walker:
                     invalid_required = True
             elif key in ignored:
                 self.issues.warn(key_path, f"llama-swap key ignored: {ignored[key]}")
+            elif cls in self.lenient_structs:
+                near = _near_miss(key, [*fields, *ignored])
+                if near is not None:
+                    self.issues.error(key_path, f"unknown key; did you mean {near!r}?")
+                elif not self.lenient_structs[cls].fullmatch(key):
+                    self.issues.warn(key_path, "unknown key ignored, as llama-swap ignores it")
             else:
                 close = _closest(key, [*fields, *ignored])
                 if cls in self.open_structs and close is None:
@@ -161,6 +171,32 @@ def _closest(key: str, known: list[str]) -> str | None:
         return exact
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+def _near_miss(key: str, known: list[str]) -> str | None:
+    """The known key `key` is a typo of: the same but for case and `_`/`-`, or one
+    edit away (a letter added, dropped, changed, or two swapped)."""
+    folded = {k.lower().replace("_", "").replace("-", ""): k for k in known}
+    exact = folded.get(key.lower().replace("_", "").replace("-", ""))
+    if exact is not None:
+        return exact
+    return next((k for k in known if _one_edit(key, k)), None)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (
+            len(diff) == 2
+            and diff[1] == diff[0] + 1
+            and a[diff[0]] == b[diff[1]]
+            and a[diff[1]] == b[diff[0]]
+        )
+    short, long = sorted((a, b), key=len)
+    i = next((i for i in range(len(short)) if short[i] != long[i]), len(short))
+    return short[i:] == long[i + 1 :]
 
 
 def _unknown_key(close: str | None, fields: Mapping[str, Any], ignored: Mapping[str, str]) -> str:

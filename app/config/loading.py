@@ -1,8 +1,9 @@
 """Reading a YAML config file into a `Config`, every problem reported at once.
 
-The text is parsed strictly (duplicate keys are errors), checked against the
-raw Structs by `Walker`, decoded, then resolved; the errors of all three
-stages are collected before `ConfigError` is raised.
+The text is parsed strictly (duplicate keys are errors), its macros are
+substituted as llama-swap does (`substitution`), it is checked against the raw
+Structs by `Walker`, decoded, then resolved; the errors of every stage are
+collected before `ConfigError` is raised.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import msgspec
 import yaml
 
 from app.config.checks import INVALID, Issues, Walker, kind_of
-from app.config.raw import IGNORED_KEYS, OPEN_STRUCTS, RawConfig
+from app.config.raw import IGNORED_KEYS, LENIENT_STRUCTS, OPEN_STRUCTS, RawConfig
 from app.config.resolution import Resolver
 from app.config.resolved import Config, config_hash
+from app.config.substitution import substitute
 
 
 class ConfigError(Exception):
@@ -43,11 +45,14 @@ def parse_config(
     text: str, *, source: str = "<string>", environ: Mapping[str, str] | None = None
 ) -> Config:
     issues = Issues()
+    env = os.environ if environ is None else environ
     data = _load_yaml(text, source, issues)
+    if data is not None:
+        data = substitute(data, env, issues)
     raw = _decode(data, issues) if data is not None else None
     if raw is None:
         raise ConfigError(issues.final_errors(), source)
-    config = Resolver(raw, data or {}, issues, os.environ if environ is None else environ).run()
+    config = Resolver(raw, data or {}, issues, env).run()
     if issues.errors:
         raise ConfigError(issues.final_errors(), source)
     config = msgspec.structs.replace(config, warnings=tuple(issues.warnings), source=source)
@@ -96,8 +101,7 @@ def _load_yaml(text: str, source: str, issues: Issues) -> dict[str, Any] | None:
     for message in loader.duplicates:
         issues.error(source, message)
     if data is None:
-        issues.error(source, "config is empty; at least `models` is required")
-        return None
+        return {}  # llama-swap loads an empty file; resolution warns it serves nothing
     if not isinstance(data, dict):
         issues.error(source, f"expected a mapping at the top level, got {kind_of(data)}")
         return None
@@ -105,13 +109,8 @@ def _load_yaml(text: str, source: str, issues: Issues) -> dict[str, Any] | None:
 
 
 def _decode(data: dict[str, Any], issues: Issues) -> RawConfig | None:
-    walker = Walker(issues, IGNORED_KEYS, OPEN_STRUCTS)
+    walker = Walker(issues, IGNORED_KEYS, OPEN_STRUCTS, LENIENT_STRUCTS)
     cleaned = walker.struct(data, RawConfig, "")
-    if not isinstance(data.get("models"), dict) or not data["models"]:
-        if "models" in data:
-            issues.error("models", "expected a mapping of at least one model id to its settings")
-        else:
-            issues.error("models", "required: at least one model")
     if cleaned is INVALID:
         return None
     try:

@@ -1,7 +1,10 @@
 """`${...}` macro expansion and `cmd` splitting for config strings.
 
-llama-swap compatible: user macros (which may reference each other, in any
-order), `${env.NAME}`, and the per-model builtins `${MODEL_ID}` and `${PORT}`.
+llama-swap compatible: user macros, `${env.NAME}`, and the per-model builtins
+`${MODEL_ID}` and `${PORT}`. A macro may use only the macros defined before it
+(llama-swap substitutes them last to first, so a later one is left literal and
+refused); a model's own macros come after the global ones, and one that
+overrides a global macro takes that macro's place.
 A `cmd` is split like a shell splits words but never run through a shell, so
 `$HOME`, pipes and globs are passed through literally.
 """
@@ -14,10 +17,13 @@ import shlex
 from collections.abc import Mapping
 from typing import Final
 
+from app.config.checks import Issues, join_path
+
 MacroValue = str | int | float | bool
 
 REF: Final = re.compile(r"\$\{([^{}]*)\}")
-NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# llama-swap refuses names of 64 characters or more.
+NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 # PID is filled in by the runtime when it runs cmdStop, so it is never a user macro.
 RESERVED: Final = frozenset({"PORT", "MODEL_ID", "PID"})
 
@@ -65,6 +71,7 @@ class Expander:
         self._builtins = builtins or {}
         self._keep = keep
         self._resolved: dict[str, MacroValue] = {}
+        self._order = {name: i for i, name in enumerate(macros)}
 
     def expand(self, text: str) -> str:
         problems: list[tuple[str | None, str]] = []
@@ -104,23 +111,33 @@ class Expander:
         if name.startswith("env."):
             var = name[4:]
             if var in self._environ:
-                return self._environ[var]
+                text = self._environ[var]
+                if any(c in text for c in "\n\r\x00"):
+                    # llama-swap pastes env values into the YAML text, so it refuses these.
+                    problems.append(
+                        (where, f"environment variable {var} contains a newline or a null byte")
+                    )
+                    return None
+                return text
             problems.append((where, f"environment variable {var} is not set (used as ${{{name}}})"))
             return None
         if name in self._builtins:
             return self._builtins[name]
-        if name in self._resolved:
-            return self._resolved[name]
         if name not in self._macros:
             problems.append((where, self._unknown(name)))
             return None
-        if name in stack:
-            cycle = list(stack[stack.index(name) :])
-            # Rotate so the same cycle reads the same from any entry point.
-            start = cycle.index(min(cycle))
-            cycle = cycle[start:] + cycle[:start]
-            problems.append(("macros", "cycle: " + " -> ".join([*cycle, cycle[0]])))
+        if stack and self._order[name] >= self._order[stack[-1]]:
+            message = (
+                "uses itself"
+                if name == stack[-1]
+                else f"uses ${{{name}}}, which is defined after it; a macro may use only "
+                "the macros defined before it"
+            )
+            problems.append((where, message))
             return None
+        if name in self._resolved:
+            return self._resolved[name]
+        # Only earlier macros may be used, so a macro can never reach itself again.
         raw = self._macros[name]
         if not isinstance(raw, str):
             self._resolved[name] = raw
@@ -146,6 +163,25 @@ class Expander:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean ${{{close[0]}}}?" if close else ""
         return f"unknown macro ${{{name}}}{hint}"
+
+
+def expand(issues: Issues, expander: Expander, text: str, where: str) -> str | None:
+    """`text` expanded, or None with each problem reported where it lies."""
+    try:
+        return expander.expand(text)
+    except MacroError as exc:
+        for location, message in exc.problems:
+            issues.error(location or where, message)
+        return None
+
+
+def check_macro_names(issues: Issues, macros: Mapping[str, MacroValue], path: str) -> None:
+    for name in macros:
+        where = join_path(path, name)
+        if name in RESERVED:
+            issues.error(where, f"{name} is a reserved macro name")
+        elif not NAME.match(name):
+            issues.error(where, "macro names are 1-63 characters of letters, digits, _ and -")
 
 
 def strip_comments(text: str) -> str:

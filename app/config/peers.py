@@ -17,18 +17,21 @@ before). A matrix router does not take peers yet: they load with a warning.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import urlsplit
+from typing import Final
 
-from app.config.checks import join_path
-from app.config.macros import Expander
-from app.config.raw import DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_HEADER_TIMEOUT, RawPeer
+from app.config.checks import Issues, join_path
+from app.config.macros import Expander, expand
+from app.config.models import http_url, pass_credentials, set_params, strip_params
+from app.config.raw import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_RESPONSE_HEADER_TIMEOUT,
+    RawConfig,
+    RawPeer,
+)
 from app.config.resolved import ModelConfig
+from app.config.values import RunLimits, limit
 from app.core.peers import PeerPool, fqn
 from app.core.residency import DEFAULT_GROUP, Group, GroupRouter, MatrixRouter, Router
-
-if TYPE_CHECKING:
-    from app.config.resolution import Resolver, _RunLimits
 
 PEER_GROUP: Final = "peers.{}"
 """The router group of a peer's models."""
@@ -44,20 +47,25 @@ def peer_headers(api_key: str) -> dict[str, str]:
 
 
 class PeerResolver:
-    def __init__(self, resolver: Resolver, run_limits: _RunLimits) -> None:
-        self.r = resolver
-        self.issues = resolver.issues
+    def __init__(
+        self,
+        raw: RawConfig,
+        issues: Issues,
+        environ: Mapping[str, str],
+        origins: Mapping[str, str],
+        run_limits: RunLimits,
+    ) -> None:
+        self.raw = raw
+        self.issues = issues
         self.run_limits = run_limits
-        self.expander = Expander(
-            resolver.raw.macros, environ=resolver.environ, origins=resolver.global_origins
-        )
+        self.expander = Expander(raw.macros, environ=environ, origins=origins)
 
     def run(
         self, models: dict[str, ModelConfig], index: dict[str, str], router: Router | None
     ) -> tuple[dict[str, PeerPool], Router | None]:
         """Add each peer's model entries to `models` and their names to `index`;
         returns the pools and the router with a group per peer."""
-        peers = self.r.raw.peers
+        peers = self.raw.peers
         if not peers:
             return {}, router
         if isinstance(router, MatrixRouter):
@@ -98,7 +106,7 @@ class PeerResolver:
     ) -> PeerPool | None:
         path = join_path("peers", peer_id)
         proxy = self._proxy(peer.proxy, f"{path}.proxy")
-        api_key = self.r._expand(self.expander, peer.api_key, f"{path}.apiKey") or ""
+        api_key = expand(self.issues, self.expander, peer.api_key, f"{path}.apiKey") or ""
         if not peer.models:
             self.issues.error(f"{path}.models", "a peer must list at least one model")
         slots = peer.concurrency_limit
@@ -107,14 +115,18 @@ class PeerResolver:
                 f"{path}.concurrencyLimit", f"{slots} is out of range; expected an integer >= 1"
             )
             slots = 1
-        strip = self._strip(peer, f"{path}.filters.stripParams")
-        params = dict(peer.filters.set_params)
-        if params.pop("model", None) is not None:
-            self.issues.warn(f"{path}.filters.setParams.model", "`model` cannot be set; ignored")
+        strip = strip_params(
+            self.issues, peer.filters, self.expander, f"{path}.filters.stripParams"
+        )
+        params = set_params(self.issues, peer.filters, path)
         headers = peer_headers(api_key)
         # The peer's key replaces the client's credentials; without one they are
         # passed as for a local model.
-        passed = () if api_key else self.r._pass_credentials(None, f"{path}.apiKey")
+        passed = (
+            ()
+            if api_key
+            else pass_credentials(self.issues, None, bool(self.raw.api_keys), f"{path}.apiKey")
+        )
         entries: list[str] = []
         for i, name in enumerate(dict.fromkeys(peer.models)):
             where = f"{path}.models[{i}]"
@@ -154,14 +166,16 @@ class PeerResolver:
                 concurrency_limit=slots,
                 metadata={},
                 port=None,
-                send_loading_state=self.r.raw.send_loading_state,
-                connect_timeout=self.r._limit(
+                send_loading_state=self.raw.send_loading_state,
+                connect_timeout=limit(
+                    self.issues,
                     peer.timeouts.connect,
                     f"{path}.timeouts.connect",
                     DEFAULT_CONNECT_TIMEOUT,
                     durations=False,
                 ),
-                response_header_timeout=self.r._limit(
+                response_header_timeout=limit(
+                    self.issues,
                     peer.timeouts.response_header,
                     f"{path}.timeouts.responseHeader",
                     DEFAULT_RESPONSE_HEADER_TIMEOUT,
@@ -203,25 +217,10 @@ class PeerResolver:
         )
 
     def _proxy(self, text: str, where: str) -> str:
-        expanded = self.r._expand(self.expander, text, where)
+        expanded = expand(self.issues, self.expander, text, where)
         if expanded is None:
             return ""
-        parts = urlsplit(expanded)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            self.issues.error(where, f"{expanded!r} is not an http:// or https:// URL with a host")
-        return expanded.rstrip("/")
-
-    def _strip(self, peer: RawPeer, where: str) -> tuple[str, ...]:
-        given: Any = peer.filters.strip_params or peer.filters.strip_params_legacy
-        items = given.split(",") if isinstance(given, str) else given
-        out: list[str] = []
-        for item in items:
-            name = (self.r._expand(self.expander, item, where) or "").strip()
-            if name == "model":
-                self.issues.warn(where, "`model` is never stripped; entry ignored")
-            elif name and name not in out:
-                out.append(name)
-        return tuple(out)
+        return http_url(self.issues, expanded, where)
 
     def _router(
         self,

@@ -7,6 +7,7 @@ a `RawConfig` into the `Config` the rest of gpulane reads.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import msgspec
@@ -287,3 +288,31 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
 # Structs whose other keys are llama-swap features we skip (hooks other than
 # on_startup) rather than typos, unless they look like a typo of a known key.
 OPEN_STRUCTS: Final[dict[type, str]] = {RawHooks: "gpulane only runs hooks.on_startup"}
+# llama-swap's sections: an unknown key loads with a warning naming it, as
+# llama-swap ignores it, unless one edit from a key gpulane reads (`tll`), which
+# stays an error naming the key meant. The pattern names the keys that hold
+# YAML anchors only (`defs:`, `x-common:`): they load without a warning.
+# gpulane's own sections (database, jobs, server, apiKeys' mappings, the
+# scheduler's settings) stay strict: any unknown key there is an error.
+_NO_ANCHORS: Final = re.compile(r"(?!)")
+LENIENT_STRUCTS: Final[dict[type, re.Pattern[str]]] = {
+    RawConfig: re.compile(r"defs|x-.*"),
+    **{
+        cls: _NO_ANCHORS
+        for cls in (
+            RawAlias,
+            RawFilters,
+            RawTimeouts,
+            RawCompat,
+            RawModel,
+            RawPeer,
+            RawOnStartup,
+            RawGroup,
+            RawMatrix,
+            RawRouterSettings,
+            RawRouter,
+            RawRouting,
+            RawUpstream,
+        )
+    },
+}

@@ -37,12 +37,12 @@ def resolve_router(
     raw: RawConfig,
     index: Mapping[str, str],
     issues: Issues,
-    unknown: Callable[[str], str],
+    unknown: Callable[[str, str], str],
 ) -> Router | None:
     """The router the config describes, or None; problems go to `issues`.
 
-    `index` maps model ids and aliases to ids; `unknown(name)` is the message
-    for a name that is neither.
+    `index` maps model ids and aliases to ids; `unknown(name, outcome)` is the
+    message for a name that is neither.
     """
     router_raw = raw.routing.router
     settings = router_raw.settings
@@ -91,7 +91,7 @@ def _groups(
     base: str,
     index: Mapping[str, str],
     issues: Issues,
-    unknown: Callable[[str], str],
+    unknown: Callable[[str, str], str],
 ) -> GroupRouter | None:
     if not raw:
         return None
@@ -107,7 +107,9 @@ def _groups(
             at = f"{where}.members[{i}]"
             model = index.get(given)
             if model is None:
-                issues.error(at, unknown(given))
+                # llama-swap only checks members for duplicates, so its own
+                # config.example.yaml names models it does not define.
+                issues.warn(at, unknown(given, ", not a member"))
             elif model in members:
                 issues.error(at, f"model {model!r} is listed twice in group {name!r}")
             elif model in owner:
@@ -139,7 +141,7 @@ def _matrix(
     base: str,
     index: Mapping[str, str],
     issues: Issues,
-    unknown: Callable[[str], str],
+    unknown: Callable[[str, str], str],
 ) -> MatrixRouter | None:
     model_ids = set(index.values())
     errors = len(issues.errors)
@@ -150,7 +152,7 @@ def _matrix(
             issues.error(where, "a var name is 1-32 letters, digits, `-` or `.`")
         model = index.get(given)
         if model is None:
-            issues.error(where, unknown(given))
+            issues.error(where, unknown(given, ""))
         variables[key] = model if model is not None else given
 
     def resolve(name: str) -> str | None:

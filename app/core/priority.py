@@ -14,6 +14,7 @@ What a request asks for is its header, else its body's OpenAI `service_tier`
 
 from __future__ import annotations
 
+import re
 from typing import Final, Literal
 
 Band = Literal["interactive", "normal", "batch"]
@@ -73,6 +74,30 @@ def read_priority(value: str | None) -> int | None:
         return None
     number = -int(significant) if negative else int(significant)
     return number if MIN_PRIORITY <= number <= MAX_PRIORITY else None
+
+
+SETTING_FORMS: Final = (
+    "an integer, interactive, normal or batch, optionally + or - an integer (interactive+2)"
+)
+"""What a config priority setting (an API key's maxPriority, defaultPriority) may be."""
+
+# "interactive+2", "batch - 1", "normal", or an integer ("-98"). Wider than the
+# header's grammar (read_priority) for now: issue 32 brings the header to this one.
+_SETTING: Final = re.compile(
+    r"(?:(interactive|normal|batch)(?:\s*([+-])\s*(\d{1,20}))?|([+-]?\d{1,20}))"
+)
+
+
+def read_priority_setting(text: str) -> int | None:
+    """A config priority setting's number, or None when `text` is none of
+    `SETTING_FORMS`. The range is not checked: the config says what is out of it."""
+    match = _SETTING.fullmatch(text.strip().lower())
+    if match is None:
+        return None
+    band, sign, offset, integer = match.groups()
+    if integer is not None:
+        return int(integer)
+    return ALIASES[band] + (-1 if sign == "-" else 1) * int(offset or 0)
 
 
 def tier_priority(tier: object) -> int | None:

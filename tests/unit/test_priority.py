@@ -20,6 +20,7 @@ from app.core.priority import (
     grant,
     parse_priority,
     read_priority,
+    read_priority_setting,
     requested_priority,
     tier_priority,
 )
@@ -271,3 +272,26 @@ def test_the_header_wins_over_the_service_tier(
     header: str | None, tier: str | None, asked: int | None
 ) -> None:
     assert requested_priority(header, tier) == asked
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("interactive+2", 102),
+        (" Batch - 1 ", -101),
+        ("normal", 0),
+        ("-98", -98),
+        ("+5", 5),
+        ("interactive2", None),
+        ("1.5", None),
+        ("urgent", None),
+    ],
+)
+def test_a_priority_setting_reads_bands_with_offsets(text: str, expected: int | None) -> None:
+    # The config's grammar (apiKeys' maxPriority/defaultPriority) lives here too.
+    assert read_priority_setting(text) == expected
+
+
+def test_the_header_does_not_take_band_offsets_yet() -> None:
+    # Issue 32 brings the header to the config's grammar; until then it stays as it was.
+    assert read_priority("interactive+2") is None

@@ -100,11 +100,21 @@ def test_group_member_errors() -> None:
     )
     assert errors == [
         "groups.a.members[1]: model 'llm' is listed twice in group 'a'",
-        "groups.a.members[2]: unknown model 'embd'; did you mean 'embed'?",
         "groups.b.members[0]: model 'llm' is already in group 'a'; "
         "a model may be in one group only",
         "groups.(default): '(default)' is reserved for the models no group names",
     ]
+
+
+def test_a_member_naming_no_model_loads_with_a_warning_naming_it() -> None:
+    # llama-swap checks members only for duplicates: its config.example.yaml
+    # names models it does not define.
+    config = parse("groups:\n  a: {members: [llm, embd]}\n")
+    assert "groups.a.members[1]: unknown model 'embd', not a member; did you mean 'embed'?" in (
+        config.warnings
+    )
+    group = next(g for g in config.router.groups if g.name == "a")
+    assert group.members == ("llm",)
 
 
 def test_routing_router_matrix() -> None:
