@@ -31,7 +31,7 @@ from typing import Any, Literal
 from app import __version__
 from app.config import Config
 from app.core import events as ev
-from app.core.drain import after_grace, cancelled_at_stop
+from app.core.drain import Fate, after_grace, cancelled_at_stop
 from app.core.peers import another_peer_left
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
@@ -473,17 +473,20 @@ class Scheduler:
         )
         return was
 
-    def unload(self, model: str | None, reason: ev.StopReason = "unload") -> list[str]:
-        """Stop idle upstreams (all, or one model); busy ones are left running."""
-        stopped = []
-        for name in self.processes.models():
-            if model is not None and name != model:
-                continue
-            if self.state.busy(name):
-                continue
-            self.swaps.stop(name, reason)
-            stopped.append(name)
-        return stopped
+    async def unload(self, model: str | None) -> list[str]:
+        """An operator unloads one model or every one (llama-swap's unload):
+        each of its processes stops now, busy or not, and this returns once they
+        have stopped. What runs on it ends as at the end of a drain's grace
+        (`drain.after_grace`: a durable job is re-queued, a synchronous request
+        fails with 503); what waits stays queued and loads it again in its turn."""
+        targets = [m for m in self.processes.models() if model is None or m == model]
+        for name in targets:
+            self.swaps.stop(name, "unload")
+        for name in targets:
+            why = f"model {name!r} was unloaded by an operator before the request finished"
+            self._cut_off(after_grace(self.state, name), why, Detached(503, "model_unloaded", why))
+        await self.processes.stops_ended()
+        return targets
 
     async def reload_crashed(self, request_id: str) -> bool:
         """The request's upstream refused the connection: if its process died
@@ -559,7 +562,15 @@ class Scheduler:
         if self.state.running:
             self._idle = asyncio.get_running_loop().create_future()
             await first_of(self._timers, self._idle, grace)
-        for request_id, fate in after_grace(self.state):
+        self._cut_off(
+            after_grace(self.state),
+            f"gpulane stopped before the request finished (shutdownGrace {grace:g} s)",
+            detach,
+        )
+
+    def _cut_off(self, fates: list[tuple[str, Fate]], why: str, detach: Detached) -> None:
+        """End (`why`) or re-queue running requests whose server stops under them."""
+        for request_id, fate in fates:
             if fate == "requeue":
                 attempt = self.state.requests[request_id].attempt
                 self.emit(
@@ -569,11 +580,7 @@ class Scheduler:
             else:
                 self._end(
                     ev.RequestFailed(
-                        at=self.clock(),
-                        request_id=request_id,
-                        error=f"gpulane stopped before the request finished "
-                        f"(shutdownGrace {grace:g} s)",
-                        http_status=503,
+                        at=self.clock(), request_id=request_id, error=why, http_status=503
                     ),
                     detach,
                 )

@@ -68,26 +68,26 @@ def create_app(
             headers={"Retry-After": str(max(1, math.ceil(scheduler.store.retry_in)))},
         )
 
-    @get("/unload", media_type=MediaType.TEXT, sync_to_thread=False, guards=[admin_only])
-    def unload_all_get() -> str:
-        scheduler.unload(None)
+    # Each answers once the processes have stopped (Scheduler.unload).
+    @get("/unload", media_type=MediaType.TEXT, guards=[admin_only])
+    async def unload_all_get() -> str:
+        await scheduler.unload(None)
         return "OK"
 
     # llama-swap's bodies (its internal/server/apigroup.go): JSON `{"msg":"ok"}`
     # for every model, plain `OK` for one.
-    @post("/api/models/unload", status_code=200, sync_to_thread=False, guards=[admin_only])
-    def unload_all() -> Response[bytes]:
-        scheduler.unload(None)
+    @post("/api/models/unload", status_code=200, guards=[admin_only])
+    async def unload_all() -> Response[bytes]:
+        await scheduler.unload(None)
         return Response(b'{"msg":"ok"}\n', media_type=MediaType.JSON)
 
     # {model:path}: an id may hold slashes (org/model), sent as / or %2F.
     @post(
         "/api/models/unload/{model:path}",
         status_code=200,
-        sync_to_thread=False,
         guards=[admin_only],
     )
-    def unload_one(model: FromPath[str]) -> Response[Any]:
+    async def unload_one(model: FromPath[str]) -> Response[Any]:
         model = model.lstrip("/")
         resolved = config.resolve_model(model)
         if resolved is None or config.models[resolved].peer is not None:
@@ -97,7 +97,7 @@ def create_app(
                 status_code=404,
                 media_type=MediaType.JSON,
             )
-        scheduler.unload(resolved)
+        await scheduler.unload(resolved)
         return Response("OK", media_type=MediaType.TEXT)
 
     # Every caller's labels and counts: a scraper uses an admin key.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import json
+import os
 import socket
 import struct
 import threading
@@ -184,6 +185,28 @@ def test_static_asset_of_an_unloaded_model_gets_409_instead_of_a_swap(gateway: S
 
 
 # -- unload and TTL ----------------------------------------------------------------
+
+
+def test_unload_answers_after_the_process_is_gone_and_ends_what_ran_on_it(
+    gateway: Start,
+) -> None:
+    gw = gateway(config(model("A")))
+    with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=30))
+        pid = events(gw, "process_started")[0]["pid"]
+        events(gw, "request_started")  # it runs on A now
+        r = client.post("/api/models/unload/A")
+        assert r.status_code == 200 and r.text == "OK"
+        # llama-swap's unload blocks until the process has stopped: so does this.
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        answer = slow.result(timeout=10)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "model_unloaded"
+        (failed,) = events(gw, "request_failed")
+        assert "unloaded by an operator" in failed["error"]
+        # The model loads again on demand.
+        assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
 
 
 def test_unload_routes_stop_idle_models(gateway: Start) -> None:

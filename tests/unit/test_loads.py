@@ -169,3 +169,13 @@ def test_a_newcomer_queues_at_the_priority_an_enqueue_would_give_it() -> None:
     (queued,) = state.queue
     assert arriving.priority == queued.priority == 10
     assert arriving.order == queued.order
+
+
+def test_an_unload_cuts_off_only_what_runs_on_its_model() -> None:
+    d = state_with(LANE)
+    d.enqueue("on-a", "a", durable=True)
+    d.enqueue("on-c", "c")
+    d.dispatch_all()
+    assert set(d.state.running) == {"on-a", "on-c"}
+    assert after_grace(d.state, "a") == [("on-a", "requeue")]
+    assert after_grace(d.state, "c") == [("on-c", "fail")]

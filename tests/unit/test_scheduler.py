@@ -565,15 +565,35 @@ async def test_without_ttl_an_idle_model_stays_loaded() -> None:
     assert lane.events(ev.ProcessStopped) == [] and lane.clock.pending() == []
 
 
-async def test_unload_stops_idle_models_and_leaves_busy_ones() -> None:
+async def test_unload_answers_once_stopped_and_ends_what_runs_on_the_model() -> None:
     lane = Lane(serial())
-    ticket = await running(lane)
-    assert lane.scheduler.unload(None) == []
-    await lane.finish(ticket)
-    assert lane.scheduler.unload("B") == []
-    assert lane.scheduler.unload(None) == ["A"]
+    sync = await running(lane)
+    lane.upstreams.hold_stops()
+    unloading = asyncio.ensure_future(lane.scheduler.unload("A"))
     await settle()
+    assert not unloading.done()  # the stop has not ended yet
+    failed = lane.ended(sync)
+    assert isinstance(failed, ev.RequestFailed) and failed.http_status == 503
+    assert "unloaded by an operator" in failed.error
+    assert sync.detached.result().code == "model_unloaded"
+    lane.upstreams.release_stops()
+    assert await unloading == ["A"]
     assert [(e.model, e.reason) for e in lane.events(ev.ProcessStopped)] == [("A", "unload")]
+    assert await lane.scheduler.unload("B") == []
+
+
+async def test_unload_requeues_a_running_job_and_keeps_waiting_requests() -> None:
+    lane = Lane(serial())
+    job = await running(lane, durable=True)
+    waiting = lane.admit("A")
+    await settle()
+    unloading = asyncio.ensure_future(lane.scheduler.unload(None))
+    lane.upstreams.release_stops()
+    assert await unloading == ["A"]
+    requeued = lane.events(ev.RequestRequeued)
+    assert [e.request_id for e in requeued] == [job.request_id]
+    assert lane.events(ev.RequestFailed) == []
+    assert waiting.request_id in lane.scheduler.state.requests  # still queued, not lost
 
 
 # -- preload ---------------------------------------------------------------------------
