@@ -12,13 +12,20 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests.processes import carrying, kill_and_wait
+
 REPO = Path(__file__).resolve().parents[2]
+GATEWAY_VAR = "GPULANE_TEST_GATEWAY"
+"""Names one Gateway in the environment of its gpulane and so of every upstream
+that gpulane starts, which lead sessions of their own: `stop` finds by it what
+a SIGKILLed gpulane left."""
 
 
 def free_port() -> int:
@@ -69,9 +76,13 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "gpulane.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.marker = uuid.uuid4().hex
+        self.killed = False
+        """SIGKILLed, and not started since: its upstreams may still run."""
 
     def start(self, timeout: float = 30) -> Gateway:
-        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        env = os.environ | {"PYTHONUNBUFFERED": "1", GATEWAY_VAR: self.marker}
+        self.killed = False  # the next start's recovery stops what the last one left
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -108,18 +119,24 @@ class Gateway:
         raise RuntimeError(f"gpulane did not answer /health:\n{self.log.read_text()}")
 
     def stop(self) -> None:
+        """SIGTERM, SIGKILL after 15 s. Once gpulane was SIGKILLed (here, or by
+        `kill` with no start since), the upstreams it left are SIGKILLed too: a
+        SIGKILL does not reach them, and no recovery will run to stop them."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
+        if self.killed:
+            kill_and_wait(carrying(GATEWAY_VAR, self.marker))
+            self.killed = False
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait()
+        self.killed = True
 
     def db_check(self) -> subprocess.CompletedProcess[str]:
         """`gpulane db check` on this gateway's database, as a user runs it."""

@@ -83,6 +83,28 @@ def dispatches(gw: Gateway, request_id: str) -> int:
     return int(rows[0]["n"])
 
 
+def in_live_queue(client: httpx.Client, request_id: str) -> bool:
+    """Whether the run loop holds `request_id` running or waiting (its live
+    state, not the log)."""
+    queue = client.get("/api/queue").json()
+    return any(e["request_id"] == request_id for e in queue["running"] + queue["waiting"])
+
+
+def on_disk(gw: Gateway, request_id: str) -> dict[str, Any]:
+    """What the database file holds of a job's ending, read with plain SQL."""
+    (row,) = gw.sql(
+        "SELECT status,"
+        " (SELECT count(*) FROM events WHERE type = 'request_completed' AND request_id = ?)"
+        " AS completions,"
+        " (SELECT count(*) FROM job_results WHERE request_id = ?) AS results"
+        " FROM requests WHERE id = ?",
+        request_id,
+        request_id,
+        request_id,
+    )
+    return dict(row)
+
+
 def assert_log_whole_and_serving(gw: Gateway) -> None:
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
@@ -123,7 +145,18 @@ def test_a_full_disk_while_a_job_runs_loses_nothing_and_runs_nothing_twice(
             assert int(refused.headers["Retry-After"]) >= 1
             assert gw.proc is not None and gw.proc.poll() is None
 
+            # The disk stays full while the job ends: its answer came back, and its
+            # result (which must be on disk before its completion is recorded)
+            # is refused and retried. Nothing of the ending is on disk yet.
+            refusal = f"the result of job {job} refused by the database"
+            poll(lambda: refusal in gw.log.read_text(), "the job's result refused")
+            assert client.get("/health").status_code == 503
+            assert on_disk(gw, job) == {"status": "running", "completions": 0, "results": 0}
+            assert in_live_queue(client, job)
+
             filler.unlink()  # space comes back: what was kept is written, in order
+            done = {"status": "completed", "completions": 1, "results": 1}
+            poll(lambda: on_disk(gw, job) == done, "the job's ending on disk")
             poll(lambda: client.get(f"/v1/jobs/{job}").json()["status"] == "completed", "done")
             result = client.get(f"/v1/jobs/{job}/result")
             assert result.status_code == 200, result.text

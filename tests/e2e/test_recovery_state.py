@@ -67,33 +67,36 @@ async def recover_as_serve_does(gw: Gateway) -> tuple[Scheduler, SchedulerState]
 async def test_recovery_state_equals_the_fold_of_the_whole_log(tmp_path: Path) -> None:
     models = "".join(fake_model(m) for m in ("A", "B")).replace("\n", "\n  ")
     gw = Gateway(tmp_path, f"jobs:\n  maxAttempts: 5\nmodels:{models}\n")
-    gw.start()
-    with gw.client() as client:
-        first = submit(client, "A", "normal", 60)
-        gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
-        jobs = [submit(client, m, p, 60) for m, p in [("B", "batch"), ("A", "1"), ("B", "100")]]
-        sync = a_waiting_synchronous_client(gw)
-        gw.wait_for("SELECT 1 FROM requests WHERE durable = 0 AND status = 'queued'")
-    gw.kill()
-    sync.kill()
-    # A second process: its recovery restores the jobs and runs the best one; killed
-    # again while that one runs and the rest wait.
-    gw.start()
-    gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", jobs[2])
-    gw.kill()
+    try:
+        gw.start()
+        with gw.client() as client:
+            first = submit(client, "A", "normal", 60)
+            gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
+            jobs = [submit(client, m, p, 60) for m, p in [("B", "batch"), ("A", "1"), ("B", "100")]]
+            sync = a_waiting_synchronous_client(gw)
+            gw.wait_for("SELECT 1 FROM requests WHERE durable = 0 AND status = 'queued'")
+        gw.kill()
+        sync.kill()
+        # A second process: its recovery restores the jobs and runs the best one; killed
+        # again while that one runs and the rest wait.
+        gw.start()
+        gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", jobs[2])
+        gw.kill()
 
-    scheduler, folded = await recover_as_serve_does(gw)
-    assert snapshot(scheduler.state) == snapshot(folded)
-    state = folded
-    assert state.running == {} and state.resident is None
-    assert sorted(state.requests) == sorted([first, *jobs])
-    assert set(scheduler.tickets) == set(state.requests)
-    assert state.requests[first].attempt == 2  # killed while running, once
-    assert state.requests[jobs[2]].attempt == 2
-    # Dispatch order: priority, the re-queued jobs aging from their first enqueue.
-    order = [q.request_id for q in state.queue.ranked(state.resident)]
-    assert order == [jobs[2], jobs[1], first, jobs[0]]
-    assert_log_replays(gw.db)
+        scheduler, folded = await recover_as_serve_does(gw)
+        assert snapshot(scheduler.state) == snapshot(folded)
+        state = folded
+        assert state.running == {} and state.resident is None
+        assert sorted(state.requests) == sorted([first, *jobs])
+        assert set(scheduler.tickets) == set(state.requests)
+        assert state.requests[first].attempt == 2  # killed while running, once
+        assert state.requests[jobs[2]].attempt == 2
+        # Dispatch order: priority, the re-queued jobs aging from their first enqueue.
+        order = [q.request_id for q in state.queue.ranked(state.resident)]
+        assert order == [jobs[2], jobs[1], first, jobs[0]]
+        assert_log_replays(gw.db)
+    finally:
+        gw.stop()  # SIGKILLed last: stops what it left running, once recovery looked
 
 
 async def test_without_aging_a_requeued_job_keeps_its_arrival_place(tmp_path: Path) -> None:
@@ -102,19 +105,22 @@ async def test_without_aging_a_requeued_job_keeps_its_arrival_place(tmp_path: Pa
     models = fake_model("A").replace("\n", "\n  ")
     aging_off = "routing:\n  scheduler:\n    settings:\n      serial:\n        agingDivisor: 0\n"
     gw = Gateway(tmp_path, f"{aging_off}models:{models}\n")
-    gw.start()
-    with gw.client() as client:
-        first = submit(client, "A", "normal", 60)
-        gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
-        later = [submit(client, "A", "normal", 60) for _ in range(2)]
-    gw.kill()
+    try:
+        gw.start()
+        with gw.client() as client:
+            first = submit(client, "A", "normal", 60)
+            gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
+            later = [submit(client, "A", "normal", 60) for _ in range(2)]
+        gw.kill()
 
-    scheduler, folded = await recover_as_serve_does(gw)
-    assert snapshot(scheduler.state) == snapshot(folded)
-    assert [q.request_id for q in folded.queue.ranked(folded.resident)] == [first, *later]
-    # And a real restart runs it first.
-    gw.start()
-    gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
-    assert gw.sql("SELECT id FROM requests WHERE status = 'running'")[0]["id"] == first
-    gw.kill()
-    assert_log_replays(gw.db)
+        scheduler, folded = await recover_as_serve_does(gw)
+        assert snapshot(scheduler.state) == snapshot(folded)
+        assert [q.request_id for q in folded.queue.ranked(folded.resident)] == [first, *later]
+        # And a real restart runs it first.
+        gw.start()
+        gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'running'", first)
+        assert gw.sql("SELECT id FROM requests WHERE status = 'running'")[0]["id"] == first
+        gw.kill()
+        assert_log_replays(gw.db)
+    finally:
+        gw.stop()  # SIGKILLed last, with A running a job: stops what it left

@@ -103,14 +103,15 @@ def test_a_choice_goes_to_a_free_peer_where_it_was_last_sent_first() -> None:
     (d,) = core.dispatch_all()
     assert d.request_id == first and d.model == "box2/m"  # configuration order
     core.finish(first)
-    core.enqueue("box2/a")
-    core.enqueue("box2/a")  # box2's two slots taken
+    fillers = [core.enqueue("box2/a"), core.enqueue("box2/a")]  # box2's two slots taken
     core.dispatch_all()
     busy = core.enqueue("m")
-    assert [d.model for d in core.dispatch_all()] == ["box3/m"]
-    core.finish(busy)
+    assert [d.model for d in core.dispatch_all()] == ["box3/m"]  # the free one
+    for rid in (busy, *fillers):
+        core.finish(rid)
+    # Both peers are free now: only where m was last sent (box3) sets it apart
+    # from box2, which comes first in the configuration.
     core.enqueue("m")
-    # box2 is still full: box3, where m was last sent, takes it.
     assert [d.model for d in core.dispatch_all()] == ["box3/m"]
 
 
