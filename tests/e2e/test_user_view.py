@@ -229,6 +229,7 @@ ROUTES = {
     "/v1/responses/{response:str}": ONE,
     "/logs": ADMIN_ONLY,
     "/logs/stream": ADMIN_ONLY,
+    "/api/events": ADMIN_ONLY,
     "/logs/stream/{name:path}": ADMIN_ONLY,
     "/metrics": ADMIN_ONLY,
     "/unload": ADMIN_ONLY,
