@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert-file", default=None, help="TLS certificate file: serve HTTPS")
     serve.add_argument("--tls-key-file", default=None, help="TLS key file: serve HTTPS")
     serve.add_argument("--db", default=None, help="SQLite database (default: database.path)")
+    serve.add_argument(
+        "--watch-config",
+        action="store_true",
+        help="reload the config when its file changes (SIGHUP always reloads it)",
+    )
 
     check = commands.add_parser("check-config", help="validate a config file and print it resolved")
     check.add_argument("file", help="path to the YAML config")
@@ -151,7 +156,11 @@ def _run(args: argparse.Namespace) -> int:
         from app.web.serve import serve_command
 
         return serve_command(
-            args.config, args.listen, args.db, tls=(args.tls_cert_file, args.tls_key_file)
+            args.config,
+            args.listen,
+            args.db,
+            tls=(args.tls_cert_file, args.tls_key_file),
+            watch=args.watch_config,
         )
     return 2  # unreachable: argparse rejects unknown commands
 

@@ -44,8 +44,9 @@ LLAMA_SWAP_FLAGS: Final[dict[str, LlamaSwapFlag]] = {
     "version": LlamaSwapFlag(False, "maps", "prints gpulane's version and exits"),
     "watch-config": LlamaSwapFlag(
         False,
-        "warns",
-        "gpulane does not reload its config; restart it to apply a change",
+        "maps",
+        "`serve --watch-config`: reload the config when the file changes (SIGHUP "
+        "reloads it too), keeping the queue",
     ),
 }
 _HELP: Final = frozenset({"h", "help"})
@@ -140,6 +141,8 @@ def _serve_arguments(given: dict[str, str]) -> Translated:
     argv = ["serve", "--config", config, "--listen", listen]
     if cert:
         argv += ["--tls-cert-file", cert, "--tls-key-file", key]
+    if given.get("watch-config"):
+        argv.append("--watch-config")
     warnings = tuple(
         f"-{name}: ignored: {flag.does}"
         for name, flag in LLAMA_SWAP_FLAGS.items()

@@ -20,7 +20,15 @@ from app.core.scoring import Breakdown
 __all__ = ["Breakdown"]
 
 StopReason = Literal[
-    "evicted", "ttl", "unload", "crashed", "shutdown", "failed_start", "recovered", "hung"
+    "evicted",
+    "ttl",
+    "unload",
+    "crashed",
+    "shutdown",
+    "failed_start",
+    "recovered",
+    "hung",
+    "reload",
 ]
 CancelReason = Literal["client_gone", "explicit", "shutdown", "deadline"]
 
@@ -81,6 +89,27 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     peer_choices: dict[str, list[str]] | None = None
     """Each bare model id several peers serve: the entries a request for it may be
     dispatched to (`app.core.peers`); its `request_dispatched.model` names the one."""
+
+
+class ConfigReloaded(Event, tag="config_reloaded", frozen=True):
+    """The server read its config again (SIGHUP, `-watch-config`) and runs under
+    it from here: every later decision uses `parameters`. Unlike a
+    `server_started` this is the same process: what is queued, running, loaded
+    and attained stays (see `app.core.state`)."""
+
+    config_hash: str
+    parameters: ServerStarted
+    """Every input a decision depends on, as a `server_started` carries them
+    (its `version`, `pid` and `log_format` are this process's)."""
+    source: str = ""
+    """The file (or directory) read."""
+    added: list[str] = []
+    removed: list[str] = []
+    """Models gone from the config: their waiting requests failed just before
+    this (`request_failed`), their running ones finish, then they stop."""
+    restarted: list[str] = []
+    """Models with a process whose cmd, proxy or environment changed: each is
+    stopped once idle (reason `reload`), so its next load runs the new one."""
 
 
 class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
@@ -317,6 +346,7 @@ class LeaseAcquired(Event, tag="lease_acquired", frozen=True):
 
 AnyEvent = (
     ServerStarted
+    | ConfigReloaded
     | RequestEnqueued
     | ScoresComputed
     | RequestDispatched

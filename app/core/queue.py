@@ -184,6 +184,10 @@ class ScoreQueue:
     def get(self, request_id: str) -> Queued | None:
         return self._live.get(request_id)
 
+    def estimates(self) -> dict[tuple[str, str], int]:
+        """The current estimate per (model, endpoint) (with `short_by_lane`)."""
+        return dict(self._estimates)
+
     def note_estimate(self, model: str, endpoint: str, expected_run_ns: int | None) -> None:
         """A request of (model, endpoint) was enqueued with this estimate: it becomes
         the one every waiting request of that pair is scored with (with

@@ -142,6 +142,7 @@ class SchedulerState:
         self.concurrency = dict(concurrency or {})
         self._slot_counts: dict[str, int] = {}
         """`slots` per model asked so far (what it reads is fixed until the next reset)."""
+        self._log_format = log_format
         self._serial_slots = scheduler == SERIAL and log_format >= 4
         """Serial runs up to `concurrency[model]` at once from log format 4; before,
         one (older serial logs record fifo's default 10 there, unused)."""
@@ -380,6 +381,47 @@ class SchedulerState:
         )
         self.next_order += 1
 
+    def _reconfigure(self, p: ev.ServerStarted) -> None:
+        """A reload (`config_reloaded`): its parameters apply from the next decision.
+        What is open, running, loaded and attained stays; the waiting requests are
+        queued again under the new terms in their arrival order, keeping their
+        places on ties and the short-job estimates learnt so far."""
+        if p.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be 'serial' or 'fifo', not {p.scheduler!r}")
+        params = ScoringParams(
+            p.aging_divisor_ns, p.swap_affinity_bonus, p.fair_share_bonus, p.short_job_bonus
+        )
+        waiting = sorted(self.queue, key=lambda q: q.order)
+        estimates = self.queue.estimates()
+        self.scheduler = p.scheduler
+        self.params = params
+        self.model_priority = dict(p.model_priority)
+        self.concurrency = dict(p.concurrency)
+        self._slot_counts = {}
+        self._serial_slots = p.scheduler == SERIAL and self._log_format >= 4
+        self.config_hash = p.config_hash
+        queue_params = params if p.scheduler == SERIAL else ScoringParams(0, 0)
+        self.queue = ScoreQueue(queue_params, short_by_lane=self._log_format >= 3)
+        for (model, endpoint), expected in estimates.items():
+            self.queue.note_estimate(model, endpoint, expected)
+        for q in waiting:
+            request = self.requests[q.request_id]
+            priority = self.queue_priority(request.model, request.priority)
+            self.queue.push(msgspec.structs.replace(q, priority=priority))
+        self.router = p.router
+        self.caller_weights = dict(p.caller_weights)
+        self._weights = {c: max(1, w) for c, w in self.caller_weights.items()}
+        fair = self.queue.params.fair_share_bonus != 0
+        if fair and not self._fair:  # attained service counts from here
+            self._active_attained = {c: self.attained.get(c, 0) for c in self.open_by_caller}
+        self._fair = fair
+        self._fair_keys = None
+        self.load_backoff = LoadBackoff(
+            p.load_backoff_ns, p.load_backoff_max_ns, p.load_failure_limit
+        )
+        self._set_peers(p.peers, p.peer_choices)
+        self._affinity_changed()
+
     def queue_priority(self, model: str, priority: int) -> int:
         """The priority a request for `model` queues at: the granted one, to which
         fifo adds the model's priority (the one place that rule lives)."""
@@ -569,6 +611,10 @@ def _ended(state: SchedulerState, event: Any) -> None:
     state._finish(event.request_id, event.at)
 
 
+def _config_reloaded(state: SchedulerState, event: Any) -> None:
+    state._reconfigure(event.parameters)
+
+
 def _server_started(state: SchedulerState, event: Any) -> None:
     # The fold rule is in the module docstring. Leftover upstreams are stopped by
     # recovery, so nothing is loaded.
@@ -598,6 +644,7 @@ def _server_started(state: SchedulerState, event: Any) -> None:
 _NONE: frozenset[str] = frozenset()
 
 _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
+    ev.ConfigReloaded: _config_reloaded,
     ev.RequestEnqueued: _enqueued,
     ev.RequestDispatched: _dispatched,
     ev.RequestRequeued: _requeued,

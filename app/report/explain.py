@@ -11,7 +11,8 @@ The replay (documented in docs/queries.md, "How explain works"):
    apply ignores events about them. The resident/loading model at S0 comes
    from the last `swap_started` or `server_started` before S0 and the swap
    and process events after it; the scheduler and its parameters from the
-   last `server_started`, which carries them all. A restart is folded like any
+   last `server_started`, which carries them all, and any `config_reloaded`
+   since (a reload's parameters apply from it on). A restart is folded like any
    event: `apply` gives the new process's state, with the jobs its recovery
    put back (`request_restored`; see app/core/state.py for older logs).
    Cost: the events since S0, not the history.
@@ -64,7 +65,7 @@ from app.store.explain_queries import (
     first_enqueue_open_at,
     last_arrival,
     last_dispatches,
-    last_server_started_before,
+    last_event_before,
     last_swap_seq_before,
     request_row,
     residency_events,
@@ -222,11 +223,15 @@ class _Replay:
 
     def prime(self, conn: sqlalchemy.Connection, start: int) -> None:
         """Parameters and resident model as of just before seq `start`."""
-        server = last_server_started_before(conn, start)
+        server = last_event_before(conn, start)
         last_swap = last_swap_seq_before(conn, start)
         from_seq = max(last_swap or 0, server.seq if server is not None else 0)
         if server is not None and server.seq < from_seq:
             self.feed(ev.decode(server.data))
+            # The parameters a reload since then set (a later one is among `events`).
+            reload = last_event_before(conn, from_seq, "config_reloaded")
+            if reload is not None and reload.seq > server.seq:
+                self.feed(ev.decode(reload.data))
         since = (event_at(conn, from_seq) or 0.0) - CLOCK_SLACK_S
         events = list(residency_events(conn, from_seq, start, since))
         started = ev.decode(server.data) if server is not None else None

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
@@ -35,6 +36,7 @@ from app.core.drain import Fate, after_grace, cancelled_at_stop
 from app.core.peers import another_peer_left
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
+from app.core.reload import plan_reload
 from app.core.run_estimate import Durations, RunEstimates
 from app.core.state import SchedulerState, apply
 from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds
@@ -52,6 +54,7 @@ from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.ports import Cancellable, EventSink, Timers, first_of
 from app.runtime.processes import UpstreamFactory
+from app.runtime.reload import adopt, process_identity
 from app.runtime.swaps import Swaps
 from app.runtime.upstream import UpstreamStartError
 
@@ -514,6 +517,52 @@ class Scheduler:
             return False
         return True
 
+    def reload(self, new: Config) -> ev.ConfigReloaded | None:
+        """Run under `new` from the next decision (SIGHUP, `-watch-config`;
+        app/runtime/reload.py), keeping the queue. What the change does is the
+        core's (`core.reload.plan_reload`): waiting requests of a removed model
+        fail (404), its running ones finish; a removed or changed model stops
+        once idle. None while draining (the next start reads the file anyway)."""
+        if self.draining:
+            return None
+        old = self.config
+        before = dict(old.models)
+        plan = plan_reload(
+            self.state, process_identity(old), process_identity(new), self.processes.models()
+        )
+        for rid in plan.failed:
+            model = self.state.requests[rid].model
+            why = f"model {model!r} was removed from the config by a reload before it started"
+            self._end(
+                ev.RequestFailed(at=self.clock(), request_id=rid, error=why, http_status=404),
+                Detached(404, "model_not_found", why),
+            )
+        kept = adopt(old, new)
+        for name in kept:
+            log.warning("reload: %s changed; it takes effect at the next start", name)
+        now = self.clock()
+        event = ev.ConfigReloaded(
+            at=now,
+            config_hash=old.config_hash,
+            parameters=server_started(old, now, os.getpid()),
+            source=old.source,
+            added=plan.added,
+            removed=plan.removed,
+            restarted=plan.restarted,
+        )
+        self.emit([event])
+        log.info(
+            "config reloaded from %s (hash %s): %d added, %d removed, %d to restart once idle",
+            old.source,
+            old.config_hash,
+            len(plan.added),
+            len(plan.removed),
+            len(plan.restarted),
+        )
+        self.swaps.retire(plan.restarted, before)
+        self.pump()
+        return event
+
     def preload_all(self, models: Iterable[str]) -> list[str]:
         """`hooks.on_startup.preload` (`Swaps.preload_all`); the models loading."""
         return [] if self.draining else self.swaps.preload_all(models)
@@ -647,7 +696,7 @@ class Scheduler:
 
     def _release(self, request_id: str, model: str) -> None:
         ticket = self.tickets.get(request_id)
-        spec = self.config.models[model]
+        spec = self.swaps.spec(model)
         if spec.peer is not None:  # no process: the peer's URL, reachable when probed
             if ticket is not None and not ticket.ready.done():
                 ticket.ready.set_result(spec.proxy)
@@ -666,7 +715,7 @@ class Scheduler:
             self._arm_deadline(request_id, model)
 
     def _arm_deadline(self, request_id: str, model: str) -> None:
-        limit = self.config.models[model].max_run_time
+        limit = self.swaps.spec(model).max_run_time
         if limit is None or request_id in self._deadlines:
             return
         self._deadlines[request_id] = self._timers.call_later(

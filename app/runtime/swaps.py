@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from app.config import Config, ModelConfig
@@ -58,6 +58,16 @@ class Swaps:
         self._owner = owner
         self.processes = Processes(self, upstreams or self._upstream_process, loop.clock)
         self._last_used: dict[str, int] = {}
+        self._retiring: set[str] = set()
+        """Models a reload removed or changed, busy then: stopped once idle."""
+        self._removed: dict[str, ModelConfig] = {}
+        """Models a reload removed while in use, as configured before it."""
+
+    def spec(self, model: str) -> ModelConfig:
+        """`model`'s config: the current one, or for a model a reload removed
+        while it was in use, the one it runs under until it stops."""
+        spec = self.config.models.get(model)
+        return spec if spec is not None else self._removed[model]
 
     def begin(
         self, model: str, request_id: str | None, evicted: Iterable[str] | None = None
@@ -86,7 +96,7 @@ class Swaps:
         )
         for other in plan.stop:
             self.stop(other, "evicted", evicted_for=model, evicted_by=request_id)
-        self.processes.load(self.config.models[model], plan.wait_for)
+        self.processes.load(self.spec(model), plan.wait_for)
 
     def preload_all(self, models: Iterable[str]) -> list[str]:
         """`hooks.on_startup.preload`: load every listed model the router lets be
@@ -135,7 +145,7 @@ class Swaps:
                     model=model,
                     pid=proc.pid,
                     cmdline=list(proc.cmdline),
-                    port=self.config.models[model].port,
+                    port=self.spec(model).port,
                 )
             ]
         )
@@ -227,20 +237,39 @@ class Swaps:
         )
 
     def arm_ttl(self, model: str) -> None:
-        ttl = self.config.models[model].ttl
+        ttl = self.spec(model).ttl
         if ttl <= 0:
             return
         self._timers.call_later(ttl, self._ttl_check, model)
 
     def used(self, model: str) -> None:
-        """A request on `model` ended now: its TTL counts from here."""
+        """A request on `model` ended now: its TTL counts from here (or, once a
+        reload retired it, it stops now that it is idle)."""
         self._last_used[model] = self._loop.clock()
+        if model in self._retiring and not self._loop.state.busy(model):
+            self._retiring.discard(model)
+            self.stop(model, "reload")
+            return
         self.arm_ttl(model)
 
+    def retire(self, models: Iterable[str], before: Mapping[str, ModelConfig]) -> None:
+        """A reload removed or changed these models (`before`: the models as
+        configured until now): each stops now if idle, else when its last
+        running request ends (never mid-request); its next load runs what the
+        new config says."""
+        for model in models:
+            if model not in self.config.models:
+                self._removed[model] = before[model]
+            if self._loop.state.busy(model):
+                self._retiring.add(model)
+            else:
+                self._retiring.discard(model)
+                self.stop(model, "reload")
+
     def _ttl_check(self, model: str) -> None:
-        ttl = self.config.models[model].ttl
         if self.processes.get(model) is None or self._loop.state.busy(model):
             return  # busy: the request's end arms the TTL again
+        ttl = self.spec(model).ttl
         early = ttl - (self._loop.clock() - self._last_used.get(model, 0)) / 1e9
         if early > 0:
             # The timer and the clock may disagree by a hair; look again then.

@@ -31,8 +31,8 @@ SELECT min(enqueue_seq) FROM (
 # The `at` bound lets ix_events_type_at skip the older history.
 _RESIDENCY = (
     "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq AND at >= :since "
-    "AND type IN ('server_started', 'swap_started', 'swap_finished', 'swap_failed', "
-    "'process_stopped') ORDER BY seq"
+    "AND type IN ('server_started', 'config_reloaded', 'swap_started', 'swap_finished', "
+    "'swap_failed', 'process_stopped') ORDER BY seq"
 )
 
 
@@ -95,12 +95,13 @@ def first_enqueue_open_at(
     return None if found is None else int(found)
 
 
-def last_server_started_before(conn: sqlalchemy.Connection, seq: int) -> LoggedEvent | None:
-    """The last `server_started` event with a seq below `seq`."""
+def last_event_before(
+    conn: sqlalchemy.Connection, seq: int, kind: str = "server_started"
+) -> LoggedEvent | None:
+    """The last event of type `kind` with a seq below `seq`."""
     row = conn.exec_driver_sql(
-        "SELECT seq, data FROM events WHERE type = 'server_started' AND seq < ? "
-        "ORDER BY seq DESC LIMIT 1",
-        (seq,),
+        "SELECT seq, data FROM events WHERE type = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+        (kind, seq),
     ).first()
     return None if row is None else LoggedEvent(row.seq, row.data)
 

@@ -28,6 +28,7 @@ from app.jobs.durable import Jobs
 from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.recovery import recover
+from app.runtime.reload import ConfigSource
 from app.runtime.scheduler import Scheduler, server_started
 from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
@@ -63,6 +64,8 @@ def serve_command(
     listen: str,
     db: str | None,
     tls: tuple[str | None, str | None] = (None, None),
+    *,
+    watch: bool = False,
 ) -> int:
     try:
         config = load_config(config_path)
@@ -108,7 +111,7 @@ def serve_command(
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
     try:
-        uvloop.run(_serve(config, engine, host, int(port), lease, tls))
+        uvloop.run(_serve(config, engine, host, int(port), lease, tls, watch=watch))
     except KeyboardInterrupt:
         pass
     return 0
@@ -121,6 +124,8 @@ async def _serve(
     port: int,
     lease: Lease,
     tls: tuple[str | None, str | None] = (None, None),
+    *,
+    watch: bool = False,
 ) -> None:
     logs = LogBuffer()
     _capture_logs(logs)
@@ -158,6 +163,17 @@ async def _serve(
         background.append(asyncio.get_running_loop().create_task(batches.watch()))
         scheduler.preload_all(config.preload)
         scheduler.pump()
+        loop = asyncio.get_running_loop()
+        # SIGHUP is llama-swap's reload (and what a closed terminal sends): the
+        # config is read again, the queue kept; it never ends the server.
+        source = ConfigSource(config.source, scheduler.reload)
+        loop.add_signal_handler(signal.SIGHUP, source.reload)
+        if watch:
+            background.append(loop.create_task(source.watch()))
+        # Any other signal that would end the process stops it as SIGTERM does,
+        # so no upstream outlives it.
+        for sig in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            loop.add_signal_handler(sig, server.handle_exit, signal.SIGTERM, None)
         # What exists after start-up lives as long as the server: keep the collector
         # from re-walking it in full collections that stall the proxy path.
         gc.collect()
