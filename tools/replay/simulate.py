@@ -37,11 +37,11 @@ sorted by `at`): that is how `generate` writes a plausible log.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
 
 from app.core import events as ev
 from app.core.policy import Choice, Decision, cannot_start, choose, decide, pick_reasons
@@ -66,6 +66,8 @@ _LEFT = ("cancelled", "abandoned")
 _fold_enqueued = fold_for(ev.RequestEnqueued)
 _fold_dispatched = fold_for(ev.RequestDispatched)
 _fold_completed = fold_for(ev.RequestCompleted)
+_fold_swap_started = fold_for(ev.SwapStarted)
+_fold_swap_finished = fold_for(ev.SwapFinished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +265,6 @@ class _Sim:
             self._complete,
         )
         ask = self.ask
-        heappop = heapq.heappop
         k = 0
         now = res.first_ns
         run_i = -1
@@ -334,8 +335,6 @@ class _Sim:
         state = self.state
         pending = self.pending
         root_t = self.root_t
-        heappush = heapq.heappush
-        heappop = heapq.heappop
         params = state.queue.params
         fair = params.fair_share_bonus != 0
         short = params.short_job_bonus != 0
@@ -371,7 +370,7 @@ class _Sim:
                     continue
                 took, waiters = loads.pop(model)
                 event = ev.SwapFinished(at=now, model=model, duration_ms=took / 1e6)
-                apply(state, event)
+                _fold_swap_finished(state, event)
                 if self.record is not None:
                     self.record.append(event)
                 for w in waiters:
@@ -445,7 +444,7 @@ class _Sim:
                 self._gpu_event(now)
             while True:
                 if pending[0][0] == now:
-                    _, kind, i = heapq.heappop(pending)
+                    _, kind, i = heappop(pending)
                     if kind == _ARRIVAL:
                         self._arrive(i, now)
                     else:
@@ -542,9 +541,9 @@ class _Sim:
         if self.record is not None:
             self.record.append(event)
         if r.patience_ns is not None:
-            heapq.heappush(self.pending, (now + r.patience_ns, _CANCEL, i))
+            heappush(self.pending, (now + r.patience_ns, _CANCEL, i))
         if r.max_wait_ns is not None:
-            heapq.heappush(self.pending, (now + r.max_wait_ns, _DEADLINE, i))
+            heappush(self.pending, (now + r.max_wait_ns, _DEADLINE, i))
         return event
 
     def _dispatch(self, decision: Choice) -> int:
@@ -563,8 +562,8 @@ class _Sim:
             for reason in pick_reasons(pick):
                 reorders[reason] += 1
         dispatched = decision.dispatched
-        if isinstance(decision, Decision):
-            assert self.record is not None
+        if self.record is not None:
+            assert isinstance(decision, Decision)  # what `ask` returns when recording
             self.record.append(decision.scores)  # apply() ignores it: it changes no state
             self.record.append(dispatched)
         _fold_dispatched(self.state, dispatched)
@@ -595,23 +594,26 @@ class _Sim:
         if res.timeline is not None:
             res.timeline.append((res.start_ns[i], now, r.model, "run"))
         rid = r.request_id
+        outcome = r.outcome
         event: ev.AnyEvent
-        if r.outcome == "failed":
-            event = ev.RequestFailed(at=now, request_id=rid, error="failed in the recorded run")
-            apply(self.state, event)
-        elif r.outcome in _LEFT:
-            event = ev.RequestCancelled(at=now, request_id=rid, reason="client_gone")
-            apply(self.state, event)
-        else:
+        if outcome == "completed" or (outcome != "failed" and outcome not in _LEFT):
             run_ms = r.run_ns / 1e6
             event = ev.RequestCompleted(at=now, request_id=rid, http_status=200, run_ms=run_ms)
             _fold_completed(self.state, event)
             if self.estimates is not None:
                 # As the server learns it: from the completion's run_ms.
                 self.estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
+        elif outcome == "failed":
+            event = ev.RequestFailed(at=now, request_id=rid, error="failed in the recorded run")
+            apply(self.state, event)
+        else:
+            event = ev.RequestCancelled(at=now, request_id=rid, reason="client_gone")
+            apply(self.state, event)
         if self.record is not None:
             self.record.append(event)
-        self._chain(i, now)
+        nxt = self.succ.get(i)  # self._chain(i, now), inlined: once a request
+        if nxt is not None:
+            heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
 
     def _cancel(self, i: int, now: int, kind: int) -> bool:
         """Cancel a waiting request at its patience or deadline; False when it was
@@ -630,7 +632,7 @@ class _Sim:
     def _chain(self, i: int, now: int) -> None:
         nxt = self.succ.get(i)
         if nxt is not None:
-            heapq.heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
+            heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
 
     def _swap(self, i: int, model: str, now: int, evicted: frozenset[str]) -> int:
         """SwapStarted for request `i`'s load of `model`, evicting `evicted` (all
@@ -638,22 +640,25 @@ class _Sim:
         events; returns its duration: the slowest unload, then the load. One lane
         and fifo also keep it as the swap in progress."""
         routed = not self.one_lane_log
-        names = sorted(evicted)
-        if not routed:
-            # A log before routers names one model a swap leaves (`from_model`).
-            del names[1:]
-        unload, load = self.swap_cost(names[0] if names else None, model)
+        if routed:
+            names = sorted(evicted)
+            first = names[0] if names else None
+        else:
+            # A log before routers names the one model a swap leaves (`from_model`).
+            first = min(evicted) if evicted else None
+            names = [] if first is None else [first]
+        unload, load = self.swap_cost(first, model)
         for other in names[1:]:
             unload = max(unload, self.swap_cost(other, model)[0])
         rid = self.reqs[i].request_id
         event = ev.SwapStarted(
             at=now,
-            from_model=names[0] if len(names) == 1 else None,
+            from_model=first if len(names) == 1 else None,
             to_model=model,
             request_id=rid,
             evicted=names if routed else None,
         )
-        apply(self.state, event)
+        _fold_swap_started(self.state, event)
         record = self.record
         if record is not None:
             record.append(event)
@@ -694,7 +699,7 @@ class _Sim:
         model = self.loading
         assert model is not None
         event = ev.SwapFinished(at=now, model=model, duration_ms=self.swap_took / 1e6)
-        apply(self.state, event)
+        _fold_swap_finished(self.state, event)
         if self.record is not None:
             self.record.append(event)
         self.loading = None
