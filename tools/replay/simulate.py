@@ -611,9 +611,7 @@ class _Sim:
             apply(self.state, event)
         if self.record is not None:
             self.record.append(event)
-        nxt = self.succ.get(i)  # self._chain(i, now), inlined: once a request
-        if nxt is not None:
-            heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
+        self._chain(i, now)
 
     def _cancel(self, i: int, now: int, kind: int) -> bool:
         """Cancel a waiting request at its patience or deadline; False when it was
@@ -630,6 +628,8 @@ class _Sim:
         return True
 
     def _chain(self, i: int, now: int) -> None:
+        """Request `i` has ended: the next request of its chain, if any, arrives
+        after its think time."""
         nxt = self.succ.get(i)
         if nxt is not None:
             heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
