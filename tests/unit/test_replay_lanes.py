@@ -21,8 +21,9 @@ from app.runtime.api import Ticket
 from app.runtime.scheduler import server_started
 from tests.unit.run_loop_fakes import FakeUpstream, Lane, config_text
 from tools.replay import simulate as simulate_module
-from tools.replay.cli import ResourcesError, load_resources, replay_command
+from tools.replay.cli import replay_command
 from tools.replay.generate import CHAT, IMAGE, VIDEO, film
+from tools.replay.resources import ResourcesError, load_resources
 from tools.replay.simulate import Policy, simulate
 from tools.replay.verify import verify
 from tools.replay.workload import Request, RunResult, SwapTimes, Workload, extract_events

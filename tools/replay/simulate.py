@@ -37,14 +37,14 @@ sorted by `at`): that is how `generate` writes a plausible log.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
 
 from app.core import events as ev
-from app.core.policy import Decision, cannot_start, choose, decide, pick_reasons
+from app.core.policy import Choice, Decision, cannot_start, choose, decide, pick_reasons
 from app.core.priority import band_of
 from app.core.residency import Router, one_at_a_time
 from app.core.run_estimate import RunEstimates
@@ -60,6 +60,14 @@ _INF = 1 << 126
 _DEADLINE = 0
 _CANCEL = 1
 _ARRIVAL = 2
+# How a request that left the queue in the log ends if it runs here.
+_LEFT = ("cancelled", "abandoned")
+# `apply` for the steps' most frequent events, its dispatch on type done once.
+_fold_enqueued = fold_for(ev.RequestEnqueued)
+_fold_dispatched = fold_for(ev.RequestDispatched)
+_fold_completed = fold_for(ev.RequestCompleted)
+_fold_swap_started = fold_for(ev.SwapStarted)
+_fold_swap_finished = fold_for(ev.SwapFinished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,10 @@ def started_event(
 
 
 class _Sim:
+    """One run. Three loops (one lane, several lanes, fifo's shared GPU) differ in
+    how they keep time and what runs at once; every request arrives, is dispatched,
+    starts, swaps and ends through the same steps (below the loops)."""
+
     def __init__(
         self,
         workload: Workload,
@@ -159,8 +171,14 @@ class _Sim:
         if record is not None:
             record.append(started)
         self.record = record
+        # Unrecorded, the scores that explain a decision are not worth building.
+        self.ask: Callable[[SchedulerState, int], Choice | None] = (
+            choose if record is None else decide
+        )
         self.swap_cost = swap_cost
         self.ignore_priority = policy.ignore_priority
+        # Slots are serial's; fifo's requests in flight share the GPU instead.
+        self.slowdown = policy.slot_slowdown if self.state.scheduler == SERIAL else 0.0
         n = len(self.reqs)
         self.result = RunResult(
             start_ns=[-1] * n,
@@ -177,10 +195,19 @@ class _Sim:
         roots = [i for i, r in enumerate(self.reqs) if r.after < 0]
         roots.sort(key=lambda i: self.reqs[i].arrival_ns)
         self.roots = roots
+        # Their arrival times, and _INF past the last: `root_t[k]` is always the next one.
+        self.root_t = [self.reqs[i].arrival_ns for i in roots] + [_INF]
         # (time, kind, index): cancels and chains, over a step that never comes, so
         # the next one is always `pending[0]`.
         self.pending: list[tuple[int, int, int]] = [(_INF, _ARRIVAL, -1)]
-        # The swap in progress.
+        # Requests dispatched or cancelled: their pending patience and deadline
+        # steps are stale (the one-lane loop drops them without a step of their own).
+        self.gone = bytearray(n)
+        self.bands: dict[int, str] = {}
+        # Swap events as a log before routers has them (no `evicted`): the one-lane
+        # and fifo loops; the several-lane loop sets it False.
+        self.one_lane_log = True
+        # The swap in progress (one lane, fifo).
         self.loading: str | None = None
         self.load_end = _INF
         self.load_waiters: list[int] = []
@@ -222,38 +249,22 @@ class _Sim:
         models = {r.model for r in self.reqs}
         return all(state.slots(m) == 1 for m in models) and one_at_a_time(state.router, models)
 
-    # -- serial: one request on the GPU (the hot path, kept flat) ----------------
+    # -- serial: one request on the GPU (the hot path) -----------------------------
 
     def _run_serial(self) -> int:
-        reqs = self.reqs
         state = self.state
         res = self.result
-        start_ns = res.start_ns
-        reorders = res.reorders
-        order = res.order
-        timeline = res.timeline
-        record = self.record
-        index = self.index
-        succ = self.succ
         pending = self.pending
         roots = self.roots
-        # Arrival times, and _INF past the last: `root_t[k]` is always the next one.
-        root_t = [reqs[i].arrival_ns for i in roots] + [_INF]
-        ignore_priority = self.ignore_priority
-        estimates = self.estimates
-        end_ns = res.end_ns
-        enqueued = ev.RequestEnqueued
-        completed = ev.RequestCompleted
-        # `apply`, with its dispatch on the event's type done here once.
-        fold_enqueued = fold_for(enqueued)
-        fold_completed = fold_for(completed)
-        fold_dispatched = fold_for(ev.RequestDispatched)
-        heappush = heapq.heappush
-        heappop = heapq.heappop
-        # Requests dispatched or cancelled: their pending patience and deadline
-        # steps are stale, and are dropped without a step of their own.
-        gone = bytearray(len(reqs))
-        bands: dict[int, str] = {}
+        gone = self.gone
+        root_t = self.root_t
+        arrive, dispatch, start, complete = (
+            self._arrive,
+            self._dispatch,
+            self._start,
+            self._complete,
+        )
+        ask = self.ask
         k = 0
         now = res.first_ns
         run_i = -1
@@ -278,144 +289,52 @@ class _Sim:
             if load_end == now:
                 load_end = _INF
                 run_i = self._end_swap(now)[0]
-                r = reqs[run_i]
-                if record is not None:
-                    record.append(ev.RequestStarted(at=now, request_id=r.request_id))
-                start_ns[run_i] = now
-                run_end = now + r.run_ns
-                busy += r.run_ns
+                run_end = now + start(run_i, now)
+                busy += run_end - now
             if run_end == now:
                 run_end = _INF
-                r = reqs[run_i]
-                end_ns[run_i] = now
-                if r.outcome == "completed":
-                    run_ms = r.run_ns / 1e6
-                    event: ev.AnyEvent = completed(
-                        at=now, request_id=r.request_id, http_status=200, run_ms=run_ms
-                    )
-                    fold_completed(state, event)
-                    if record is not None:
-                        record.append(event)
-                    if estimates is not None:
-                        # As the server learns it: from the completion's run_ms.
-                        estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
-                else:
-                    self._finish(run_i, now)
-                nxt = succ.get(run_i)
-                if nxt is not None:
-                    heappush(pending, (now + reqs[nxt].think_ns, _ARRIVAL, nxt))
+                complete(run_i, now)
             while True:
                 if pending[0][0] == now:
                     _, kind, i = heappop(pending)
                     if kind == _ARRIVAL:
-                        self._arrive(i, now)
+                        arrive(i, now)
                     elif not gone[i]:
                         gone[i] = 1
                         self._cancel(i, now, kind)
                 elif root_t[k] == now:
-                    # self._arrive(roots[k], now), inlined: the most frequent step.
-                    i = roots[k]
+                    arrive(roots[k], now)
                     k += 1
-                    r = reqs[i]
-                    band = bands.get(r.priority)
-                    if band is None:
-                        band = bands[r.priority] = band_of(r.priority)
-                    event = enqueued(
-                        at=now,
-                        request_id=r.request_id,
-                        model=r.model,
-                        model_requested=r.model,
-                        endpoint=r.endpoint,
-                        priority=0 if ignore_priority else r.priority,
-                        band=band,
-                        durable=r.durable,
-                        caller=r.caller,
-                        expected_run_ns=r.expected_run_ns
-                        if estimates is None
-                        else estimates.expected(r.model, r.endpoint),
-                        max_wait_ns=r.max_wait_ns,
-                    )
-                    fold_enqueued(state, event)
-                    if record is not None:
-                        record.append(event)
-                    if r.patience_ns is not None:
-                        heappush(pending, (now + r.patience_ns, _CANCEL, i))
-                    if r.max_wait_ns is not None:
-                        heappush(pending, (now + r.max_wait_ns, _DEADLINE, i))
                 else:
                     break
             # While the GPU is taken decide() returns nothing: skip the call. With
             # nothing running or loading, the open requests are the queued ones.
             if run_end != _INF or load_end != _INF or not state.requests:
                 continue
-            # Unrecorded, the scores that explain a decision are not worth building.
-            decision = choose(state, now) if record is None else decide(state, now)
+            decision = ask(state, now)
             if decision is None:
                 continue
-            pick, dispatched = decision.pick, decision.dispatched
-            winner = pick.winner
-            if (
-                pick.without_aging is not winner
-                or pick.without_affinity is not winner
-                or pick.without_fair_share is not winner
-                or pick.without_short_job is not winner
-            ):
-                for reason in pick_reasons(pick):
-                    reorders[reason] += 1
-            if isinstance(decision, Decision):
-                self.record_decision(decision)
-            fold_dispatched(state, dispatched)
-            i = index[dispatched.request_id]
-            gone[i] = 1
-            order.append(i)
+            i = dispatch(decision)
             if decision.action == "swap":
-                took = self._begin_swap(i, dispatched.model, now, decision.evicted)
+                took = self._swap(i, decision.dispatched.model, now, decision.evicted)
                 busy += took
                 load_end = now + took
                 continue
-            r = reqs[i]
-            if record is not None:
-                record.append(ev.RequestStarted(at=now, request_id=r.request_id))
-            start_ns[i] = now
             run_i = i
-            run_end = now + r.run_ns
-            busy += r.run_ns
+            run_end = now + start(i, now)
+            busy += run_end - now
         res.busy_ns = busy
-        if timeline is not None:
-            for i, t0 in enumerate(start_ns):
-                if t0 >= 0:
-                    timeline.append((t0, t0 + reqs[i].run_ns, reqs[i].model, "run"))
-            timeline.sort()
+        if res.timeline is not None:
+            res.timeline.sort()
         return now
 
     # -- serial with lanes and slots: several loads and runs at once -------------------
 
     def _run_lanes(self) -> int:
-        reqs = self.reqs
+        self.one_lane_log = False
         state = self.state
-        res = self.result
-        record = self.record
-        index = self.index
         pending = self.pending
-        roots = self.roots
-        root_t = [reqs[i].arrival_ns for i in roots] + [_INF]
-        slowdown = self.policy.slot_slowdown
-        ignore_priority = self.ignore_priority
-        estimates = self.estimates
-        reorders = res.reorders
-        order = res.order
-        start_ns = res.start_ns
-        end_ns = res.end_ns
-        timeline = res.timeline
-        succ = self.succ
-        enqueued = ev.RequestEnqueued
-        completed = ev.RequestCompleted
-        fold_enqueued = fold_for(enqueued)
-        fold_completed = fold_for(completed)
-        fold_dispatched = fold_for(ev.RequestDispatched)
-        heappush = heapq.heappush
-        heappop = heapq.heappop
-        bands: dict[int, str] = {}
+        root_t = self.root_t
         params = state.queue.params
         fair = params.fair_share_bonus != 0
         short = params.short_job_bonus != 0
@@ -430,7 +349,7 @@ class _Sim:
         loads: dict[str, tuple[int, list[int]]] = {}  # model -> (took, waiters)
         active = 0  # loads and runs in progress: the GPU is busy while > 0
         k = 0
-        now = res.first_ns
+        now = self.result.first_ns
         while True:
             t = root_t[k]
             if pending[0][0] < t:
@@ -440,43 +359,25 @@ class _Sim:
             if t == _INF:
                 break
             if active and t > now:
-                res.busy_ns += t - now
+                self.result.busy_ns += t - now
             now = t
             while clocks[0][0] == now:
                 settled = False
                 _, kind, i, model = heappop(clocks)
-                if kind == 0:
-                    took, waiters = loads.pop(model)
-                    event: ev.AnyEvent = ev.SwapFinished(
-                        at=now, model=model, duration_ms=took / 1e6
-                    )
-                    apply(state, event)
-                    if record is not None:
-                        record.append(event)
-                    active -= 1
-                    for w in waiters:
-                        active += self._start_lane(w, now, clocks, slowdown)
-                else:
-                    active -= 1
-                    end_ns[i] = now
-                    r = reqs[i]
-                    if timeline is not None:
-                        timeline.append((start_ns[i], now, r.model, "run"))
-                    if r.outcome == "completed":  # self._finish(i, now), inlined
-                        run_ms = r.run_ns / 1e6
-                        event = completed(
-                            at=now, request_id=r.request_id, http_status=200, run_ms=run_ms
-                        )
-                        fold_completed(state, event)
-                        if record is not None:
-                            record.append(event)
-                        if estimates is not None:
-                            estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
-                    else:
-                        self._finish(i, now)
-                    nxt = succ.get(i)
-                    if nxt is not None:
-                        heappush(pending, (now + reqs[nxt].think_ns, _ARRIVAL, nxt))
+                active -= 1
+                if kind == 1:
+                    self._complete(i, now)
+                    continue
+                took, waiters = loads.pop(model)
+                event = ev.SwapFinished(at=now, model=model, duration_ms=took / 1e6)
+                _fold_swap_finished(state, event)
+                if self.record is not None:
+                    self.record.append(event)
+                for w in waiters:
+                    # Not when its client left during the load.
+                    if self.reqs[w].request_id in state.running:
+                        heappush(clocks, (now + self._start(w, now), 1, w, ""))
+                        active += 1
             while True:
                 if pending[0][0] == now:
                     _, kind, i = heappop(pending)
@@ -485,87 +386,37 @@ class _Sim:
                             settled = False
                         continue
                 elif root_t[k] == now:
-                    i = roots[k]
+                    i = self.roots[k]
                     k += 1
                 else:
                     break
-                # self._arrive(i, now), inlined: the most frequent step.
-                r = reqs[i]
-                res.arrival_ns[i] = now
-                band = bands.get(r.priority)
-                if band is None:
-                    band = bands[r.priority] = band_of(r.priority)
-                expected = (
-                    r.expected_run_ns
-                    if estimates is None
-                    else estimates.expected(r.model, r.endpoint)
-                )
-                event = enqueued(
-                    at=now,
-                    request_id=r.request_id,
-                    model=r.model,
-                    model_requested=r.model,
-                    endpoint=r.endpoint,
-                    priority=0 if ignore_priority else r.priority,
-                    band=band,
-                    durable=r.durable,
-                    caller=r.caller,
-                    expected_run_ns=expected,
-                    max_wait_ns=r.max_wait_ns,
-                )
-                fold_enqueued(state, event)
-                if record is not None:
-                    record.append(event)
-                if r.patience_ns is not None:
-                    heappush(pending, (now + r.patience_ns, _CANCEL, i))
-                if r.max_wait_ns is not None:
-                    heappush(pending, (now + r.max_wait_ns, _DEADLINE, i))
+                enqueued = self._arrive(i, now)
+                expected = enqueued.expected_run_ns
                 if short and expected is not None:
-                    lane = (r.model, r.endpoint)
+                    lane = (enqueued.model, enqueued.endpoint)
                     if noted.get(lane) != expected:
                         noted[lane] = expected
                         settled = False  # its model's short-job term moved
                 if settled and (
-                    (fair and state.open_by_caller[r.caller] == 1)  # every fair term moved
-                    or not cannot_start(state, r.model)
+                    (fair and state.open_by_caller[enqueued.caller] == 1)  # every fair term moved
+                    or not cannot_start(state, enqueued.model)
                 ):
                     settled = False
             if settled:
                 continue
             settled = True  # the loop below ends when nothing more can start
             while state.queue:
-                decision = choose(state, now) if record is None else decide(state, now)
+                decision = self.ask(state, now)
                 if decision is None:
                     break
-                pick, dispatched = decision.pick, decision.dispatched
-                winner = pick.winner
-                if (
-                    pick.without_aging is not winner
-                    or pick.without_affinity is not winner
-                    or pick.without_fair_share is not winner
-                    or pick.without_short_job is not winner
-                ):
-                    for reason in pick_reasons(pick):
-                        reorders[reason] += 1
-                if isinstance(decision, Decision):
-                    self.record_decision(decision)
-                fold_dispatched(state, dispatched)
-                i = index[dispatched.request_id]
-                order.append(i)
-                model = dispatched.model
+                i = self._dispatch(decision)
+                model = decision.dispatched.model
                 action = decision.action
-                if action == "run":  # self._start_lane(i, ...), inlined
-                    r = reqs[i]
-                    if record is not None:
-                        record.append(ev.RequestStarted(at=now, request_id=r.request_id))
-                    start_ns[i] = now
-                    run_ns = r.run_ns
-                    if slowdown:
-                        run_ns = round(run_ns * (1 + slowdown * (state.running_on(r.model) - 1)))
-                    heappush(clocks, (now + run_ns, 1, i, ""))
+                if action == "run":
+                    heappush(clocks, (now + self._start(i, now), 1, i, ""))
                     active += 1
                 elif action == "swap":
-                    took = self._lane_swap(i, model, now, decision.evicted)
+                    took = self._swap(i, model, now, decision.evicted)
                     loads[model] = (took, [i])
                     heappush(clocks, (now + took, 0, -1, model))
                     active += 1
@@ -573,81 +424,15 @@ class _Sim:
                     loads[model][1].append(i)
         return now
 
-    def _start_lane(
-        self, i: int, now: int, clocks: list[tuple[int, int, int, str]], slowdown: float
-    ) -> int:
-        """Start request `i` on its loaded model; 1 (a run in progress), or 0 when
-        its client left during the load."""
-        r = self.reqs[i]
-        if r.request_id not in self.state.running:
-            return 0
-        if self.record is not None:
-            self.record.append(ev.RequestStarted(at=now, request_id=r.request_id))
-        self.result.start_ns[i] = now
-        run_ns = r.run_ns
-        if slowdown:
-            beside = self.state.running_on(r.model) - 1  # dispatched on it, this one aside
-            run_ns = round(run_ns * (1 + slowdown * beside))
-        heapq.heappush(clocks, (now + run_ns, 1, i, ""))
-        return 1
-
-    def _lane_swap(self, i: int, model: str, now: int, evicted: frozenset[str]) -> int:
-        """SwapStarted for a load that evicts `evicted` (all idle); returns its
-        duration: the slowest unload, then the load."""
-        names = sorted(evicted)
-        unload, load = self.swap_cost(names[0] if names else None, model)
-        for other in names[1:]:
-            unload = max(unload, self.swap_cost(other, model)[0])
-        rid = self.reqs[i].request_id
-        event = ev.SwapStarted(
-            at=now,
-            from_model=names[0] if len(names) == 1 else None,
-            to_model=model,
-            request_id=rid,
-            evicted=names,
-        )
-        apply(self.state, event)
-        record = self.record
-        if record is not None:
-            record.append(event)
-            for frm in names:
-                record.append(
-                    ev.ProcessStopped(
-                        at=now + unload,
-                        model=frm,
-                        pid=self.pids.get(frm, 0),
-                        reason="evicted",
-                        exit_code=0,
-                        evicted_for=model,
-                        evicted_by=rid,
-                    )
-                )
-            self.next_pid += 1
-            self.pids[model] = self.next_pid
-            cmdline = ["llama-server", "--model", model]
-            record.append(
-                ev.ProcessStarted(at=now + unload, model=model, pid=self.next_pid, cmdline=cmdline)
-            )
-        took = unload + load
-        res = self.result
-        res.swaps += 1
-        res.swap_ns += took
-        if res.timeline is not None:
-            res.timeline.append((now, now + took, model, "swap"))
-        return took
-
     # -- fifo: several requests of one model in flight, sharing the GPU ------------
 
     def _run_shared(self) -> int:
-        reqs = self.reqs
         state = self.state
         pending = self.pending
-        roots = self.roots
-        root_t = [reqs[i].arrival_ns for i in roots] + [_INF]
         k = 0
         now = self.result.first_ns
         while True:
-            t = root_t[k]
+            t = self.root_t[k]
             if pending[0][0] < t:
                 t = pending[0][0]
             if self.gpu_next < t:
@@ -659,30 +444,23 @@ class _Sim:
                 self._gpu_event(now)
             while True:
                 if pending[0][0] == now:
-                    _, kind, i = heapq.heappop(pending)
+                    _, kind, i = heappop(pending)
                     if kind == _ARRIVAL:
                         self._arrive(i, now)
                     else:
                         self._cancel(i, now, kind)
-                elif root_t[k] == now:
-                    self._arrive(roots[k], now)
+                elif self.root_t[k] == now:
+                    self._arrive(self.roots[k], now)
                     k += 1
                 else:
                     break
             while state.queue:
-                decision = choose(state, now) if self.record is None else decide(state, now)
+                decision = self.ask(state, now)
                 if decision is None:
                     break
-                dispatched = decision.dispatched
-                for reason in pick_reasons(decision.pick):
-                    self.result.reorders[reason] += 1
-                if isinstance(decision, Decision):
-                    self.record_decision(decision)
-                apply(state, dispatched)
-                i = self.index[dispatched.request_id]
-                self.result.order.append(i)
+                i = self._dispatch(decision)
                 if decision.action == "swap":
-                    self._begin_swap(i, dispatched.model, now, decision.evicted)
+                    self._swap(i, decision.dispatched.model, now, decision.evicted)
                     self._gpu_changed(now)
                 elif decision.action == "join":
                     self.load_waiters.append(i)  # joins the load in progress
@@ -699,20 +477,13 @@ class _Sim:
         n = len(active)
         for i in [i for i, left in active.items() if left * n < 0.5]:
             del active[i]
-            self._finish(i, now)
-            res = self.result
-            res.end_ns[i] = now
-            if res.timeline is not None:
-                res.timeline.append((res.start_ns[i], now, self.reqs[i].model, "run"))
-            self._chain(i, now)
+            self._complete(i, now)
         self._gpu_changed(now)
 
     def _start_shared(self, i: int, now: int) -> None:
-        if self.record is not None:
-            self.record.append(ev.RequestStarted(at=now, request_id=self.reqs[i].request_id))
-        self.result.start_ns[i] = now
+        run_ns = self._start(i, now)
         self._progress(now)
-        self.active[i] = float(self.reqs[i].run_ns)
+        self.active[i] = float(run_ns)
         self._gpu_changed(now)
 
     def _progress(self, now: int) -> None:
@@ -738,16 +509,18 @@ class _Sim:
             self.result.busy_ns += now - self.busy_since
             self.busy_since = -1
 
-    # -- shared steps ----------------------------------------------------------------
+    # -- the steps every loop takes ------------------------------------------------
 
-    def record_decision(self, decision: Decision) -> None:
-        assert self.record is not None
-        self.record.append(decision.scores)  # apply() ignores it: it changes no state
-        self.record.append(decision.dispatched)
-
-    def _arrive(self, i: int, now: int) -> None:
+    def _arrive(self, i: int, now: int) -> ev.RequestEnqueued:
+        """Request `i` arrives: its enqueue, folded (and recorded), and its patience
+        and deadline pending."""
         r = self.reqs[i]
+        # A chained request arrives after its predecessor's end, wherever that is in
+        # this run; a root at its recorded arrival, the value already there.
         self.result.arrival_ns[i] = now
+        band = self.bands.get(r.priority)
+        if band is None:
+            band = self.bands[r.priority] = band_of(r.priority)
         estimates = self.estimates
         event = ev.RequestEnqueued(
             at=now,
@@ -756,7 +529,7 @@ class _Sim:
             model_requested=r.model,
             endpoint=r.endpoint,
             priority=0 if self.ignore_priority else r.priority,
-            band=band_of(r.priority),
+            band=band,
             durable=r.durable,
             caller=r.caller,
             expected_run_ns=r.expected_run_ns
@@ -764,13 +537,81 @@ class _Sim:
             else estimates.expected(r.model, r.endpoint),
             max_wait_ns=r.max_wait_ns,
         )
-        apply(self.state, event)
+        _fold_enqueued(self.state, event)
         if self.record is not None:
             self.record.append(event)
         if r.patience_ns is not None:
-            heapq.heappush(self.pending, (now + r.patience_ns, _CANCEL, i))
+            heappush(self.pending, (now + r.patience_ns, _CANCEL, i))
         if r.max_wait_ns is not None:
-            heapq.heappush(self.pending, (now + r.max_wait_ns, _DEADLINE, i))
+            heappush(self.pending, (now + r.max_wait_ns, _DEADLINE, i))
+        return event
+
+    def _dispatch(self, decision: Choice) -> int:
+        """The core's decision taken: its reorders counted, its events folded (and,
+        a `Decision`, recorded with the scores that explain it); the request's index."""
+        pick = decision.pick
+        winner = pick.winner
+        # Most picks are nobody's reorder: skip building the reasons.
+        if (
+            pick.without_aging is not winner
+            or pick.without_affinity is not winner
+            or pick.without_fair_share is not winner
+            or pick.without_short_job is not winner
+        ):
+            reorders = self.result.reorders
+            for reason in pick_reasons(pick):
+                reorders[reason] += 1
+        dispatched = decision.dispatched
+        if self.record is not None:
+            assert isinstance(decision, Decision)  # what `ask` returns when recording
+            self.record.append(decision.scores)  # apply() ignores it: it changes no state
+            self.record.append(dispatched)
+        _fold_dispatched(self.state, dispatched)
+        i = self.index[dispatched.request_id]
+        self.gone[i] = 1
+        self.result.order.append(i)
+        return i
+
+    def _start(self, i: int, now: int) -> int:
+        """Request `i` starts on its loaded model; how long it runs."""
+        r = self.reqs[i]
+        if self.record is not None:
+            self.record.append(ev.RequestStarted(at=now, request_id=r.request_id))
+        self.result.start_ns[i] = now
+        run_ns = r.run_ns
+        if self.slowdown:
+            beside = self.state.running_on(r.model) - 1  # dispatched on it, this one aside
+            if beside:
+                run_ns = round(run_ns * (1 + self.slowdown * beside))
+        return run_ns
+
+    def _complete(self, i: int, now: int) -> None:
+        """Request `i`'s run ends as it ended in the log: its terminal event, folded
+        (and recorded); the next request of its chain pending."""
+        r = self.reqs[i]
+        res = self.result
+        res.end_ns[i] = now
+        if res.timeline is not None:
+            res.timeline.append((res.start_ns[i], now, r.model, "run"))
+        rid = r.request_id
+        outcome = r.outcome
+        event: ev.AnyEvent
+        if outcome == "completed" or (outcome != "failed" and outcome not in _LEFT):
+            run_ms = r.run_ns / 1e6
+            event = ev.RequestCompleted(at=now, request_id=rid, http_status=200, run_ms=run_ms)
+            _fold_completed(self.state, event)
+            if self.estimates is not None:
+                # As the server learns it: from the completion's run_ms.
+                self.estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
+        elif outcome == "failed":
+            event = ev.RequestFailed(at=now, request_id=rid, error="failed in the recorded run")
+            apply(self.state, event)
+        else:
+            event = ev.RequestCancelled(at=now, request_id=rid, reason="client_gone")
+            apply(self.state, event)
+        if self.record is not None:
+            self.record.append(event)
+        self._chain(i, now)
 
     def _cancel(self, i: int, now: int, kind: int) -> bool:
         """Cancel a waiting request at its patience or deadline; False when it was
@@ -787,27 +628,52 @@ class _Sim:
         return True
 
     def _chain(self, i: int, now: int) -> None:
+        """Request `i` has ended: the next request of its chain, if any, arrives
+        after its think time."""
         nxt = self.succ.get(i)
         if nxt is not None:
-            heapq.heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
+            heappush(self.pending, (now + self.reqs[nxt].think_ns, _ARRIVAL, nxt))
 
-    def _begin_swap(self, i: int, model: str, now: int, evicted: frozenset[str]) -> int:
-        """SwapStarted (and, recorded, the processes' events); returns its duration.
-        One lane: the decision evicts the resident model, if any (`evicted`)."""
-        frm = min(evicted) if evicted else None
-        unload, load = self.swap_cost(frm, model)
+    def _swap(self, i: int, model: str, now: int, evicted: frozenset[str]) -> int:
+        """SwapStarted for request `i`'s load of `model`, evicting `evicted` (all
+        idle; one lane: the resident model, if any), and, recorded, the processes'
+        events; returns its duration: the slowest unload, then the load. One lane
+        and fifo also keep it as the swap in progress."""
+        routed = not self.one_lane_log
+        if routed:
+            names = sorted(evicted)
+            first = names[0] if names else None
+        else:
+            # A log before routers names the one model a swap leaves (`from_model`).
+            first = min(evicted) if evicted else None
+            names = [] if first is None else [first]
+        unload, load = self.swap_cost(first, model)
+        for other in names[1:]:
+            unload = max(unload, self.swap_cost(other, model)[0])
+        rid = self.reqs[i].request_id
         event = ev.SwapStarted(
-            at=now, from_model=frm, to_model=model, request_id=self.reqs[i].request_id
+            at=now,
+            from_model=first if len(names) == 1 else None,
+            to_model=model,
+            request_id=rid,
+            evicted=names if routed else None,
         )
-        apply(self.state, event)
+        _fold_swap_started(self.state, event)
         record = self.record
         if record is not None:
             record.append(event)
-            if frm is not None:
-                stop = ev.ProcessStopped(
-                    at=now + unload, model=frm, pid=self.pids[frm], reason="evicted", exit_code=0
+            for frm in names:
+                record.append(
+                    ev.ProcessStopped(
+                        at=now + unload,
+                        model=frm,
+                        pid=self.pids.get(frm, 0),
+                        reason="evicted",
+                        exit_code=0,
+                        evicted_for=model if routed else None,
+                        evicted_by=rid if routed else None,
+                    )
                 )
-                record.append(stop)
             self.next_pid += 1
             self.pids[model] = self.next_pid
             cmdline = ["llama-server", "--model", model]
@@ -815,46 +681,31 @@ class _Sim:
                 ev.ProcessStarted(at=now + unload, model=model, pid=self.next_pid, cmdline=cmdline)
             )
         took = unload + load
-        self.loading = model
-        self.swap_took = took
-        self.load_end = now + took
-        self.load_waiters = [i]
         res = self.result
         res.swaps += 1
         res.swap_ns += took
         if res.timeline is not None:
             res.timeline.append((now, now + took, model, "swap"))
+        if not routed:
+            self.loading = model
+            self.swap_took = took
+            self.load_end = now + took
+            self.load_waiters = [i]
         return took
 
     def _end_swap(self, now: int) -> list[int]:
-        """SwapFinished; returns the requests that waited for it."""
+        """SwapFinished of the swap in progress (one lane, fifo); returns the requests
+        that waited for it."""
         model = self.loading
         assert model is not None
         event = ev.SwapFinished(at=now, model=model, duration_ms=self.swap_took / 1e6)
-        apply(self.state, event)
+        _fold_swap_finished(self.state, event)
         if self.record is not None:
             self.record.append(event)
         self.loading = None
         self.load_end = _INF
         waiters, self.load_waiters = self.load_waiters, []
         return waiters
-
-    def _finish(self, i: int, now: int) -> None:
-        r = self.reqs[i]
-        rid = r.request_id
-        event: ev.AnyEvent
-        if r.outcome == "failed":
-            event = ev.RequestFailed(at=now, request_id=rid, error="failed in the recorded run")
-        elif r.outcome in ("cancelled", "abandoned"):
-            event = ev.RequestCancelled(at=now, request_id=rid, reason="client_gone")
-        else:
-            run_ms = r.run_ns / 1e6
-            event = ev.RequestCompleted(at=now, request_id=rid, http_status=200, run_ms=run_ms)
-            if self.estimates is not None:
-                self.estimates.observe(r.model, r.endpoint, int(run_ms * 1e6))
-        apply(self.state, event)
-        if self.record is not None:
-            self.record.append(event)
 
 
 # -- perturbed workloads (--shake) ---------------------------------------------

@@ -27,19 +27,16 @@ import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from app.core.scoring import ScoringParams
 from tools.replay import report
 from tools.replay.generate import SCENARIOS, generate_events
 from tools.replay.patience import PatienceModel, with_patience
 from tools.replay.report import BANDS, Figures
+from tools.replay.resources import Resources
 from tools.replay.simulate import Policy, reference_policies
 from tools.replay.sweep import Shake, label_of, run_policies
 from tools.replay.workload import DEFAULT_CHAIN_GAP_NS, Workload, extract_events
-
-if TYPE_CHECKING:
-    from tools.replay.cli import Resources
 
 COMPARED = ("wait_p50_s", "wait_p95_s", "wait_max_s", "left")
 """The figures compared, per band and per model."""
