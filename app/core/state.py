@@ -381,7 +381,7 @@ class SchedulerState:
         )
         self.next_order += 1
 
-    def _reconfigure(self, p: ev.ServerStarted) -> None:
+    def _reconfigure(self, p: ev.ServerStarted, config_hash: str) -> None:
         """A reload (`config_reloaded`): its parameters apply from the next decision.
         What is open, running, loaded and attained stays; the waiting requests are
         queued again under the new terms in their arrival order, keeping their
@@ -399,7 +399,7 @@ class SchedulerState:
         self.concurrency = dict(p.concurrency)
         self._slot_counts = {}
         self._serial_slots = p.scheduler == SERIAL and self._log_format >= 4
-        self.config_hash = p.config_hash
+        self.config_hash = config_hash
         queue_params = params if p.scheduler == SERIAL else ScoringParams(0, 0)
         self.queue = ScoreQueue(queue_params, short_by_lane=self._log_format >= 3)
         for (model, endpoint), expected in estimates.items():
@@ -612,7 +612,7 @@ def _ended(state: SchedulerState, event: Any) -> None:
 
 
 def _config_reloaded(state: SchedulerState, event: Any) -> None:
-    state._reconfigure(event.parameters)
+    state._reconfigure(event.parameters, event.config_hash)
 
 
 def _server_started(state: SchedulerState, event: Any) -> None:

@@ -48,7 +48,6 @@ class Proxy:
         self.config = config
         self.scheduler = scheduler
         self.forwarder = forwarder
-        self._ignore = re.compile(config.ignore_paths)
         self.jobs: JobDoor | None = None
         """Set by serve: takes requests sent with `Prefer: respond-async` or
         `background: true` (app/web/jobs.py)."""
@@ -162,7 +161,8 @@ class Proxy:
             )
             return
         path = "/" + params.get("path", "").lstrip("/")
-        if self._ignore.search(path) and not self.scheduler.is_resident(model):
+        # re's own cache compiles it once per pattern, so a reload's new one applies.
+        if re.search(self.config.ignore_paths, path) and not self.scheduler.is_resident(model):
             # A browser asking for a favicon must not trigger a model swap.
             await send_error(
                 send,

@@ -79,6 +79,8 @@ class Gateway:
         self.marker = uuid.uuid4().hex
         self.killed = False
         """SIGKILLed, and not started since: its upstreams may still run."""
+        self.args: list[str] = []
+        """More `gpulane serve` arguments (`--watch-config`)."""
 
     def start(self, timeout: float = 30) -> Gateway:
         env = os.environ | {"PYTHONUNBUFFERED": "1", GATEWAY_VAR: self.marker}
@@ -95,6 +97,7 @@ class Gateway:
                 f"127.0.0.1:{self.port}",
                 "--db",
                 str(self.db),
+                *self.args,
             ],
             cwd=REPO,
             env=env,

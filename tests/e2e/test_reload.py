@@ -1,0 +1,124 @@
+"""A config reload as a llama-swap user meets it: SIGHUP (also what a closed
+terminal sends) and `-watch-config` read the file again while `gpulane serve`
+runs, keep the queue, serve added models, restart changed ones once idle, and
+refuse a broken file while the running config stays. Real processes."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.gateway import REPO, Gateway, fake_model
+from tests.e2e.test_serve_admin import chat, events, wait_until
+
+
+def config(*models: str, start_port: int | None = None) -> str:
+    """`start_port` None: the Gateway picks a free block (and writes it first)."""
+    head = "" if start_port is None else f"startPort: {start_port}\n"
+    return head + "models:" + "".join(m.replace("\n", "\n  ") for m in models) + "\n"
+
+
+def start(tmp: Path, text: str, *args: str) -> Gateway:
+    gw = Gateway(tmp, text)
+    gw.args = list(args)
+    return gw.start()
+
+
+def port_of(gw: Gateway) -> int:
+    first = gw.config.read_text().splitlines()[0]
+    return int(first.split(":")[1])
+
+
+def reloads(gw: Gateway, count: int = 1) -> list[dict[str, Any]]:
+    return events(gw, "config_reloaded", count=count)
+
+
+def test_sighup_reloads_the_config_and_keeps_the_queue(tmp_path: Path) -> None:
+    gw = start(tmp_path, config(fake_model("A"), fake_model("B")))
+    base = port_of(gw)
+    try:
+        with gw.client() as client, cf.ThreadPoolExecutor(2) as pool:
+            slow = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=2))
+            events(gw, "request_started")
+            queued = pool.submit(client.post, "/v1/chat/completions", json=chat("B"))
+            wait_until(lambda: len(events(gw, "request_enqueued", count=2, timeout=0)) == 2)
+            # A is changed (restarted once idle), B stays, C is new.
+            gw.config.write_text(
+                config(
+                    fake_model("A", "--name A-changed"),
+                    fake_model("B"),
+                    fake_model("C"),
+                    start_port=base,
+                )
+            )
+            assert gw.proc is not None
+            gw.proc.send_signal(signal.SIGHUP)
+            (reload,) = reloads(gw)
+            assert gw.proc.poll() is None  # SIGHUP no longer ends gpulane
+            assert reload["added"] == ["C"] and reload["restarted"] == ["A"]
+            assert slow.result(timeout=30).status_code == 200  # not stopped mid-request
+            assert queued.result(timeout=30).status_code == 200  # the queue survived
+            # A restarted once idle, with the new command.
+            stopped = events(gw, "process_stopped")
+            assert [(e["model"], e["reason"]) for e in stopped] == [("A", "reload")]
+            again = client.post("/v1/chat/completions", json=chat("A"))
+            assert again.status_code == 200, again.text
+            assert "A-changed" in again.text
+            assert client.post("/v1/chat/completions", json=chat("C")).status_code == 200
+            assert "C" in [m["id"] for m in client.get("/v1/models").json()["data"]]
+
+            # A broken file is refused: the running config stays.
+            gw.config.write_text("models:\n  A:\n    cmd: [\n")
+            gw.proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: "reload of" in gw.log.read_text())
+            assert "refused, the running config stays" in gw.log.read_text()
+            assert client.post("/v1/chat/completions", json=chat("C")).status_code == 200
+            assert len(events(gw, "config_reloaded", timeout=0)) == 1
+    finally:
+        gw.stop()
+    check = gw.db_check()
+    assert check.returncode == 0, check.stdout + check.stderr
+    verify = subprocess.run(
+        [sys.executable, "-m", "app.cli", "replay", str(gw.db), "--verify"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_watch_config_reloads_when_the_file_changes(tmp_path: Path) -> None:
+    gw = start(tmp_path, config(fake_model("A")), "--watch-config")
+    base = port_of(gw)
+    try:
+        with gw.client() as client:
+            assert client.post("/v1/chat/completions", json=chat("B")).status_code == 404
+            gw.config.write_text(config(fake_model("A"), fake_model("B"), start_port=base))
+            (reload,) = reloads(gw)
+            assert reload["added"] == ["B"]
+            assert client.post("/v1/chat/completions", json=chat("B")).status_code == 200
+    finally:
+        gw.stop()
+
+
+def test_a_terminating_signal_leaves_no_upstream_running(tmp_path: Path) -> None:
+    gw = start(tmp_path, config(fake_model("A")))
+    with gw.client() as client:
+        assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
+    pid = events(gw, "process_started")[0]["pid"]
+    assert gw.proc is not None
+    gw.proc.send_signal(signal.SIGQUIT)
+    assert gw.proc.wait(30) == 0
+    stopped = events(gw, "process_stopped")
+    assert [(e["model"], e["reason"]) for e in stopped] == [("A", "shutdown")]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        pass
+    else:
+        raise AssertionError(f"upstream {pid} outlived gpulane")
