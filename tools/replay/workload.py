@@ -146,7 +146,8 @@ class Workload:
     """In arrival order."""
     swap_times: SwapTimes
     params: ScoringParams
-    """The parameters in force at the end of the log (last `server_started`)."""
+    """The parameters in force at the end of the log (last `server_started` or
+    `config_reloaded`)."""
     scheduler: str = SERIAL
     recorded: RunResult | None = None
     model_priority: dict[str, int] = field(default_factory=dict)
@@ -225,15 +226,17 @@ def extract_events(
 
     for _seq, e in events:
         match e:
-            case ev.ServerStarted():
-                params = _params_of(e)
-                scheduler = e.scheduler
-                model_priority = dict(e.model_priority)
-                caller_weights = dict(e.caller_weights)
-                router = e.router
+            case ev.ServerStarted() | ev.ConfigReloaded():
+                # A reload's parameters apply from it on, as a start's do.
+                p = e if isinstance(e, ev.ServerStarted) else e.parameters
+                params = _params_of(p)
+                scheduler = p.scheduler
+                model_priority = dict(p.model_priority)
+                caller_weights = dict(p.caller_weights)
+                router = p.router
                 slots = (
-                    {m: n for m, n in e.concurrency.items() if n > 1}
-                    if e.scheduler == SERIAL and e.log_format >= 4
+                    {m: n for m, n in p.concurrency.items() if n > 1}
+                    if p.scheduler == SERIAL and p.log_format >= 4
                     else {}
                 )
                 have_params = True
