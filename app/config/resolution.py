@@ -46,7 +46,7 @@ from app.config.values import (
     show_number,
     unknown_model,
 )
-from app.core.residency import describe, plan_preload
+from app.core.residency import plan_preload
 from app.core.state import SCHEDULERS
 
 NEVER_MATCHES: Final = r"(?!)"
@@ -190,11 +190,7 @@ def _check_preload(issues: Issues, config: Config) -> None:
     """A preload the router cannot keep resident together is warned of here
     (`check-config`) as serve warns of it at start-up."""
     for skipped in plan_preload(config.router, config.preload).skipped:
-        issues.warn(
-            "hooks.on_startup.preload",
-            f"{skipped.model!r} is not preloaded: with {describe(config.router)} it "
-            f"would evict {', '.join(map(repr, skipped.conflicts))}, listed before it",
-        )
+        issues.warn("hooks.on_startup.preload", skipped.why(config.router))
 
 
 def _preload(

@@ -205,33 +205,48 @@ def can_coexist(router: Router | None, models: Iterable[str]) -> bool:
 
 
 class Skipped(msgspec.Struct, frozen=True, kw_only=True):
-    """A model the preload leaves out, and the loaded models it would have evicted."""
+    """A model the preload does not keep: one listed after it evicts it."""
 
     model: str
-    conflicts: tuple[str, ...]  # sorted
+    evicted_by: str
+
+    def why(self, router: Router | None) -> str:
+        """The warning `check-config` and the start-up log give."""
+        return (
+            f"{self.model!r} is not kept preloaded: with {describe(router)}, "
+            f"{self.evicted_by!r}, listed after it, evicts it (models are preloaded "
+            "in turn, as llama-swap does: the last of those that cannot be resident "
+            "together stays)"
+        )
 
 
 class PreloadPlan(msgspec.Struct, frozen=True, kw_only=True):
     load: tuple[str, ...]
-    """The models to load, in order; all resident together at the end."""
+    """The models to load; all resident together at the end."""
     skipped: tuple[Skipped, ...] = ()
 
 
 def plan_preload(router: Router | None, models: Iterable[str]) -> PreloadPlan:
-    """`hooks.on_startup.preload`: load each model in order unless loading it
-    would evict one loaded before it; those are skipped and reported. A repeated
-    model is loaded once."""
+    """`hooks.on_startup.preload`: what loading each model in turn, as llama-swap
+    does, leaves resident, without loading the ones a later one would evict at
+    once. Each load evicts what the router says among those loaded before it, so
+    of several that cannot be resident together the last stays; the others are
+    reported, each with the model that evicts it. A model loaded already is not
+    loaded again."""
     load: list[str] = []
-    skipped: list[Skipped] = []
+    evicted_by: dict[str, str] = {}
     for model in models:
         if model in load:
             continue
-        conflicts = to_evict(router, model, frozenset(load))
-        if conflicts:
-            skipped.append(Skipped(model=model, conflicts=tuple(sorted(conflicts))))
-        else:
-            load.append(model)
-    return PreloadPlan(load=tuple(load), skipped=tuple(skipped))
+        evicted = to_evict(router, model, frozenset(load))
+        for gone in sorted(evicted):
+            evicted_by[gone] = model
+        evicted_by.pop(model, None)
+        load = [m for m in load if m not in evicted] + [model]
+    skipped = tuple(
+        Skipped(model=m, evicted_by=by) for m, by in evicted_by.items() if m not in load
+    )
+    return PreloadPlan(load=tuple(load), skipped=skipped)
 
 
 def describe(router: Router | None) -> str:

@@ -19,7 +19,7 @@ from typing import Protocol
 from app.config import Config, ModelConfig
 from app.core import events as ev
 from app.core.loads import idle_evictions, plan_load, preload_evictions
-from app.core.residency import describe, plan_preload
+from app.core.residency import plan_preload
 from app.core.state import SchedulerState
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.ports import Timers
@@ -99,19 +99,14 @@ class Swaps:
         self.processes.load(self.spec(model), plan.wait_for)
 
     def preload_all(self, models: Iterable[str]) -> list[str]:
-        """`hooks.on_startup.preload`: load every listed model the router lets be
-        resident together, in order (`residency.plan_preload`: one that would
-        evict a model listed before it is left out, with a warning naming both).
+        """`hooks.on_startup.preload`: load what loading the listed models in turn
+        leaves resident (`residency.plan_preload`: of several that cannot be
+        resident together the last stays; a warning names each other one).
         Loads in different lanes run in parallel. Returns the models loading."""
         router = self.config.router
         plan = plan_preload(router, models)
         for skipped in plan.skipped:
-            log.warning(
-                "preload: %s is not loaded: with %s it would evict %s, preloaded before it",
-                skipped.model,
-                describe(router),
-                ", ".join(skipped.conflicts),
-            )
+            log.warning("preload: %s", skipped.why(router))
         return [model for model in plan.load if self.preload(model)]
 
     def preload(self, model: str) -> bool:

@@ -326,9 +326,13 @@ def test_the_memo_tells_targets_and_resident_sets_apart() -> None:
 # -- preload and coexistence
 
 
-def test_preload_without_a_router_keeps_the_first() -> None:
+def test_preload_without_a_router_keeps_the_last_as_llama_swap_does() -> None:
+    # llama-swap preloads one model after the other: each swaps the last out.
     assert plan_preload(None, ["a", "c"]) == PreloadPlan(
-        load=("a",), skipped=(Skipped(model="c", conflicts=("a",)),)
+        load=("c",), skipped=(Skipped(model="a", evicted_by="c"),)
+    )
+    assert plan_preload(None, ["a", "c", "a"]) == PreloadPlan(
+        load=("a",), skipped=(Skipped(model="c", evicted_by="a"),)
     )
 
 
@@ -337,18 +341,21 @@ def test_preload_loads_two_non_exclusive_groups() -> None:
     assert plan_preload(router, ["a", "c", "a"]) == PreloadPlan(load=("a", "c"))
 
 
-def test_preload_skips_what_would_evict_an_earlier_one() -> None:
+def test_preload_keeps_the_last_of_a_swap_group_and_the_other_lanes() -> None:
     router = groups(group("g1", "a", "b", exclusive=False), group("g2", "c", exclusive=False))
     plan = plan_preload(router, ["a", "b", "c"])
-    assert plan.load == ("a", "c")
-    assert plan.skipped == (Skipped(model="b", conflicts=("a",)),)
+    assert plan.load == ("b", "c")
+    assert plan.skipped == (Skipped(model="a", evicted_by="b"),)
 
 
 def test_preload_under_a_matrix() -> None:
     router = matrix({"pair": "a & b", "solo": "c"})
     plan = plan_preload(router, ["a", "b", "c"])
-    assert plan.load == ("a", "b")
-    assert plan.skipped == (Skipped(model="c", conflicts=("a", "b")),)
+    assert plan.load == ("c",)
+    assert set(plan.skipped) == {
+        Skipped(model="a", evicted_by="c"),
+        Skipped(model="b", evicted_by="c"),
+    }
 
 
 def test_can_coexist() -> None:

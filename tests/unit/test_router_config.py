@@ -252,13 +252,22 @@ def test_a_preload_the_router_cannot_keep_together_is_warned_of() -> None:
             preload: [llm, embed, whisper]
         """
     )
-    assert config.preload == ("llm", "embed", "whisper")  # serve skips whisper (exclusive)
+    assert config.preload == ("llm", "embed", "whisper")
     preload = [w for w in config.warnings if w.startswith("hooks.on_startup.preload")]
+    # Loaded in turn, as llama-swap does: whisper (exclusive) evicts both.
     assert preload == [
-        "hooks.on_startup.preload: 'whisper' is not preloaded: with group router "
-        "(3 groups: llms, helpers, (default)) it would evict 'embed', 'llm', listed before it"
+        "hooks.on_startup.preload: 'embed' is not kept preloaded: with group router "
+        "(3 groups: llms, helpers, (default)), 'whisper', listed after it, evicts it "
+        "(models are preloaded in turn, as llama-swap does: the last of those that "
+        "cannot be resident together stays)",
+        "hooks.on_startup.preload: 'llm' is not kept preloaded: with group router "
+        "(3 groups: llms, helpers, (default)), 'whisper', listed after it, evicts it "
+        "(models are preloaded in turn, as llama-swap does: the last of those that "
+        "cannot be resident together stays)",
     ]
-    assert [w for w in parse("hooks: {on_startup: {preload: [llm, embed]}}").warnings] == [
-        "hooks.on_startup.preload: 'embed' is not preloaded: with no router (one model at "
-        "a time) it would evict 'llm', listed before it"
+    warned = parse("hooks: {on_startup: {preload: [llm, embed]}}").warnings
+    assert [w for w in warned if "preload" in w] == [
+        "hooks.on_startup.preload: 'llm' is not kept preloaded: with no router (one "
+        "model at a time), 'embed', listed after it, evicts it (models are preloaded in "
+        "turn, as llama-swap does: the last of those that cannot be resident together stays)"
     ]

@@ -213,17 +213,18 @@ async def test_preload_loads_every_model_the_router_lets_be_resident_together(
 ) -> None:
     lane = Lane(two_lanes(), auto_load=False)
     with caplog.at_level(logging.WARNING, logger="gpulane.scheduler"):
-        assert lane.scheduler.preload_all(["A", "B", "C"]) == ["A", "C"]
-    assert "preload: B is not loaded" in caplog.text and "would evict A" in caplog.text
+        # In turn, as llama-swap: B evicts A in their lane, so B stays.
+        assert lane.scheduler.preload_all(["A", "B", "C"]) == ["B", "C"]
+    assert "'A' is not kept preloaded" in caplog.text and "'B', listed after it" in caplog.text
     await settle()
-    # Two lanes: both load at once.
-    assert lane.upstreams.calls == [("start", "A"), ("start", "C")]
-    assert evictions(lane) == [("A", []), ("C", [])]
+    # Two lanes: both load at once; A is never loaded only to be evicted.
+    assert lane.upstreams.calls == [("start", "B"), ("start", "C")]
+    assert evictions(lane) == [("B", []), ("C", [])]
     assert [e.request_id for e in lane.events(ev.SwapStarted)] == [None, None]
     lane.upstreams.last("C").load()
-    lane.upstreams.last("A").load()
+    lane.upstreams.last("B").load()
     await settle()
-    assert sorted(lane.scheduler.residents) == ["A", "C"]
+    assert sorted(lane.scheduler.residents) == ["B", "C"]
     c = await running(lane, "C")
     await lane.finish(c)
     assert verified(lane)
