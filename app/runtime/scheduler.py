@@ -26,8 +26,10 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
+
+from prometheus_client import CollectorRegistry
 
 from app import __version__
 from app.config import Config
@@ -193,6 +195,17 @@ class Scheduler:
         pid = None if proc is None else proc.pid
         return ModelStatus(state=state, pid=pid, in_flight=self.state.running_on(model))
 
+    def log_refusal(self) -> tuple[str, int] | None:
+        """Why the event log refuses writes now and the seconds until it is tried
+        again (at least 1); None while it accepts them."""
+        failure = self.store.failure
+        if failure is None:
+            return None
+        return failure, max(1, math.ceil(self.store.retry_in))
+
+    def metrics_registry(self) -> CollectorRegistry:
+        return self.metrics.registry
+
     def loaded_models(self) -> list[str]:
         """Models with a server process (running or starting), in spawn order."""
         return self.processes.models()
@@ -200,6 +213,27 @@ class Scheduler:
     def stopping_models(self) -> list[str]:
         """Models whose process is being stopped now, sorted."""
         return sorted(self.processes.stopping())
+
+    # -- wiring (serve) ----------------------------------------------------------
+
+    def learn(
+        self, runs: Iterable[tuple[str, str, float]], loads: Iterable[tuple[str, float]]
+    ) -> None:
+        """Seed the expected run and load times from the log: (model, endpoint,
+        run ms) and (model, load ms), oldest first."""
+        for model, endpoint, run_ms in runs:
+            self.run_estimates.observe(model, endpoint, int(run_ms * 1e6))
+        for model, load_ms in loads:
+            self.run_estimates.observe_load(model, int(load_ms * 1e6))
+
+    def before_each_stop(self, release: Callable[[str], Awaitable[None]]) -> None:
+        """`release(model)` runs before a model's process is stopped (serve closes
+        idle connections to it)."""
+        self.processes.before_stop = release
+
+    def kill_upstreams(self) -> None:
+        """SIGKILL every model server, recording nothing (a fenced server)."""
+        self.processes.kill_all()
 
     # -- messages ------------------------------------------------------------
 

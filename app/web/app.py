@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -59,13 +58,13 @@ def create_app(
     @get("/health", media_type=MediaType.TEXT, sync_to_thread=False)
     def health() -> Response[str]:
         # Not OK while the log refuses writes: nothing new is admitted then.
-        failure = scheduler.store.failure
-        if failure is None:
+        refusal = scheduler.log_refusal()
+        if refusal is None:
             return Response("OK")
         return Response(
-            f"event log cannot be written: {failure}; admitting nothing new until it can",
+            f"event log cannot be written: {refusal[0]}; admitting nothing new until it can",
             status_code=503,
-            headers={"Retry-After": str(max(1, math.ceil(scheduler.store.retry_in)))},
+            headers={"Retry-After": str(refusal[1])},
         )
 
     # Each answers once the processes have stopped (Scheduler.unload).
@@ -103,7 +102,9 @@ def create_app(
     # Every caller's labels and counts: a scraper uses an admin key.
     @get("/metrics", sync_to_thread=False, guards=[admin_only])
     def metrics() -> Response[bytes]:
-        return Response(generate_latest(scheduler.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            generate_latest(scheduler.metrics_registry()), media_type=CONTENT_TYPE_LATEST
+        )
 
     @get("/logs", media_type=MediaType.TEXT, sync_to_thread=False, guards=[admin_only])
     def logs_text() -> str:

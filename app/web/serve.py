@@ -142,13 +142,10 @@ async def _serve(
     scheduler.emit([lease.event(now), server_started(config, now, os.getpid())])
     recovered = await recover(scheduler, engine, config.max_attempts)
     # What the short-job term and Retry-After expect, learnt from the log so far.
-    for model, endpoint, run_ms in recent_runs(engine, RECENT_RUNS):
-        scheduler.run_estimates.observe(model, endpoint, int(run_ms * 1e6))
     _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
-    for model, load_ms in reversed(loads):
-        scheduler.run_estimates.observe_load(model, int(load_ms * 1e6))
+    scheduler.learn(recent_runs(engine, RECENT_RUNS), reversed(loads))
     forwarder = Forwarder(config, scheduler)
-    scheduler.processes.before_stop = forwarder.release
+    scheduler.before_each_stop(forwarder.release)
     proxy = Proxy(config, scheduler, forwarder)
     jobs = JobRunner(config, scheduler, forwarder, engine)
     proxy.jobs = JobDoor(jobs)
@@ -252,7 +249,7 @@ def _fenced(scheduler: Scheduler, reason: str) -> None:
     """Another gpulane took this database over: stop at once, writing nothing more
     (no drain, no events); this server's upstreams are killed, not recorded."""
     log.error("%s; stopping now without writing anything more", reason)
-    scheduler.processes.kill_all()
+    scheduler.kill_upstreams()
     logging.shutdown()
     os._exit(FENCED_EXIT)
 
