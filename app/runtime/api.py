@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from app.core import events as ev
 from app.core.priority import band_of
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState
@@ -39,6 +40,25 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`)."""
     request_id: str | None = None
     """Chosen by the caller (a durable job's body is stored under it first); else new."""
+
+    def enqueued(self, at: int, request_id: str, expected_run_ns: int | None) -> ev.RequestEnqueued:
+        """Its `request_enqueued`: what the log keeps of it, once admitted."""
+        return ev.RequestEnqueued(
+            at=at,
+            request_id=request_id,
+            model=self.model,
+            model_requested=self.model_requested,
+            endpoint=self.endpoint,
+            priority=self.priority,
+            requested_priority=self.requested_priority,
+            band=band_of(self.priority),
+            durable=self.durable,
+            caller=self.caller,
+            idempotency_key=self.idempotency_key,
+            job=self.job,
+            expected_run_ns=expected_run_ns,
+            max_wait_ns=self.max_wait_ns,
+        )
 
 
 class OpenStatus(msgspec.Struct, frozen=True):

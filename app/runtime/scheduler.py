@@ -31,7 +31,6 @@ from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
 
-from app import __version__
 from app.config import Config
 from app.core import events as ev
 from app.core.drain import Fate, after_grace, cancelled_at_stop
@@ -54,6 +53,7 @@ from app.runtime.api import (
 )
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
+from app.runtime.parameters import server_started
 from app.runtime.ports import Cancellable, EventSink, Timers, first_of
 from app.runtime.processes import UpstreamFactory
 from app.runtime.reload import adopt, process_identity
@@ -61,32 +61,6 @@ from app.runtime.swaps import Swaps
 from app.runtime.upstream import UpstreamStartError
 
 log = logging.getLogger("gpulane.scheduler")
-
-
-def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
-    """What a process records when it starts: every input a decision depends on."""
-    models = config.models.values()
-    return ev.ServerStarted(
-        at=at,
-        version=__version__,
-        config_hash=config.config_hash,
-        scheduler=config.scheduler,
-        aging_divisor_ns=config.aging_divisor_ns,
-        swap_affinity_bonus=config.swap_affinity_bonus,
-        pid=pid,
-        model_priority={m.id: m.fifo_priority for m in models},
-        concurrency={m.id: m.concurrency_limit for m in models},
-        log_format=ev.LOG_FORMAT,
-        fair_share_bonus=config.fair_share_bonus,
-        short_job_bonus=config.short_job_bonus,
-        caller_weights={k.label: k.weight for k in config.api_keys if k.weight != 1},
-        router=config.router,
-        load_backoff_ns=round(config.load_backoff * 1e9),
-        load_backoff_max_ns=round(config.load_backoff_max * 1e9),
-        load_failure_limit=config.load_failure_limit,
-        peers=config.peers or None,
-        peer_choices={m.id: list(m.choices) for m in models if m.choices} or None,
-    )
 
 
 class Scheduler:
@@ -338,26 +312,8 @@ class Scheduler:
         self.tickets[ticket.request_id] = ticket
         if line:
             self.batch_lines.add(admission.caller, ticket.request_id)
-        ticket.committed = self.emit(
-            [
-                ev.RequestEnqueued(
-                    at=now,
-                    request_id=ticket.request_id,
-                    model=admission.model,
-                    model_requested=admission.model_requested,
-                    endpoint=admission.endpoint,
-                    priority=admission.priority,
-                    requested_priority=admission.requested_priority,
-                    band=ticket.band,
-                    durable=admission.durable,
-                    caller=admission.caller,
-                    idempotency_key=admission.idempotency_key,
-                    job=admission.job,
-                    expected_run_ns=arriving.expected_run_ns,
-                    max_wait_ns=admission.max_wait_ns,
-                )
-            ]
-        )
+        enqueued = admission.enqueued(now, ticket.request_id, arriving.expected_run_ns)
+        ticket.committed = self.emit([enqueued])
         self._arm_max_wait(ticket.request_id, admission.max_wait_ns, now)
         return ticket
 

@@ -27,9 +27,10 @@ from app.jobs.batches import Batches
 from app.jobs.durable import Jobs
 from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.parameters import server_started
 from app.runtime.recovery import recover
 from app.runtime.reload import ConfigSource
-from app.runtime.scheduler import Scheduler, server_started
+from app.runtime.scheduler import Scheduler
 from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
 from app.store.lease import Lease, acquire, this_process

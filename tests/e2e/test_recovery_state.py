@@ -14,8 +14,9 @@ import httpx
 from app.config import load_config
 from app.core.state import SchedulerState, apply
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.parameters import server_started
 from app.runtime.recovery import recover
-from app.runtime.scheduler import Scheduler, server_started
+from app.runtime.scheduler import Scheduler
 from app.store.engine import open_database
 from app.store.event_store import SqliteEventStore, read_events
 from tests.e2e.gateway import Gateway, fake_model

@@ -11,7 +11,7 @@ from typing import Any
 from app.report.explain import explain
 from app.report.render import explanation_text
 from app.report.visibility import story_seen_by
-from app.runtime.scheduler import server_started
+from app.runtime.parameters import server_started
 from app.store.engine import open_database
 from tests.unit.run_loop_fakes import T0_NS, Lane, config_text, settle
 from tools.replay.generate import write_log

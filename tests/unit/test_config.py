@@ -19,7 +19,7 @@ from app.config.macros import split_args, strip_comments
 from app.config.raw import DEFAULT_IGNORE_PATHS
 from app.config.resolution import NEVER_MATCHES
 from app.config.resolved import masked
-from app.runtime.scheduler import server_started
+from app.runtime.parameters import server_started
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.yaml"

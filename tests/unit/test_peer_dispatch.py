@@ -11,7 +11,7 @@ from app.config import parse_config
 from app.core import events as ev
 from app.core.policy import decide
 from app.core.state import SchedulerState, apply
-from app.runtime.scheduler import server_started
+from app.runtime.parameters import server_started
 
 T0 = 1_700_000_000 * 10**9
 CONFIG = """

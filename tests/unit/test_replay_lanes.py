@@ -18,7 +18,7 @@ from app.core import events as ev
 from app.core.residency import Group, GroupRouter, MatrixRouter, MatrixSet
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.runtime.api import Ticket
-from app.runtime.scheduler import server_started
+from app.runtime.parameters import server_started
 from tests.unit.run_loop_fakes import FakeUpstream, Lane, config_text
 from tools.replay import simulate as simulate_module
 from tools.replay.cli import replay_command

@@ -19,7 +19,7 @@ import pytest
 from app.core import events as ev
 from app.runtime.admission import Refused
 from app.runtime.api import Detached, Ticket
-from app.runtime.scheduler import server_started
+from app.runtime.parameters import server_started
 from app.runtime.upstream import UpstreamStartError
 from app.store.port import StoreError
 from tests.unit.run_loop_fakes import HeldStore, Lane, config_text, settle

@@ -14,7 +14,7 @@ import pytest
 
 from app.core import events as ev
 from app.runtime.api import Ticket
-from app.runtime.scheduler import server_started
+from app.runtime.parameters import server_started
 from app.store.invariants import audit
 from tests.unit.run_loop_fakes import Lane, config_text, settle
 from tools.replay.verify import verify
