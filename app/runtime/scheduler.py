@@ -736,6 +736,7 @@ class Scheduler:
         now = self.clock()
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
+            log.info("%s is ready (loaded in %.1f s)", model, seconds)
             self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
             self.run_estimates.observe_load(model, int(seconds * 1e9))
             for rid in waiting:

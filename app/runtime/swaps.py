@@ -91,6 +91,12 @@ class Swaps:
                 )
             ]
         )
+        log.info(
+            "loading %s%s%s",
+            model,
+            f" for request {request_id}" if request_id else " (preload)",
+            f", evicting {', '.join(names)}" if names else "",
+        )
         plan = plan_load(
             state.router, model, names, self.processes.models(), self.processes.stopping()
         )
@@ -218,6 +224,7 @@ class Swaps:
         proc = self.processes.stop(model, stopped)
         if proc is None:
             return
+        log.info("stopping %s (pid %s): %s", model, proc.pid, reason)
         self._loop.emit(
             [
                 ev.ProcessStopping(

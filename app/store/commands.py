@@ -21,6 +21,7 @@ from app.store.engine import (
     DatabaseError,
     corrupt,
     describe,
+    no_such_database,
     open_database,
     unusable,
 )
@@ -213,7 +214,7 @@ def _fsync_directory(directory: Path) -> None:
 
 def _open_existing(path: str, upgrade: bool) -> Engine:
     if not Path(path).is_file():
-        raise DatabaseError(f"{path}: no such database file")
+        raise DatabaseError(no_such_database(path))
     return open_database(path, upgrade=upgrade)
 
 

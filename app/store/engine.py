@@ -9,6 +9,7 @@ raised later, while reading, into the same sentence.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import urllib.parse
 from pathlib import Path
@@ -201,7 +202,7 @@ def open_readonly(path: str | Path) -> Engine:
     """
     p = Path(path)
     if not p.is_file():
-        raise DatabaseError(f"{path}: no such database file")
+        raise DatabaseError(no_such_database(path))
     check_file(p)
     logs = [log for log in (_beside(p, "-wal"), _beside(p, "-journal")) if log.exists()]
     options = "mode=ro" if logs else "mode=ro&immutable=1"
@@ -329,3 +330,14 @@ def _size_in_header(header: bytes) -> int:
     if header[24:28] != header[92:96]:
         return 0
     return page_size * pages
+
+
+def no_such_database(path: str | os.PathLike[str]) -> str:
+    """What a command says when the database it was given is not there: a user
+    in another directory than the server's needs `--db`."""
+    where = os.path.abspath(path)
+    return (
+        f"{path}: no such database file ({where}); name the server's database with "
+        "--db PATH (its config's database.path, gpulane.db in the directory it was "
+        "started from by default)"
+    )

@@ -176,13 +176,13 @@ async def _serve(
         # from re-walking it in full collections that stall the proxy path.
         gc.collect()
         gc.freeze()
+        base = f"{'https' if tls[0] else 'http'}://{host}:{port}"
         log.info(
-            "gpulane %s listening on %s://%s:%d (db %s)",
+            "gpulane %s listening on %s (db %s); console at %s/ui/",
             __version__,
-            "https" if tls[0] else "http",
-            host,
-            port,
+            base,
             engine.url.database,
+            base.replace("://0.0.0.0:", "://127.0.0.1:"),
         )
 
     async def shutdown() -> None:
@@ -196,6 +196,7 @@ async def _serve(
         # The release is the last write: closing the last connection checkpoints it
         # too, so the .db file alone is still complete after a clean stop.
         engine.dispose()
+        log.info("gpulane stopped: every upstream is stopped and the log is closed")
 
     app = create_app(
         config,

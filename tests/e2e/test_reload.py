@@ -122,3 +122,17 @@ def test_a_terminating_signal_leaves_no_upstream_running(tmp_path: Path) -> None
         pass
     else:
         raise AssertionError(f"upstream {pid} outlived gpulane")
+
+
+def test_the_server_log_says_what_happens_at_info(tmp_path: Path) -> None:
+    gw = start(tmp_path, config(fake_model("A")))
+    with gw.client() as client:
+        assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
+        assert client.get("/unload").text == "OK"
+    gw.stop()
+    text = gw.log.read_text()
+    assert f"console at http://127.0.0.1:{gw.port}/ui/" in text
+    assert "loading A for request" in text
+    assert "A is ready (loaded in" in text
+    assert "stopping A (pid" in text and ": unload" in text
+    assert "gpulane stopped" in text

@@ -325,7 +325,9 @@ def test_rebuild_of_a_missing_file_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert commands.rebuild(str(tmp_path / "nope.db")) == 1
-    assert "nope.db: no such database file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nope.db: no such database file" in err
+    assert "--db PATH" in err and str(tmp_path) in err  # where it looked, and what to do
 
 
 # -- check -----------------------------------------------------------------------------------
