@@ -154,6 +154,7 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         pass_credentials=pass_credentials(
             issues, m.pass_credentials, scope.has_api_keys, f"{path}.passCredentials"
         ),
+        ignore_websockets=m.compat.ignore_websockets,
     )
 
 

@@ -80,8 +80,8 @@ class RawTimeouts(_Raw, frozen=True):
 
 
 class RawCompat(_Raw, frozen=True):
-    # llama-swap's only compat key, ignoreWebsockets, is in IGNORED_KEYS.
-    pass
+    # llama-swap's only compat key.
+    ignore_websockets: bool = False
 
 
 class RawModel(_Raw, frozen=True):
@@ -280,9 +280,6 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
         "tlsHandshake": "the TLS handshake counts toward timeouts.connect",
         "expectContinue": "gpulane sends the body without waiting for 100 Continue",
         "idleConn": "idle upstream connections are pooled for all models alike",
-    },
-    RawCompat: {
-        "ignoreWebsockets": "gpulane does not proxy websockets, so none ever holds a model",
     },
 }
 # Structs whose other keys are llama-swap features we skip (hooks other than

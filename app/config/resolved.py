@@ -64,6 +64,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     pass_credentials: tuple[str, ...] = ()
     """Credential headers (lower case, sorted) forwarded to this model: `passCredentials`
     resolved against `apiKeys`. Every other credential header is stripped."""
+    ignore_websockets: bool = False
+    """`compat.ignoreWebsockets`: a websocket to this model bypasses the queue,
+    holds no slot and cannot load it (409 when it is not loaded), as in llama-swap."""
     peer: str | None = None
     """The peer this entry sends to (`peers.<id>`): no process, nothing to load."""
     headers: dict[str, str] = {}

@@ -11,6 +11,7 @@ refusals (`send_refused`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from http import HTTPStatus
 from types import EllipsisType
@@ -19,7 +20,7 @@ from typing import Any
 import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.types import ExceptionHandlersMap, Send
+from litestar.types import ExceptionHandlersMap, Scope, Send
 
 from app.jobs.errors import Conflict, Invalid, JobsError, NoSpace, NotFound, Unavailable
 from app.runtime.admission import Refused
@@ -132,6 +133,40 @@ async def send_error(
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     await send_json(send, status, error_body(status, message, code), headers)
+
+
+async def send_websocket_error(
+    scope: Scope,
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """The envelope as the answer to a websocket upgrade refused before it
+    opens (after its `websocket.connect` was received)."""
+    body = error_body(status, message, code)
+    head = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or []),
+    ]
+    await send_websocket_refusal(scope, send, status, head, body)
+
+
+async def send_websocket_refusal(
+    scope: Scope, send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    """An HTTP answer to an upgrade where the server can send one (ASGI's
+    `websocket.http.response`), else a close with 1008 (policy violation)."""
+    raw: Any = send  # raw ASGI messages, which Send's types do not list
+    with contextlib.suppress(Exception):  # the client may be gone already
+        if "websocket.http.response" not in (scope.get("extensions") or {}):
+            await raw({"type": "websocket.close", "code": 1008})
+            return
+        await raw({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await raw({"type": "websocket.http.response.body", "body": body})
 
 
 async def send_json(
