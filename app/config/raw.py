@@ -79,6 +79,15 @@ class RawTimeouts(_Raw, frozen=True):
     response_header: float | None = None
 
 
+class RawCapabilities(_Raw, frozen=True):
+    # llama-swap's ModelCapConfig: rendered into /v1/models as llama-swap renders it.
+    in_: list[str] = msgspec.field(default_factory=list, name="in")
+    out: list[str] = []
+    tools: bool = False
+    reranker: bool = False
+    context: int = 0
+
+
 class RawCompat(_Raw, frozen=True):
     # llama-swap's only compat key.
     ignore_websockets: bool = False
@@ -104,6 +113,7 @@ class RawModel(_Raw, frozen=True):
     send_loading_state: bool | None = None
     timeouts: RawTimeouts = msgspec.field(default_factory=RawTimeouts)
     compat: RawCompat = msgspec.field(default_factory=RawCompat)
+    capabilities: RawCapabilities = msgspec.field(default_factory=RawCapabilities)
     # gpulane only: unset = the top-level value.
     max_run_time: float | str | None = None
     stream_idle_timeout: float | str | None = None
@@ -271,7 +281,6 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
         "ui": _NOT_IMPLEMENTED,
     },
     RawModel: {
-        "capabilities": _NOT_IMPLEMENTED,
         # llama-swap overwrites it with the top-level value too.
         "healthCheckTimeout": "the top-level healthCheckTimeout applies to every model",
     },
@@ -301,6 +310,7 @@ LENIENT_STRUCTS: Final[dict[type, re.Pattern[str]]] = {
             RawFilters,
             RawTimeouts,
             RawCompat,
+            RawCapabilities,
             RawModel,
             RawPeer,
             RawOnStartup,

@@ -1,4 +1,4 @@
-"""OpenAI-style error envelope: {"error": {"message", "type", "code"}}.
+"""OpenAI-style error envelope: {"src": "gpulane", "error": {"message", "type", "code"}}.
 
 Every error gpulane itself answers uses it: the raw ASGI paths send it with
 `send_error`, the routes return `error_response`, Litestar's own (404, 405,
@@ -26,6 +26,9 @@ from app.jobs.errors import Conflict, Invalid, JobsError, NoSpace, NotFound, Una
 from app.runtime.admission import Refused
 
 log = logging.getLogger("gpulane.http")
+
+ERROR_SOURCE = "gpulane"
+"""`src` of every error gpulane itself answers (llama-swap's says "llama-swap")."""
 
 _TYPES = {
     400: "invalid_request_error",
@@ -64,7 +67,8 @@ def error_doc(
     if not isinstance(param, EllipsisType):
         error["param"] = param
     error["code"] = code or kind
-    return {"error": error}
+    # llama-swap's `src` tells the proxy's own errors from an upstream's answer.
+    return {"src": ERROR_SOURCE, "error": error}
 
 
 def error_body(status: int, message: str, code: str | None = None) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -785,6 +786,10 @@ def test_ignore_paths_accepts_a_list_of_regexes_or_empty() -> None:
     listed = parse(one_model() + "upstream: {ignorePaths: ['\\.js$', '^/static/']}\n")
     assert listed.ignore_paths == r"(?:\.js$)|(?:^/static/)"
     assert parse(one_model() + "upstream: {ignorePaths: ''}\n").ignore_paths == NEVER_MATCHES
+    # An empty list is llama-swap's default, as in llama-swap (its load.go).
+    default = parse(one_model()).ignore_paths
+    assert parse(one_model() + "upstream: {ignorePaths: []}\n").ignore_paths == default
+    assert re.search(default, "/favicon.ico") and not re.search(default, "/v1/chat")
     (error,) = errors_of(one_model() + "upstream: {ignorePaths: '(unclosed'}\n")
     assert error.startswith("upstream.ignorePaths: '(unclosed' is not a valid regex")
 
