@@ -30,8 +30,9 @@ LLAMA_SWAP_FLAGS: Final[dict[str, LlamaSwapFlag]] = {
     "config": LlamaSwapFlag(True, "maps", "the config file, as `serve --config FILE`"),
     "config-dir": LlamaSwapFlag(
         True,
-        "refuses",
-        "gpulane reads one config file; merge the directory's files into the -config file",
+        "maps",
+        "a directory whose *.yml/*.yaml files merge as llama-swap merges them, as "
+        "`serve --config DIR`; not together with -config (gpulane reads one config path)",
     ),
     "listen": LlamaSwapFlag(
         True,
@@ -131,9 +132,17 @@ def _serve_arguments(given: dict[str, str]) -> Translated:
         flag = LLAMA_SWAP_FLAGS[name]
         if flag.handling == "refuses" and value:
             raise FlagError(f"-{name} is not supported: {flag.does}")
-    config = given.get("config", "")
+    config, directory = given.get("config", ""), given.get("config-dir", "")
+    if config and directory:
+        # llama-swap merges FILE first, then DIR's files; `serve --config` takes one path.
+        raise FlagError(
+            "-config and -config-dir together are not supported: gpulane reads one config "
+            "path; move the -config file into the -config-dir directory (its files merge "
+            "in name order) or merge the directory's files into the -config file"
+        )
+    config = config or directory
     if not config:
-        raise FlagError("-config FILE is required (gpulane reads one config file)")
+        raise FlagError("at least one of -config FILE or -config-dir DIR must be provided")
     cert, key = given.get("tls-cert-file", ""), given.get("tls-key-file", "")
     if bool(cert) != bool(key):
         raise FlagError("both -tls-cert-file and -tls-key-file must be provided for TLS")

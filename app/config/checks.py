@@ -206,7 +206,6 @@ def _unknown_key(close: str | None, fields: Mapping[str, Any], ignored: Mapping[
     if fields:
         known.append(f"allowed keys: {', '.join(sorted(fields))}")
     if ignored:
-        # compat has no key gpulane uses, but its llama-swap keys still load.
         known.append(f"llama-swap keys accepted and ignored: {', '.join(sorted(ignored))}")
     return "unknown key; " + "; ".join(known)
 

@@ -1,4 +1,5 @@
-"""Reading a YAML config file into a `Config`, every problem reported at once.
+"""Reading a YAML config file (or a directory of them) into a `Config`, every
+problem reported at once.
 
 The text is parsed strictly (duplicate keys are errors), its macros are
 substituted as llama-swap does (`substitution`), it is checked against the raw
@@ -17,6 +18,7 @@ import msgspec
 import yaml
 
 from app.config.checks import INVALID, Issues, Walker, kind_of
+from app.config.directory import config_files, merge_documents
 from app.config.raw import IGNORED_KEYS, LENIENT_STRUCTS, OPEN_STRUCTS, RawConfig
 from app.config.resolution import Resolver
 from app.config.resolved import Config, config_hash
@@ -33,20 +35,49 @@ class ConfigError(Exception):
 
 
 def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Config:
+    """The config in the file PATH, or, when PATH is a directory, in its
+    `*.yml`/`*.yaml` files merged as llama-swap's `-config-dir` merges them
+    (`app.config.directory`)."""
     source = os.fspath(path)
+    if not Path(path).is_dir():
+        return parse_config(_read(Path(path), source), source=source, environ=environ)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        files = config_files(Path(path))
+    except OSError as exc:
+        raise ConfigError([f"{source}: cannot read config directory: {exc}"], source) from exc
+    if not files:
+        raise ConfigError([f"{source}: no configuration files (*.yml, *.yaml) found"], source)
+    issues = Issues()
+    documents = []
+    for file in files:
+        data = _load_yaml(_read(file, source), str(file), issues)
+        if data is not None:
+            documents.append((str(file), data))
+    merged = merge_documents(documents, issues) if not issues.errors else None
+    return _build(merged, source, environ, issues)
+
+
+def _read(file: Path, source: str) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"{source}: cannot read config: {exc}"], source) from exc
-    return parse_config(text, source=source, environ=environ)
+        raise ConfigError([f"{file}: cannot read config: {exc}"], source) from exc
 
 
 def parse_config(
     text: str, *, source: str = "<string>", environ: Mapping[str, str] | None = None
 ) -> Config:
     issues = Issues()
+    return _build(_load_yaml(text, source, issues), source, environ, issues)
+
+
+def _build(
+    data: dict[str, Any] | None,
+    source: str,
+    environ: Mapping[str, str] | None,
+    issues: Issues,
+) -> Config:
     env = os.environ if environ is None else environ
-    data = _load_yaml(text, source, issues)
     if data is not None:
         data = substitute(data, env, issues)
     raw = _decode(data, issues) if data is not None else None

@@ -29,10 +29,11 @@ from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
     RawAlias,
+    RawCapabilities,
     RawFilters,
     RawModel,
 )
-from app.config.resolved import ModelConfig
+from app.config.resolved import Capabilities, ModelConfig
 from app.config.values import RunLimits, limit, non_negative
 from app.core.state import default_concurrency
 
@@ -154,6 +155,8 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         pass_credentials=pass_credentials(
             issues, m.pass_credentials, scope.has_api_keys, f"{path}.passCredentials"
         ),
+        capabilities=_capabilities(issues, m.capabilities, f"{path}.capabilities"),
+        ignore_websockets=m.compat.ignore_websockets,
     )
 
 
@@ -380,6 +383,29 @@ def _concurrency(issues: Issues, value: int, scheduler: str, where: str) -> int:
     if value < 0:
         issues.error(where, f"{value} is out of range; expected an integer >= 0")
     return value if value > 0 else default_concurrency(scheduler)
+
+
+MODALITIES: Final = ("text", "audio", "image")
+
+
+def _capabilities(issues: Issues, raw: RawCapabilities, where: str) -> Capabilities:
+    # llama-swap's ModelCapConfig.Validate.
+    for key, listed in (("in", raw.in_), ("out", raw.out)):
+        for i, modality in enumerate(listed):
+            if modality not in MODALITIES:
+                issues.error(
+                    f"{where}.{key}[{i}]",
+                    f"invalid modality {modality!r}; expected one of {', '.join(MODALITIES)}",
+                )
+    if raw.context < 0:
+        issues.error(f"{where}.context", f"must be >= 0, got {raw.context}")
+    return Capabilities(
+        inputs=tuple(raw.in_),
+        outputs=tuple(raw.out),
+        tools=raw.tools,
+        reranker=raw.reranker,
+        context=max(0, raw.context),
+    )
 
 
 def _metadata(

@@ -79,9 +79,18 @@ class RawTimeouts(_Raw, frozen=True):
     response_header: float | None = None
 
 
+class RawCapabilities(_Raw, frozen=True):
+    # llama-swap's ModelCapConfig: rendered into /v1/models as llama-swap renders it.
+    in_: list[str] = msgspec.field(default_factory=list, name="in")
+    out: list[str] = []
+    tools: bool = False
+    reranker: bool = False
+    context: int = 0
+
+
 class RawCompat(_Raw, frozen=True):
-    # llama-swap's only compat key, ignoreWebsockets, is in IGNORED_KEYS.
-    pass
+    # llama-swap's only compat key.
+    ignore_websockets: bool = False
 
 
 class RawModel(_Raw, frozen=True):
@@ -104,6 +113,7 @@ class RawModel(_Raw, frozen=True):
     send_loading_state: bool | None = None
     timeouts: RawTimeouts = msgspec.field(default_factory=RawTimeouts)
     compat: RawCompat = msgspec.field(default_factory=RawCompat)
+    capabilities: RawCapabilities = msgspec.field(default_factory=RawCapabilities)
     # gpulane only: unset = the top-level value.
     max_run_time: float | str | None = None
     stream_idle_timeout: float | str | None = None
@@ -271,7 +281,6 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
         "ui": _NOT_IMPLEMENTED,
     },
     RawModel: {
-        "capabilities": _NOT_IMPLEMENTED,
         # llama-swap overwrites it with the top-level value too.
         "healthCheckTimeout": "the top-level healthCheckTimeout applies to every model",
     },
@@ -280,9 +289,6 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
         "tlsHandshake": "the TLS handshake counts toward timeouts.connect",
         "expectContinue": "gpulane sends the body without waiting for 100 Continue",
         "idleConn": "idle upstream connections are pooled for all models alike",
-    },
-    RawCompat: {
-        "ignoreWebsockets": "gpulane does not proxy websockets, so none ever holds a model",
     },
 }
 # Structs whose other keys are llama-swap features we skip (hooks other than
@@ -304,6 +310,7 @@ LENIENT_STRUCTS: Final[dict[type, re.Pattern[str]]] = {
             RawFilters,
             RawTimeouts,
             RawCompat,
+            RawCapabilities,
             RawModel,
             RawPeer,
             RawOnStartup,

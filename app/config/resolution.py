@@ -22,6 +22,7 @@ from app.config.macros import RESERVED, Expander, expand
 from app.config.models import ModelScope, name_index, resolve_model
 from app.config.peers import PeerResolver
 from app.config.raw import (
+    DEFAULT_IGNORE_PATHS,
     DEFAULT_LOAD_BACKOFF,
     DEFAULT_LOAD_BACKOFF_MAX,
     DEFAULT_MAX_RUN_TIME,
@@ -295,8 +296,10 @@ def _database_path(raw: RawConfig, issues: Issues) -> str:
 
 def _ignore_paths(raw: RawConfig, issues: Issues) -> str:
     given = raw.upstream.ignore_paths
-    patterns = [given] if isinstance(given, str) else list(given)
-    patterns = [p for p in patterns if p]
+    if isinstance(given, str):  # gpulane's single-regex form: '' turns it off
+        patterns = [given] if given else []
+    else:  # llama-swap's list: each entry as given; an empty list is its default
+        patterns = list(given) or [DEFAULT_IGNORE_PATHS]
     for i, pattern in enumerate(patterns):
         try:
             re.compile(pattern)
@@ -304,7 +307,7 @@ def _ignore_paths(raw: RawConfig, issues: Issues) -> str:
             where = "upstream.ignorePaths" + ("" if isinstance(given, str) else f"[{i}]")
             issues.error(where, f"{pattern!r} is not a valid regex: {exc}")
     if not patterns:
-        return NEVER_MATCHES  # an empty list or string ignores nothing
+        return NEVER_MATCHES
     if len(patterns) == 1:
         return patterns[0]
     return "|".join(f"(?:{p})" for p in patterns)

@@ -27,6 +27,20 @@ from app.core.priority import DEFAULT_TIER_SPAN
 from app.core.residency import Router
 
 
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """`capabilities`: what the model takes and gives, for `/v1/models` (llama-swap's)."""
+
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    tools: bool = False
+    reranker: bool = False
+    context: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return self == Capabilities()
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """One upstream, with every macro expanded and every default applied."""
 
@@ -64,6 +78,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     pass_credentials: tuple[str, ...] = ()
     """Credential headers (lower case, sorted) forwarded to this model: `passCredentials`
     resolved against `apiKeys`. Every other credential header is stripped."""
+    capabilities: Capabilities = Capabilities()
+    ignore_websockets: bool = False
+    """`compat.ignoreWebsockets`: a websocket to this model bypasses the queue,
+    holds no slot and cannot load it (409 when it is not loaded), as in llama-swap."""
     peer: str | None = None
     """The peer this entry sends to (`peers.<id>`): no process, nothing to load."""
     headers: dict[str, str] = {}

@@ -113,6 +113,17 @@ def has_marker(pid: int, marker: bytes) -> bool:
     return b"\0" + marker + b"\0" in b"\0" + environ + b"\0"
 
 
+def env_entry(pid: int, prefix: bytes) -> bytes | None:
+    """The first entry of PID's environment that starts with PREFIX, or None
+    (none, or the environment cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    return next((entry for entry in environ.split(b"\0") if entry.startswith(prefix)), None)
+
+
 def marked(prefix: bytes) -> list[Proc]:
     """Live processes (this one excluded) whose environment holds an entry that
     starts with PREFIX, e.g. b"GPULANE_UPSTREAM=OWNER:"."""

@@ -25,7 +25,7 @@ import msgspec
 
 from app.core import events as ev
 from app.runtime.api import Ticket
-from app.runtime.process_table import marked, signal_procs, wait_gone
+from app.runtime.process_table import env_entry, marked, signal_procs, wait_gone
 from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import (
     find_group_leaders,
@@ -69,8 +69,13 @@ async def recover(scheduler: Scheduler, engine: Any, max_attempts: int) -> Recov
     # Started in the instant before a crash, so never recorded: found by command line.
     recorded = {proc.pid for proc in open_processes(engine)}
     by_cmd = {tuple(spec.cmd): spec.id for spec in scheduler.config.models.values()}
+    ours = owner_marker(scheduler.owner) if scheduler.owner else None
     for pid, cmdline in await asyncio.to_thread(find_group_leaders, list(by_cmd)):
         if pid in recorded:
+            continue
+        if ours is not None and env_entry(pid, ours) is None:
+            # The same argv, not started by this gpulane: a placeholder cmd beside
+            # a server started elsewhere (`sleep infinity`) may well run elsewhere too.
             continue
         await asyncio.to_thread(kill_process_group, pid, 10.0)
         counts["processes_stopped"] += 1

@@ -4,9 +4,15 @@ Each upstream runs in its own session (so its own process group) with an
 environment marker naming this start. Stopping signals the whole group and
 every other process the upstream started (found by parentage, group, or the
 marker, which survives ``setsid`` and double forks), so no helper outlives it
-holding GPU memory or the port. A start first checks that no other process
-listens on the model's port, and health is accepted only when the listener
-answering it is the upstream's (see ``_foreign_listener``).
+holding GPU memory or the port.
+
+A server started elsewhere (Ollama, a container, ...) may already answer on the
+model's port: as in llama-swap, `cmd` then runs anyway (often a placeholder
+such as `sleep infinity`) and the model is served through that server once
+health answers; gpulane never signals it. What is refused is a port held by an
+upstream of this gpulane's own (its environment carries this server's owner
+marker): another model's server, or a leftover of a crashed run, which would
+answer for the wrong model (see ``_look_at_port`` and ``_stale_listener``).
 
 Exits are observed, not polled: the leader's through the subprocess protocol
 (``Process.wait()`` on Python 3.11 also waits for the output pipe to close, so
@@ -39,6 +45,7 @@ from app.runtime.process_table import (
     all_procs,
     descendants,
     describe,
+    env_entry,
     family,
     read_cmdline,
     read_proc,
@@ -73,6 +80,11 @@ _OUTPUT_DRAIN_TIMEOUT = 0.5  # after exit, for the last lines still in the pipe
 _KILL_WAIT = 5.0  # SIGKILL cannot be ignored, but teardown can take a moment
 _MAX_LINE_BYTES = 64 * 1024  # a longer line without a newline is logged in pieces
 _PID_MACRO = "${PID}"
+_EXTERNAL_GRACE = 0.25
+"""With a server started elsewhere on the port, health answers at once: the cmd
+is given llama-swap's 250 ms before the first health check to fail (a server
+that cannot bind the port exits), so it fails the start instead of crashing
+just after it."""
 
 
 class UpstreamSpec(Protocol):
@@ -192,6 +204,8 @@ class UpstreamProcess:
         self._port = _local_port(spec.proxy)  # None: not on this machine, nothing to check
         self._root: Proc | None = None  # the leader as /proc saw it at spawn; None without /proc
         self._marker: bytes | None = None  # ENV_MARKER=VALUE of the current start
+        self.external: str | None = None
+        """Who answered on the port before the cmd ran (a server started elsewhere), or None."""
 
     @property
     def running(self) -> bool:
@@ -211,8 +225,9 @@ class UpstreamProcess:
     async def start(self) -> int:
         """Spawn the process and wait until its health check answers 200; returns the pid.
 
-        Refused before anything is spawned when another process listens on the
-        model's port (pid stays None then)."""
+        Refused before anything is spawned when an upstream of this gpulane
+        already listens on the model's port (pid stays None then); a server
+        started elsewhere is served through (`external`)."""
         if self.running:
             raise RuntimeError(f"upstream {self.spec.id} is already running (pid {self.pid})")
         if self._reaper is not None and not self._stopped:
@@ -221,7 +236,7 @@ class UpstreamProcess:
         if not cmd:
             raise UpstreamStartError("cmd is empty", model_id=self.spec.id)
         self.pid = self._protocol = self._reaper = None  # a refused start leaves no trace
-        self._check_port_free()
+        self.external = self._look_at_port()
         self._tail.clear()
         self._stopped = self.stopping = self.killed = False
         marker = f"{ENV_MARKER}={self._owner}:{self.spec.id}:{uuid.uuid4().hex}"
@@ -292,38 +307,61 @@ class UpstreamProcess:
 
     # -- the port --------------------------------------------------------------
 
-    def _check_port_free(self) -> None:
+    def _look_at_port(self) -> str | None:
+        """Who already listens on the model's port, when it is a server started
+        elsewhere (logged: the model is served through it); None when nobody
+        does. UpstreamStartError when it is an upstream of this gpulane."""
         port = self._port
         if port is None:
-            return
+            return None
         listeners = tcp_listeners(port)
         if listeners is None:  # no /proc/net: ask the port itself
-            if _accepts_connections(port):
-                reason = f"port {port} is already in use; stop it or give this model another port"
-                raise UpstreamStartError(reason, model_id=self.spec.id)
-            return
+            return self._note_external(port, "a server", "") if _accepts_connections(port) else None
         held = [listener for listener in listeners if listener.reachable_locally]
         if not held:
-            return
+            return None
         holders = socket_holders({listener.inode for listener in held}, all_pids())
         pids = sorted({pid for found in holders.values() for pid in found})
-        who = ", ".join(describe(pid) for pid in pids) or "a process gpulane cannot see"
         where = ", ".join(listener.address for listener in held)
-        reason = (
-            f"port {port} is already in use by {who} (listening on {where}); "
-            "stop it or give this model another port"
+        for pid in pids:
+            own = self._own_upstream(pid)
+            if own is not None:
+                reason = (
+                    f"port {port} is already in use by {describe(pid)}, {own} (listening on "
+                    f"{where}); stop it or give this model another port"
+                )
+                raise UpstreamStartError(reason, model_id=self.spec.id)
+        who = ", ".join(describe(pid) for pid in pids) or "a process gpulane cannot see"
+        return self._note_external(port, who, f" (listening on {where})")
+
+    def _own_upstream(self, pid: int) -> str | None:
+        """'an upstream gpulane started for MODEL' when PID carries this server's
+        owner marker (and is not of the current start), else None."""
+        entry = env_entry(pid, owner_marker(self._owner))
+        if entry is None or entry == self._marker:
+            return None
+        model = entry.split(b"=", 1)[1].decode(errors="replace").split(":")
+        named = ":".join(model[1:-1]) if len(model) >= 3 else "?"
+        return f"an upstream gpulane started for model {named!r}"
+
+    def _note_external(self, port: int, who: str, where: str) -> str:
+        self._logs.append(
+            "proxy",
+            f"{self.spec.id}: port {port} is answered by {who}{where}, which gpulane did not "
+            f"start: serving {self.spec.id} through it (a server started elsewhere); "
+            "its cmd runs anyway and stopping the model stops only that",
         )
-        raise UpstreamStartError(reason, model_id=self.spec.id)
+        return who
 
-    async def _foreign_listener(self) -> str | None:
-        """Why the server that answered health is not this upstream, or None.
+    async def _stale_listener(self) -> str | None:
+        """Why the server that answered health must not serve this model, or None.
 
-        The listener on the model's port is ours when the upstream or a process
-        it started holds it. One held by a process born after the upstream is
-        accepted too (a container runtime's port proxy, as `docker run -p`
-        starts), and so is one gpulane cannot see (another user's). Refused: a
-        server that was already running and took the port after the check
-        before spawning; it, not the model, would answer the requests."""
+        Accepted: the upstream or what it started (the common case, checked
+        cheaply first), and any process gpulane did not start: a container
+        runtime's port proxy (`docker run -p`), a server started elsewhere, one
+        gpulane cannot see (another user's). Refused: an upstream of this
+        gpulane's own that took the port after `_look_at_port` (another
+        model's server); it, not the model, would answer the requests."""
         port, root = self._port, self._root
         if port is None or root is None:
             return None
@@ -331,25 +369,22 @@ class UpstreamProcess:
             listener for listener in tcp_listeners(port) or () if listener.reachable_locally
         ]
         inodes = {listener.inode for listener in listeners}
-        inodes -= set(socket_holders(inodes, [root.pid]))  # the common case, and cheap
+        inodes -= set(socket_holders(inodes, [root.pid]))
         if not inodes:
             return None
-        return await asyncio.to_thread(self._foreign_holder, port, root, inodes)
+        return await asyncio.to_thread(self._stale_holder, port, root, inodes)
 
-    def _foreign_holder(self, port: int, root: Proc, inodes: set[int]) -> str | None:
+    def _stale_holder(self, port: int, root: Proc, inodes: set[int]) -> str | None:
         procs = all_procs()
         ours = {proc.pid for proc in family(root, self._marker, procs)}
         for pids in socket_holders(inodes, procs).values():
             for pid in pids:
-                proc = procs.get(pid)
-                # Strictly later: a tick is 10 ms, and a squatter may share one with the spawn.
-                if pid in ours or proc is None or proc.start_ticks > root.start_ticks:
-                    continue
-                return (
-                    f"port {port} is answered by {describe(pid)}, which was not started by "
-                    f"gpulane (the model's process is pid {root.pid}); stop it or give this "
-                    "model another port"
-                )
+                own = None if pid in ours else self._own_upstream(pid)
+                if own is not None:
+                    return (
+                        f"port {port} is answered by {describe(pid)}, {own} (this model's "
+                        f"process is pid {root.pid}); stop it or give this model another port"
+                    )
         return None
 
     # -- health ----------------------------------------------------------------
@@ -377,6 +412,9 @@ class UpstreamProcess:
         started = loop.time()
         deadline = started + self.health_check_timeout
         last = "no answer yet"
+        if self.external is not None:
+            await asyncio.wait({exited}, timeout=min(_EXTERNAL_GRACE, self.health_check_timeout))
+            last = f"port already answered by {self.external}, which gpulane did not start"
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -394,6 +432,12 @@ class UpstreamProcess:
             if exited.done():
                 code = await asyncio.shield(self._reaper)  # includes the last output lines
                 reason = f"exited with code {code} during start"
+                if self.external is not None:
+                    reason += (
+                        f"; its port was already answered by {self.external}, which gpulane did "
+                        "not start: for a server started elsewhere, give the model a cmd that "
+                        "keeps running (a placeholder such as `sleep infinity`), or another port"
+                    )
                 raise UpstreamStartError(
                     reason, model_id=self.spec.id, exit_code=code, output=self._tail
                 )
@@ -402,10 +446,10 @@ class UpstreamProcess:
                 if error is None:
                     status = probe.result()
                     if status == 200:
-                        foreign = await self._foreign_listener()
-                        if foreign is None:
+                        stale = await self._stale_listener()
+                        if stale is None:
                             return
-                        raise UpstreamStartError(foreign, model_id=self.spec.id, output=self._tail)
+                        raise UpstreamStartError(stale, model_id=self.spec.id, output=self._tail)
                     last = f"HTTP {status}"
                 else:
                     last = f"{type(error).__name__}: {error}" if str(error) else repr(error)

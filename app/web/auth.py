@@ -20,11 +20,15 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from app.config.callers import CALLER_LABEL_RULE, is_caller_label
 from app.config.resolved import ApiKey
 from app.core.priority import grant
-from app.web.errors import send_error
+from app.web.errors import send_error, send_websocket_error
 from app.web.request_body import BadRequest
 
 OPEN_PATHS = frozenset({"/health"})
 CALLER_HEADER = "X-Gpulane-Caller"
+_NO_KEY = (
+    "missing or invalid API key: send it as 'Authorization: Bearer KEY', "
+    "as the Basic-auth password, or as 'x-api-key'"
+)
 
 
 class Identity(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,7 +102,8 @@ def identify(scope: Scope, headers: dict[str, str]) -> Identity:
 def api_key_middleware(keys: tuple[ApiKey, ...]) -> Callable[[ASGIApp], ASGIApp]:
     def factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != ScopeType.HTTP or scope["path"] in OPEN_PATHS:
+            kind = scope["type"]
+            if kind not in (ScopeType.HTTP, ScopeType.WEBSOCKET) or scope["path"] in OPEN_PATHS:
                 await app(scope, receive, send)
                 return
             headers = {
@@ -107,16 +112,17 @@ def api_key_middleware(keys: tuple[ApiKey, ...]) -> Callable[[ASGIApp], ASGIApp]
             presented = presented_key(headers)
             key = find_key(keys, presented) if presented else None
             if key is None:
-                await send_error(
-                    send,
-                    401,
-                    "missing or invalid API key: send it as 'Authorization: Bearer KEY', "
-                    "as the Basic-auth password, or as 'x-api-key'",
-                    code="invalid_api_key",
-                    headers=[
-                        (b"www-authenticate", b'Bearer realm="gpulane", Basic realm="gpulane"')
-                    ],
-                )
+                challenge = [
+                    (b"www-authenticate", b'Bearer realm="gpulane", Basic realm="gpulane"')
+                ]
+                if kind == ScopeType.WEBSOCKET:
+                    # Refused before accept: HTTP 401 where the server can answer one.
+                    if (await receive())["type"] == "websocket.connect":
+                        await send_websocket_error(
+                            scope, send, 401, _NO_KEY, code="invalid_api_key", headers=challenge
+                        )
+                    return
+                await send_error(send, 401, _NO_KEY, code="invalid_api_key", headers=challenge)
                 return
             scope.setdefault("state", {})["identity"] = identity_of(key)
             await app(scope, receive, send)

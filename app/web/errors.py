@@ -1,4 +1,4 @@
-"""OpenAI-style error envelope: {"error": {"message", "type", "code"}}.
+"""OpenAI-style error envelope: {"src": "gpulane", "error": {"message", "type", "code"}}.
 
 Every error gpulane itself answers uses it: the raw ASGI paths send it with
 `send_error`, the routes return `error_response`, Litestar's own (404, 405,
@@ -11,6 +11,7 @@ refusals (`send_refused`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from http import HTTPStatus
 from types import EllipsisType
@@ -19,12 +20,15 @@ from typing import Any
 import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.types import ExceptionHandlersMap, Send
+from litestar.types import ExceptionHandlersMap, Scope, Send
 
 from app.jobs.errors import Conflict, Invalid, JobsError, NoSpace, NotFound, Unavailable
 from app.runtime.admission import Refused
 
 log = logging.getLogger("gpulane.http")
+
+ERROR_SOURCE = "gpulane"
+"""`src` of every error gpulane itself answers (llama-swap's says "llama-swap")."""
 
 _TYPES = {
     400: "invalid_request_error",
@@ -63,7 +67,8 @@ def error_doc(
     if not isinstance(param, EllipsisType):
         error["param"] = param
     error["code"] = code or kind
-    return {"error": error}
+    # llama-swap's `src` tells the proxy's own errors from an upstream's answer.
+    return {"src": ERROR_SOURCE, "error": error}
 
 
 def error_body(status: int, message: str, code: str | None = None) -> bytes:
@@ -132,6 +137,40 @@ async def send_error(
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     await send_json(send, status, error_body(status, message, code), headers)
+
+
+async def send_websocket_error(
+    scope: Scope,
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """The envelope as the answer to a websocket upgrade refused before it
+    opens (after its `websocket.connect` was received)."""
+    body = error_body(status, message, code)
+    head = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or []),
+    ]
+    await send_websocket_refusal(scope, send, status, head, body)
+
+
+async def send_websocket_refusal(
+    scope: Scope, send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    """An HTTP answer to an upgrade where the server can send one (ASGI's
+    `websocket.http.response`), else a close with 1008 (policy violation)."""
+    raw: Any = send  # raw ASGI messages, which Send's types do not list
+    with contextlib.suppress(Exception):  # the client may be gone already
+        if "websocket.http.response" not in (scope.get("extensions") or {}):
+            await raw({"type": "websocket.close", "code": 1008})
+            return
+        await raw({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await raw({"type": "websocket.http.response.body", "body": body})
 
 
 async def send_json(

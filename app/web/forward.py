@@ -28,7 +28,7 @@ from app.config.callers import CREDENTIAL_HEADERS
 from app.runtime.api import Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.usage import UsageSniffer
-from app.web.errors import retry_after, send_error
+from app.web.errors import ERROR_SOURCE, retry_after, send_error
 
 log = logging.getLogger("gpulane.proxy")
 
@@ -404,6 +404,8 @@ def upstream_url(base_url: str, path: str, query: str) -> str:
 def sse_error(message: str) -> bytes:
     return (
         b"data: "
-        + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode()
+        + json.dumps(
+            {"src": ERROR_SOURCE, "error": {"message": message, "type": "upstream_error"}}
+        ).encode()
         + b"\n\n"
     )

@@ -15,6 +15,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from app.config import Config, ModelConfig
+from app.config.resolved import Capabilities
 from app.runtime.log_buffer import LogBuffer, LogLine
 from app.runtime.scheduler import Scheduler
 from app.web.access import admin_only, identity, model_fields
@@ -59,11 +60,62 @@ def _record(
         entry["name"] = spec.name.strip()
     if spec.description and spec.description.strip():
         entry["description"] = spec.description.strip()
-    entry["meta"] = {"llamaswap": {**spec.metadata, **own}}
-    # llama-swap counts a starting model as loaded, as its running list does.
+    caps = spec.capabilities
+    metadata = spec.metadata
+    if not caps.empty:
+        entry.update(_rendered_capabilities(caps))
+        # The capability fields are the renderer's: metadata keys of those names go.
+        metadata = {k: v for k, v in metadata.items() if k not in _CAPABILITY_FIELDS}
+    meta: dict[str, Any] = {"llamaswap": {**metadata, **own}}
+    if caps.context > 0:
+        meta["n_ctx"] = caps.context
+    entry["meta"] = meta
+    # llama-swap counts a starting or stopping model as loaded, as its running list does.
     entry["status"] = {"value": "unloaded" if state == "stopped" else "loaded"}
-    entry["state"] = state  # gpulane's: starting | ready | stopped
+    entry["state"] = state  # gpulane's: starting | ready | stopping | stopped
     return entry
+
+
+_CAPABILITY_FIELDS = frozenset(
+    {"architecture", "capabilities", "supported_parameters", "context_length"}
+)
+
+
+def _rendered_capabilities(caps: Capabilities) -> dict[str, Any]:
+    """`capabilities` as llama-swap's /v1/models renders them (its renderCapabilities)."""
+    out: dict[str, Any] = {}
+    arch: dict[str, Any] = {}
+    if caps.inputs:
+        arch["input_modalities"] = list(caps.inputs)
+    if caps.outputs:
+        arch["output_modalities"] = list(caps.outputs)
+    if caps.inputs and caps.outputs:
+        arch["modality"] = "+".join(caps.inputs) + "->" + "+".join(caps.outputs)
+    if arch:
+        out["architecture"] = arch
+    flags: dict[str, bool] = {}
+    takes, gives = set(caps.inputs), set(caps.outputs)
+    if "image" in takes:
+        flags["vision"] = True
+    if "audio" in takes and "text" in gives:
+        flags["audio_transcriptions"] = True
+    if "text" in takes and "audio" in gives:
+        flags["audio_speech"] = True
+    if "text" in takes and "image" in gives:
+        flags["image_generation"] = True
+    if "image" in takes and "image" in gives:
+        flags["image_to_image"] = True
+    if caps.tools:
+        flags["function_calling"] = True
+    if caps.reranker:
+        flags["reranker"] = True
+    if flags or caps.inputs or caps.outputs:
+        out["capabilities"] = flags
+    if caps.tools:
+        out["supported_parameters"] = ["tools", "tool_choice"]
+    if caps.context > 0:
+        out["context_length"] = caps.context
+    return out
 
 
 def running_models(
@@ -74,7 +126,8 @@ def running_models(
     `cmd` or `proxy` (app/web/access.py)."""
     who = identity(request.scope)
     out = []
-    for model in sorted(scheduler.loaded_models()):
+    # llama-swap lists every process that is not stopped: starting, ready, stopping.
+    for model in sorted({*scheduler.loaded_models(), *scheduler.stopping_models()}):
         spec = config.models[model]
         status = scheduler.model_status(model)
         row = {

@@ -11,7 +11,14 @@ closes it (recorded as completed with status 101), or until the scheduler
 takes it away (`maxRunTime`, an operator's cancel, shutdown), which closes both
 sides. A socket refused before it opens (bad key, unknown model, queue full,
 the upstream's own refusal) gets an HTTP answer in gpulane's error shape, or
-the upstream's own.
+the upstream's own. The key is checked by the key middleware (app/web/auth.py),
+for sockets as for HTTP.
+
+A model with `compat.ignoreWebsockets` is llama-swap's exception: its sockets
+bypass the scheduler. They are not queued, hold no slot, count toward nothing,
+and cannot load the model: one is refused with 409 `model_not_loaded` unless
+the model is loaded and ready, and a swap may stop the model under it (the
+socket then closes), the trade llama-swap documents for opting out.
 """
 
 from __future__ import annotations
@@ -33,8 +40,8 @@ from app.core.priority import HEADER, read_priority
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
-from app.web.auth import Identity, find_key, identify, identity_of, presented_key
-from app.web.errors import error_body, retry_after
+from app.web.auth import Identity, identify
+from app.web.errors import retry_after, send_websocket_error, send_websocket_refusal
 from app.web.forward import HOP_BY_HOP, outgoing_headers, ticket_headers
 from app.web.model_routes import forwarded_path, model_in_path
 from app.web.request_body import BadRequest, max_wait_ns, query_model
@@ -98,6 +105,22 @@ class WebsocketProxy:
         if model is None:
             await deny(404, f"model {requested!r} is not configured", "model_not_found")
             return
+        query = bytes(scope.get("query_string", b"")).decode("latin-1")
+        spec = self.config.models[model]
+        if spec.ignore_websockets:
+            if self.scheduler.model_status(model).state != "ready":
+                message = (
+                    f"model {model!r} is not loaded; ignored websocket requests cannot start it"
+                )
+                await deny(409, message, "model_not_loaded")
+                return
+            first: asyncio.Future[Any] = asyncio.ensure_future(receive())
+            try:
+                url = websocket_url(spec.proxy, path, query)
+                await self._bridge(scope, first, receive, send, deny, None, model, url, headers)
+            finally:
+                first.cancel()
+            return
         static = endpoint.startswith("/upstream") and self._ignore.search(path)
         if static and not self.scheduler.is_resident(model):
             # A browser asking for a favicon must not trigger a model swap.
@@ -124,7 +147,7 @@ class WebsocketProxy:
         # Whatever this handler does from here, the request ends when it does.
         self.scheduler.supervise(ticket.request_id, current)
         # Until the socket opens, the client can send nothing but its leaving.
-        first: asyncio.Future[Any] = asyncio.ensure_future(receive())
+        first = asyncio.ensure_future(receive())
         try:
             waiting: list[asyncio.Future[Any]] = [ticket.ready, ticket.detached, first]
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -142,22 +165,15 @@ class WebsocketProxy:
                 message = f"model {model!r} failed to start: {failure}"
                 await deny(502, message, "upstream_start_failed")
                 return
-            query = bytes(scope.get("query_string", b"")).decode("latin-1")
             url = websocket_url(ticket.ready.result(), path, query)
-            await self._bridge(scope, first, receive, send, deny, ticket, url, headers)
+            target = self.scheduler.target_of(ticket.request_id, ticket.model)
+            await self._bridge(scope, first, receive, send, deny, ticket, target, url, headers)
         finally:
             first.cancel()
 
     def _identify(self, scope: Scope, headers: dict[str, str], *, admin_only: bool) -> Identity:
-        # The key middleware (app/web/auth.py) sees HTTP requests only: the key
-        # of an upgrade is checked here, in the same ways.
-        if not self.config.api_keys:
-            return identify(scope, headers)
-        presented = presented_key(headers)
-        key = find_key(self.config.api_keys, presented) if presented else None
-        if key is None:
-            raise BadRequest(401, "missing or invalid API key", "invalid_api_key")
-        found = identity_of(key)
+        # The key was checked by the key middleware, which put its identity in the scope.
+        found = identify(scope, headers)
         if admin_only and found.role != "admin":
             raise BadRequest(403, "/upstream needs an admin API key", "admin_key_required")
         return found
@@ -169,17 +185,20 @@ class WebsocketProxy:
         receive: Receive,
         send: Send,
         deny: _Denial,
-        ticket: Ticket,
+        ticket: Ticket | None,
+        model: str,
         url: str,
         headers: dict[str, str],
     ) -> None:
-        rid = ticket.request_id
-        spec = self.config.models[self.scheduler.target_of(rid, ticket.model)]
+        """Open the upstream's socket and pass messages both ways. TICKET is the
+        scheduler's request; None for an ignored websocket, which reports nothing."""
+        tracked = _Tracked(self.scheduler, ticket)
+        spec = self.config.models[model]
         passed = {k: v for k, v in headers.items() if k not in HANDSHAKE_HEADERS}
         forward, dropped = outgoing_headers(passed, pass_credentials=spec.pass_credentials)
         sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in forward]
         sent += list(spec.headers.items())
-        self.scheduler.started(rid, dropped)
+        tracked.started(dropped)
         t0 = time.monotonic()
         try:
             upstream = await connect(
@@ -196,7 +215,7 @@ class WebsocketProxy:
             # The upstream's refusal (401, 404, ...) is the client's answer.
             response = exc.response
             message = f"upstream refused the websocket with HTTP {response.status_code}"
-            self.scheduler.failed(rid, message, response.status_code)
+            tracked.failed(message, response.status_code)
             body = bytes(response.body or b"")
             back = [
                 (k.lower().encode("latin-1"), v.encode("latin-1"))
@@ -208,7 +227,7 @@ class WebsocketProxy:
             return
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             message = f"upstream websocket failed: {type(exc).__name__}: {exc}"
-            self.scheduler.failed(rid, message, 502)
+            tracked.failed(message, 502)
             await deny(502, message, "upstream_error")
             return
         async with upstream:
@@ -216,13 +235,15 @@ class WebsocketProxy:
                 {
                     "type": "websocket.accept",
                     "subprotocol": upstream.subprotocol,
-                    "headers": ticket_headers(ticket),
+                    "headers": [] if ticket is None else ticket_headers(ticket),
                 }
             )
             counted = _Counter()
             inbound = asyncio.ensure_future(_client_to_upstream(first, receive, upstream))
             outbound = asyncio.ensure_future(_upstream_to_client(upstream, send, counted))
-            watched: set[asyncio.Future[Any]] = {inbound, outbound, ticket.detached}
+            watched: set[asyncio.Future[Any]] = {inbound, outbound}
+            if ticket is not None:
+                watched.add(ticket.detached)
             try:
                 await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -231,7 +252,7 @@ class WebsocketProxy:
                         task.cancel()
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await task
-            if ticket.detached.done():
+            if ticket is not None and ticket.detached.done():
                 why: Detached = ticket.detached.result()
                 code = 1001 if why.code == "shutting_down" else 1011
                 reason = why.message.encode()[:123].decode(errors="ignore")
@@ -245,13 +266,32 @@ class WebsocketProxy:
                 code = upstream.close_code or 1000
                 reason = upstream.close_reason or ""
                 await _close_client(send, code if _sendable(code) else 1011, reason)
-        self.scheduler.completed(
-            rid, 101, bytes=counted.bytes, run_ms=(time.monotonic() - t0) * 1000
-        )
+        tracked.completed(counted.bytes, (time.monotonic() - t0) * 1000)
 
 
 class _Counter:
     bytes = 0
+
+
+class _Tracked:
+    """What the bridge tells the scheduler about its request; nothing for an
+    ignored websocket (no ticket)."""
+
+    def __init__(self, scheduler: Scheduler, ticket: Ticket | None) -> None:
+        self._scheduler = scheduler
+        self._rid = None if ticket is None else ticket.request_id
+
+    def started(self, dropped: Any) -> None:
+        if self._rid is not None:
+            self._scheduler.started(self._rid, dropped)
+
+    def failed(self, message: str, status: int) -> None:
+        if self._rid is not None:
+            self._scheduler.failed(self._rid, message, status)
+
+    def completed(self, size: int, run_ms: float) -> None:
+        if self._rid is not None:
+            self._scheduler.completed(self._rid, 101, bytes=size, run_ms=run_ms)
 
 
 async def _client_to_upstream(
@@ -287,12 +327,11 @@ def _sendable(code: int) -> bool:
 
 
 class _Denial:
-    """An upgrade refused before it opens: an HTTP answer where the server
-    can send one (ASGI's `websocket.http.response`), else a close (403)."""
+    """An upgrade refused before it opens, in gpulane's error shape (app/web/errors.py)."""
 
     def __init__(self, scope: Scope, send: Send) -> None:
-        self._can_answer = "websocket.http.response" in (scope.get("extensions") or {})
-        self._send: Any = send  # raw ASGI messages, as app/web/errors.py sends them
+        self._scope = scope
+        self._send = send
 
     async def __call__(
         self,
@@ -301,23 +340,12 @@ class _Denial:
         code: str | None,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        body = error_body(status, message, code)
-        head = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *(headers or []),
-        ]
-        await self.raw(status, head, body)
+        await send_websocket_error(
+            self._scope, self._send, status, message, code=code, headers=headers
+        )
 
     async def raw(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        with contextlib.suppress(Exception):  # the client may be gone already
-            if not self._can_answer:
-                await self._send({"type": "websocket.close", "code": 1008})
-                return
-            await self._send(
-                {"type": "websocket.http.response.start", "status": status, "headers": headers}
-            )
-            await self._send({"type": "websocket.http.response.body", "body": body})
+        await send_websocket_refusal(self._scope, self._send, status, headers, body)
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -104,6 +104,24 @@ def test_config_and_listen_on_every_interface_serve(
     assert (tmp_path / "gpulane.db").exists()
 
 
+def test_config_dir_serves_the_merged_files(
+    tmp_path: Path, config: Path, serve: list[Served]
+) -> None:
+    directory = tmp_path / "llama-swap.d"
+    directory.mkdir()
+    config.rename(directory / "10-models.yaml")
+    (directory / "20-ttl.yaml").write_text("globalTTL: 60\n")
+    done = run(tmp_path, "check-config", str(directory))
+    assert done.returncode == 0, done.stderr
+    port = free_port()
+    served = Served(tmp_path, "-config-dir", str(directory), "-listen", f"127.0.0.1:{port}")
+    serve.append(served)
+    assert served.health(f"http://127.0.0.1:{port}") == "OK"
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["A"]
+    assert served.stop() == 0
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a certificate")
 def test_tls_flags_serve_https_and_watch_config_warns(
     tmp_path: Path, config: Path, serve: list[Served]
@@ -136,8 +154,8 @@ def test_tls_flags_serve_https_and_watch_config_warns(
     ("args", "says"),
     [
         (["-config", "c.yaml", "-log-level", "debug"], "flag provided but not defined: -log-level"),
-        (["-config-dir", "/etc/llama-swap.d"], "-config-dir is not supported: gpulane reads one"),
-        (["-listen", ":8080"], "-config FILE is required"),
+        (["-config", "c.yaml", "-config-dir", "d"], "-config and -config-dir together"),
+        (["-listen", ":8080"], "at least one of -config FILE or -config-dir DIR"),
         (["-config", "c.yaml", "-tls-cert-file", "c.pem"], "both -tls-cert-file and -tls-key-file"),
         (["-config", "c.yaml", "extra"], "unexpected argument 'extra'"),
         (["-config"], "flag needs an argument: -config"),

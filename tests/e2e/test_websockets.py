@@ -34,6 +34,11 @@ CONFIG = textwrap.dedent(
         cmd: {sys.executable} -m tests.e2e.ws_upstream --port ${{PORT}}
         checkEndpoint: /health
         aliases: [realtime]
+      I:
+        cmd: {sys.executable} -m tests.e2e.ws_upstream --port ${{PORT}}
+        checkEndpoint: /health
+        compat:
+          ignoreWebsockets: true
     """
 )
 
@@ -53,10 +58,10 @@ def _open(gw: Gateway, path: str, **kw: object) -> ClientConnection:
     return connect(gw.url.replace("http", "ws") + path, **kw)  # type: ignore[arg-type]
 
 
-def _in_flight(gw: Gateway) -> int:
+def _in_flight(gw: Gateway, model: str = "W") -> int:
     with gw.client(headers=AUTH) as client:
         rows = client.get("/running").json()["running"]
-    return sum(row["in_flight"] for row in rows if row["model"] == "W")
+    return sum(row["in_flight"] for row in rows if row["model"] == model)
 
 
 def test_an_echo_through_upstream_loads_the_model_and_holds_a_slot(gw: Gateway) -> None:
@@ -100,7 +105,7 @@ def test_a_model_dispatched_get_route_takes_a_socket(gw: Gateway) -> None:
 
 def test_refusals_are_http_answers(gw: Gateway) -> None:
     for path, headers, status in (
-        ("/upstream/W/ws", {}, 401),  # no key: the key middleware sees HTTP only
+        ("/upstream/W/ws", {}, 401),  # no key: refused by the key middleware
         ("/upstream/W/ws", {"Authorization": f"Bearer {USER_KEY}"}, 403),  # admin only
         ("/upstream/nothing/ws", AUTH, 404),
         ("/props", AUTH, 400),  # no ?model=
@@ -110,6 +115,9 @@ def test_refusals_are_http_answers(gw: Gateway) -> None:
             _open(gw, path, headers=headers)
         response = refused.value.response
         assert response.status_code == status, (path, response)
+        if status == 401:  # the key middleware's answer, as for HTTP
+            assert "Basic realm" in response.headers["www-authenticate"]
+            assert json.loads(response.body or b"")["error"]["code"] == "invalid_api_key"
         if path == "/upstream/nothing/ws":  # gpulane's error shape, naming the model
             error = json.loads(response.body or b"")["error"]
             assert error["code"] == "model_not_found" and "'nothing'" in error["message"]
@@ -145,3 +153,28 @@ def test_a_socket_whose_client_leaves_while_queued_is_cancelled(gw: Gateway) -> 
         assert row["endpoint"] == "/upstream/ws"
         first.send("still here")
         assert first.recv(timeout=10) == "still here"
+
+
+def test_an_ignored_websocket_cannot_load_its_model_and_holds_no_slot(gw: Gateway) -> None:
+    # compat.ignoreWebsockets, as llama-swap: a socket for a model that is not
+    # loaded gets 409 and loads nothing.
+    with gw.client(headers=AUTH) as client:
+        client.get("/upstream/W/health")  # W is the one resident model, I is not
+        with pytest.raises(InvalidStatus) as refused:
+            _open(gw, "/upstream/I/ws")
+        response = refused.value.response
+        assert response.status_code == 409
+        error = json.loads(response.body or b"")["error"]
+        assert error["code"] == "model_not_loaded" and "'I'" in error["message"]
+        assert "I" not in {row["model"] for row in client.get("/running").json()["running"]}
+        # Once loaded, it bypasses the scheduler: no request, no slot.
+        assert client.get("/upstream/I/health").status_code == 200
+    with _open(gw, "/upstream/I/ws") as ws:
+        assert json.loads(ws.recv(timeout=10))["path"] == "/ws"
+        ws.send("hello")
+        assert ws.recv(timeout=10) == "hello"
+        assert ws.response is not None and "x-request-id" not in ws.response.headers
+        assert _in_flight(gw, "I") == 0
+        # Its model's one slot is free for an ordinary request meanwhile.
+        with httpx.Client(base_url=gw.url, headers=AUTH) as client:
+            assert client.get("/upstream/I/health").status_code == 200

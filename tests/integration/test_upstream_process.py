@@ -405,36 +405,89 @@ def foreign() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         proc.wait()
 
 
-@pytest.mark.parametrize("check_endpoint", ["/health", None])
-async def test_a_port_another_process_holds_is_refused(
-    check_endpoint, fake_spec, upstreams, foreign, fake_upstream_argv
+async def test_a_server_started_elsewhere_is_served_through_a_placeholder_cmd(
+    free_tcp_port, upstreams, foreign, fake_upstream_argv, logs
 ):
-    spec = replace(fake_spec("alpha"), check_endpoint=check_endpoint)
+    # llama-swap's external server: Ollama or a container already answers on
+    # the port; the model's cmd is a placeholder that only has to keep running.
+    port = free_tcp_port()
+    external = foreign(*fake_upstream_argv(port, "--name", "ollama"))
+    await wait_until(lambda: accepts(port), "the external server to listen")
+    spec = Spec(
+        id="ext", cmd=(sys.executable, "-c", NEVER_LISTENS), proxy=f"http://127.0.0.1:{port}"
+    )
+    upstream = upstreams(spec)
+    pid = await upstream.start()
+    assert upstream.external is not None and f"pid {external.pid}" in upstream.external
+    line = await wait_for_line(logs, "which gpulane did not start")
+    assert f"port {port}" in line and "--name ollama" in line
+    async with httpx.AsyncClient(base_url=spec.proxy) as client:
+        assert (await client.get("/health")).headers["X-Served-By"] == "ollama"
+    await upstream.stop()
+    assert not alive(pid)  # the placeholder is stopped...
+    assert external.poll() is None and accepts(port)  # ...the server started elsewhere is not
+
+
+async def test_a_cmd_that_exits_beside_a_server_started_elsewhere_fails_the_start(
+    fake_spec, upstreams, foreign, fake_upstream_argv
+):
+    # The cmd is a server of its own that cannot bind the taken port: as in
+    # llama-swap, an exit before the first health check fails the start.
+    spec = fake_spec("alpha")
     port = int(spec.proxy.rsplit(":", 1)[1])
     holder = foreign(*fake_upstream_argv(port, "--name", "squatter"))
     await wait_until(lambda: accepts(port), "the squatter to listen")
-    spawned: list[int | None] = []
-    upstream = upstreams(spec, on_spawn=lambda p: spawned.append(p.pid))
+    upstream = upstreams(spec)
     with pytest.raises(UpstreamStartError) as err:
         await upstream.start()
     message = str(err.value)
-    assert f"port {port} is already in use" in message
-    assert f"pid {holder.pid}" in message and "--name squatter" in message
-    assert spawned == [] and upstream.pid is None  # nothing was started
-    assert holder.poll() is None  # and the holder was left alone
+    assert "during start" in message and f"pid {holder.pid}" in message
+    assert "sleep infinity" in message
+    assert holder.poll() is None  # the holder was left alone
 
 
-async def test_health_answered_by_a_foreign_process_is_refused(free_tcp_port, upstreams, foreign):
+@pytest.mark.parametrize("check_endpoint", ["/health", None])
+async def test_a_port_held_by_an_upstream_of_this_gpulane_is_refused(
+    check_endpoint, fake_spec, upstreams, foreign, fake_upstream_argv
+):
+    # A leftover of a crashed run of ours (or another model's server) carries
+    # the owner marker in its environment: it would answer for the wrong model.
+    spec = replace(fake_spec("alpha"), check_endpoint=check_endpoint)
+    port = int(spec.proxy.rsplit(":", 1)[1])
+    env = {**os.environ, "GPULANE_UPSTREAM": "db-1:beta:0123"}
+    holder = subprocess.Popen(
+        fake_upstream_argv(port, "--name", "stale"), env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        await wait_until(lambda: accepts(port), "the stale upstream to listen")
+        spawned: list[int | None] = []
+        upstream = upstreams(spec, on_spawn=lambda p: spawned.append(p.pid), owner="db-1")
+        with pytest.raises(UpstreamStartError) as err:
+            await upstream.start()
+        message = str(err.value)
+        assert f"port {port} is already in use by pid {holder.pid}" in message
+        assert "an upstream gpulane started for model 'beta'" in message
+        assert spawned == [] and upstream.pid is None  # nothing was started
+        # Another gpulane's (another owner's) upstream is a server started elsewhere.
+        other = upstreams(replace(spec, cmd=(sys.executable, "-c", NEVER_LISTENS)), owner="db-2")
+        await other.start()
+        assert other.external is not None
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+async def test_health_answered_by_another_of_our_upstreams_is_refused(
+    free_tcp_port, upstreams, foreign
+):
+    # One of our own upstreams that binds the port after the look before spawning.
     port = free_tcp_port()
-    squatter = foreign(
-        sys.executable,
-        "-c",
-        BIND_ON_INPUT,
-        "--port",
-        str(port),
-        "--name",
-        "squatter",
+    env = {**os.environ, "GPULANE_UPSTREAM": "db-1:beta:0123"}
+    squatter = subprocess.Popen(
+        [sys.executable, "-c", BIND_ON_INPUT, "--port", str(port), "--name", "squatter"],
         stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=env,
     )
 
     def let_the_squatter_bind(_: UpstreamProcess) -> None:
@@ -445,13 +498,17 @@ async def test_health_answered_by_a_foreign_process_is_refused(free_tcp_port, up
     spec = Spec(
         id="mute", cmd=(sys.executable, "-c", NEVER_LISTENS), proxy=f"http://127.0.0.1:{port}"
     )
-    upstream = upstreams(spec, on_spawn=let_the_squatter_bind)
-    with pytest.raises(UpstreamStartError) as err:
-        await upstream.start()
-    message = str(err.value)
-    assert f"pid {squatter.pid}" in message and "--name squatter" in message
-    assert "not started by gpulane" in message
-    assert upstream.pid is not None and not alive(upstream.pid)
+    upstream = upstreams(spec, on_spawn=let_the_squatter_bind, owner="db-1")
+    try:
+        with pytest.raises(UpstreamStartError) as err:
+            await upstream.start()
+        message = str(err.value)
+        assert f"pid {squatter.pid}" in message and "--name squatter" in message
+        assert "an upstream gpulane started for model 'beta'" in message
+        assert upstream.pid is not None and not alive(upstream.pid)
+    finally:
+        squatter.kill()
+        squatter.wait()
 
 
 async def test_a_setsid_descendant_is_stopped_and_the_port_is_free_again(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -87,7 +88,6 @@ def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
             f"{gpt}.timeouts.tlsHandshake",
             f"{gpt}.timeouts.expectContinue",
             f"{gpt}.timeouts.idleConn",
-            f"{gpt}.compat.ignoreWebsockets",
         ]
     )
     assert [w for w in config.warnings if "ignored" not in w] == [
@@ -108,6 +108,8 @@ def test_llama_swap_model_settings_resolve() -> None:
         LLAMA_SWAP, environ={**ENV, "API_KEY_1": "k", "OPENROUTER_API_KEY": "sk-or"}
     )
     gpt = config.models["gpt-oss-120b"]
+    assert gpt.ignore_websockets  # compat.ignoreWebsockets
+    assert not config.models["qwen-unlisted"].ignore_websockets
 
     # model macros override global ones, even inside other global macros
     assert gpt.cmd == (
@@ -727,13 +729,13 @@ def test_bad_duration_names_the_key_and_the_allowed_forms() -> None:
 # --- compat -----------------------------------------------------------------------------
 
 
-def test_compat_block_loads_with_one_warning_per_key() -> None:
+def test_compat_ignore_websockets_resolves_into_the_model() -> None:
     config = parse(one_model("compat:\n  ignoreWebsockets: true\n"))
-    assert config.warnings == (
-        "models.m.compat.ignoreWebsockets: llama-swap key ignored: "
-        "gpulane does not proxy websockets, so none ever holds a model",
+    assert config.warnings == () and config.models["m"].ignore_websockets
+    assert not parse(one_model("compat:\n")).models["m"].ignore_websockets
+    assert errors_of(one_model("compat: {ignoreWebsockets: maybe}\n"))[0].startswith(
+        "models.m.compat.ignoreWebsockets: expected a boolean"
     )
-    assert parse(one_model("compat:\n")).warnings == ()
 
 
 def test_compat_typo_is_an_error_naming_the_known_key() -> None:
@@ -784,6 +786,10 @@ def test_ignore_paths_accepts_a_list_of_regexes_or_empty() -> None:
     listed = parse(one_model() + "upstream: {ignorePaths: ['\\.js$', '^/static/']}\n")
     assert listed.ignore_paths == r"(?:\.js$)|(?:^/static/)"
     assert parse(one_model() + "upstream: {ignorePaths: ''}\n").ignore_paths == NEVER_MATCHES
+    # An empty list is llama-swap's default, as in llama-swap (its load.go).
+    default = parse(one_model()).ignore_paths
+    assert parse(one_model() + "upstream: {ignorePaths: []}\n").ignore_paths == default
+    assert re.search(default, "/favicon.ico") and not re.search(default, "/v1/chat")
     (error,) = errors_of(one_model() + "upstream: {ignorePaths: '(unclosed'}\n")
     assert error.startswith("upstream.ignorePaths: '(unclosed' is not a valid regex")
 

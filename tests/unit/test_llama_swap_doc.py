@@ -208,7 +208,7 @@ def test_flag_rows_are_the_command_lines_flags() -> None:
 @pytest.mark.parametrize("name", sorted(LLAMA_SWAP_FLAGS))
 def test_each_flag_is_handled_as_its_row_says(name: str) -> None:
     flag = LLAMA_SWAP_FLAGS[name]
-    args = ["-config", "c.yaml"] if name != "config" else []
+    args = ["-config", "c.yaml"] if name not in ("config", "config-dir") else []
     args += [f"-{name}", "x.pem" if name.startswith("tls") else "v"] if flag.takes_value else []
     args += [f"-{name}"] if not flag.takes_value else []
     if name.startswith("tls"):
