@@ -139,9 +139,8 @@ def create_app(
     handlers += list(extra_handlers)
     # The web console (/ui/, and / redirects there); its shells and assets need no key.
     handlers += console_routes(engine, Live(config, scheduler, logs))
-    middleware = (
-        [open_console_assets(api_key_middleware(config.api_keys))] if config.api_keys else []
-    )
+    # Read per request: a reload may add, change or remove apiKeys.
+    middleware = [open_console_assets(api_key_middleware(lambda: config.api_keys))]
     app = Litestar(
         route_handlers=handlers,
         middleware=middleware,

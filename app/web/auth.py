@@ -99,18 +99,26 @@ def identify(scope: Scope, headers: dict[str, str]) -> Identity:
     return Identity(caller=label)
 
 
-def api_key_middleware(keys: tuple[ApiKey, ...]) -> Callable[[ASGIApp], ASGIApp]:
+def api_key_middleware(keys: Callable[[], tuple[ApiKey, ...]]) -> Callable[[ASGIApp], ASGIApp]:
+    """`keys()`: the configured apiKeys as of this request (a reload may change
+    them); none configured: every request passes, as before any key."""
+
     def factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
             kind = scope["type"]
-            if kind not in (ScopeType.HTTP, ScopeType.WEBSOCKET) or scope["path"] in OPEN_PATHS:
+            configured = keys()
+            if (
+                not configured
+                or kind not in (ScopeType.HTTP, ScopeType.WEBSOCKET)
+                or scope["path"] in OPEN_PATHS
+            ):
                 await app(scope, receive, send)
                 return
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
             }
             presented = presented_key(headers)
-            key = find_key(keys, presented) if presented else None
+            key = find_key(configured, presented) if presented else None
             if key is None:
                 challenge = [
                     (b"www-authenticate", b'Bearer realm="gpulane", Basic realm="gpulane"')

@@ -136,3 +136,24 @@ def test_the_server_log_says_what_happens_at_info(tmp_path: Path) -> None:
     assert "A is ready (loaded in" in text
     assert "stopping A (pid" in text and ": unload" in text
     assert "gpulane stopped" in text
+
+
+def test_api_keys_added_by_a_reload_apply_to_the_next_request(tmp_path: Path) -> None:
+    gw = start(tmp_path, config(fake_model("A")))
+    base = port_of(gw)
+    try:
+        with gw.client() as client:
+            assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
+            gw.config.write_text(
+                "apiKeys: [sk-new-key]\n" + config(fake_model("A"), start_port=base)
+            )
+            assert gw.proc is not None
+            gw.proc.send_signal(signal.SIGHUP)
+            reloads(gw)
+            anon = client.post("/v1/chat/completions", json=chat("A"))
+            assert anon.status_code == 401, anon.text
+            auth = {"Authorization": "Bearer sk-new-key"}
+            keyed = client.post("/v1/chat/completions", json=chat("A"), headers=auth)
+            assert keyed.status_code == 200, keyed.text
+    finally:
+        gw.stop()
