@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-from litestar import MediaType, Request, Response
+from litestar import Request, Response
 from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from litestar.types import ExceptionHandlersMap, Scope
 
 from app.web.auth import ANONYMOUS, Identity
+from app.web.errors import error_response
 
 ADMIN_KEY_REQUIRED = "admin_key_required"
 
@@ -76,10 +76,7 @@ def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandl
 
 
 def _forbidden(_: Request[Any, Any, Any], exc: AdminKeyRequired) -> Response[bytes]:
-    body = {
-        "error": {"message": exc.detail, "type": "permission_error", "code": ADMIN_KEY_REQUIRED}
-    }
-    return Response(msgspec.json.encode(body), status_code=403, media_type=MediaType.JSON)
+    return error_response(403, exc.detail, ADMIN_KEY_REQUIRED, kind="permission_error")
 
 
 ACCESS_HANDLERS: ExceptionHandlersMap = {AdminKeyRequired: _forbidden}

@@ -22,7 +22,7 @@ from app.web.auth import api_key_middleware
 from app.web.console import Live, console_routes, open_console_assets
 from app.web.console.security import add_security_headers
 from app.web.cors import answer_preflights
-from app.web.errors import EXCEPTION_HANDLERS, error_body, send_error
+from app.web.errors import EXCEPTION_HANDLERS, error_response, send_error
 from app.web.events_api import events_routes
 from app.web.llama_swap_routes import listing_routes, log_routes
 from app.web.model_routes import model_in_path, model_route_handlers
@@ -91,11 +91,7 @@ def create_app(
         resolved = config.resolve_model(model)
         if resolved is None or config.models[resolved].peer is not None:
             what = "is not configured" if resolved is None else "is a peer's: nothing runs here"
-            return Response(
-                error_body(404, f"model {model!r} {what}", "model_not_found"),
-                status_code=404,
-                media_type=MediaType.JSON,
-            )
+            return error_response(404, f"model {model!r} {what}", "model_not_found")
         await scheduler.unload(resolved)
         return Response("OK", media_type=MediaType.TEXT)
 

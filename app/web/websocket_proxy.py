@@ -73,7 +73,6 @@ class WebsocketProxy:
     def __init__(self, config: Config, scheduler: Scheduler) -> None:
         self.config = config
         self.scheduler = scheduler
-        self._ignore = re.compile(config.ignore_paths)
 
     async def serve(
         self,
@@ -121,7 +120,7 @@ class WebsocketProxy:
             finally:
                 first.cancel()
             return
-        static = endpoint.startswith("/upstream") and self._ignore.search(path)
+        static = endpoint.startswith("/upstream") and re.search(self.config.ignore_paths, path)
         if static and not self.scheduler.is_resident(model):
             # A browser asking for a favicon must not trigger a model swap.
             message = f"model {model!r} is not loaded; static paths do not load it"
