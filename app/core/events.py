@@ -134,6 +134,9 @@ class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
     requested_priority: int | None = None
     """What the caller asked for (priority header, else service_tier); None when it
     asked for nothing (its key's defaultPriority applied) or the log predates it."""
+    priority_ignored: str | None = None
+    """Why its `X-LlamaSwap-Priority` was ignored (not a priority: it ran as if it
+    asked for nothing); None when the header was read or absent."""
     expected_run_ns: int | None = None
     """Expected run time learnt from the log's completed runs of this model and
     endpoint, fixed here so replay scores with the same number; None: no history."""

@@ -68,7 +68,9 @@ def read_priority(value: str | None) -> int | None:
     digits = text[1:] if text[:1] in ("+", "-") else text
     # str.isdigit() accepts non-ASCII digits such as "٣"; the header is ASCII only.
     if not digits or not set(digits) <= _ASCII_DIGITS:
-        return None
+        # A band and an offset ("interactive+2"), as a config setting says it.
+        number = read_priority_setting(text) if text[:1].isalpha() else None
+        return number if number is not None and MIN_PRIORITY <= number <= MAX_PRIORITY else None
     significant = digits.lstrip("0") or "0"
     if len(significant) > _MAX_DIGITS:
         return None
@@ -76,15 +78,33 @@ def read_priority(value: str | None) -> int | None:
     return number if MIN_PRIORITY <= number <= MAX_PRIORITY else None
 
 
+PRIORITY_FORMS: Final = (
+    "a signed 64-bit integer, or interactive (+100), normal (0) or batch (-100), "
+    "optionally + or - an integer (interactive+2)"
+)
+"""What an `X-LlamaSwap-Priority` header may say."""
+
+
+def ignored_priority(value: str | None) -> str | None:
+    """Why the header's value was ignored (the request ran as if it asked for
+    nothing, as an unparseable priority always has), or None when it was read or
+    absent. The caller is told this in `X-Gpulane-Priority-Warning`."""
+    if value is None or not value.strip() or read_priority(value) is not None:
+        return None
+    shown = ascii(value.strip()[:64])  # header-safe, whatever was sent
+    return f"{HEADER} {shown} is not a priority ({PRIORITY_FORMS}); it was ignored"
+
+
 SETTING_FORMS: Final = (
     "an integer, interactive, normal or batch, optionally + or - an integer (interactive+2)"
 )
 """What a config priority setting (an API key's maxPriority, defaultPriority) may be."""
 
-# "interactive+2", "batch - 1", "normal", or an integer ("-98"). Wider than the
-# header's grammar (read_priority) for now: issue 32 brings the header to this one.
+# "interactive+2", "batch - 1", "normal", or an integer ("-98"): the header's
+# grammar too (read_priority), which also bounds the number to 64 bits.
 _SETTING: Final = re.compile(
-    r"(?:(interactive|normal|batch)(?:\s*([+-])\s*(\d{1,20}))?|([+-]?\d{1,20}))"
+    r"(?:(interactive|normal|batch)(?:\s*([+-])\s*(\d{1,20}))?|([+-]?\d{1,20}))",
+    re.ASCII,  # \d is 0-9 only: no other script's digits
 )
 
 

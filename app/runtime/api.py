@@ -32,6 +32,8 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     """Granted: what the request queues at."""
     requested_priority: int | None = None
     """What it asked for (header, else service_tier); None: nothing."""
+    priority_ignored: str | None = None
+    """Why its priority header was ignored (`core.priority.ignored_priority`)."""
     caller: str | None = None
     durable: bool = False
     idempotency_key: str | None = None
@@ -51,6 +53,7 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
             endpoint=self.endpoint,
             priority=self.priority,
             requested_priority=self.requested_priority,
+            priority_ignored=self.priority_ignored,
             band=band_of(self.priority),
             durable=self.durable,
             caller=self.caller,

@@ -295,10 +295,12 @@ class Reply:
         *,
         started_as_sse: bool = False,
         requested_priority: int | None = None,
+        priority_ignored: str | None = None,
     ) -> None:
         self._send = send
         self._ticket = ticket
         self._requested = requested_priority
+        self._ignored = priority_ignored
         self.started = started_as_sse
         self.sse = started_as_sse
         self.ended = False
@@ -315,7 +317,7 @@ class Reply:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": passed + ticket_headers(self._ticket, self._requested),
+                "headers": passed + ticket_headers(self._ticket, self._requested, self._ignored),
             }
         )
 
@@ -340,7 +342,7 @@ class Reply:
                     why.status,
                     why.message,
                     code=why.code,
-                    headers=ticket_headers(self._ticket, self._requested)
+                    headers=ticket_headers(self._ticket, self._requested, self._ignored)
                     + retry_after(why.retry_after),
                 )
                 return
@@ -375,13 +377,16 @@ def outgoing_headers(
     return out, dropped
 
 
-def ticket_headers(ticket: Ticket, requested: int | None = None) -> list[tuple[bytes, bytes]]:
+def ticket_headers(
+    ticket: Ticket, requested: int | None = None, ignored: str | None = None
+) -> list[tuple[bytes, bytes]]:
     """What gpulane tells the client about its request; `requested` is the
-    priority it asked for (None: nothing), next to the one it was granted."""
+    priority it asked for (None: nothing), next to the one it was granted, and
+    `ignored` why its priority header was not read."""
     out = [
         (b"x-request-id", ticket.request_id.encode()),
         (b"x-gpulane-band", ticket.band.encode()),
-        *priority_headers(ticket.priority, requested),
+        *priority_headers(ticket.priority, requested, ignored),
     ]
     if ticket.score is not None:
         out.append((b"x-gpulane-score", f"{ticket.score:.3f}".encode()))
@@ -390,10 +395,15 @@ def ticket_headers(ticket: Ticket, requested: int | None = None) -> list[tuple[b
     return out
 
 
-def priority_headers(granted: int, requested: int | None) -> list[tuple[bytes, bytes]]:
+def priority_headers(
+    granted: int, requested: int | None, ignored: str | None = None
+) -> list[tuple[bytes, bytes]]:
+    """The priority granted, what was asked for, and why a header was ignored."""
     out = [(b"x-gpulane-priority-granted", str(granted).encode())]
     if requested is not None:
         out.append((b"x-gpulane-priority-requested", str(requested).encode()))
+    if ignored is not None:
+        out.append((b"x-gpulane-priority-warning", ignored.encode("ascii", "replace")))
     return out
 
 

@@ -104,7 +104,9 @@ async def _send_accepted(
         (b"x-request-id", accepted.request_id.encode()),
     ]
     if accepted.fresh:
-        headers += priority_headers(admission.priority, admission.requested_priority)
+        headers += priority_headers(
+            admission.priority, admission.requested_priority, admission.priority_ignored
+        )
     await send_json(send, status, msgspec.json.encode(doc), headers)
 
 

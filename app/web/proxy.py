@@ -17,7 +17,7 @@ from typing import Any, Literal
 from litestar.types import Message, Receive, Scope, Send
 
 from app.config import Config
-from app.core.priority import HEADER, grant, read_priority, tier_priority
+from app.core.priority import HEADER, grant, ignored_priority, read_priority, tier_priority
 from app.jobs.durable import JobRequest
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
@@ -112,6 +112,7 @@ class Proxy:
             endpoint=endpoint,
             priority=priority,
             requested_priority=asked,
+            priority_ignored=ignored_priority(headers.get(HEADER.lower())),
             caller=identity.caller,
             max_wait_ns=max_wait,
         )
@@ -188,6 +189,7 @@ class Proxy:
             endpoint="/upstream" + path,
             priority=identity.grant(asked),
             requested_priority=asked,
+            priority_ignored=ignored_priority(headers.get(HEADER.lower())),
             caller=identity.caller,
             max_wait_ns=max_wait,
         )
@@ -231,7 +233,12 @@ class Proxy:
         # Whatever this handler does from here, the request ends when it does.
         self.scheduler.supervise(ticket.request_id, current)
         disconnected: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(receive))
-        out = Reply(send, ticket, requested_priority=admission.requested_priority)
+        out = Reply(
+            send,
+            ticket,
+            requested_priority=admission.requested_priority,
+            priority_ignored=admission.priority_ignored,
+        )
         try:
             waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected, ticket.detached]
             if progress:
@@ -244,6 +251,7 @@ class Proxy:
                     ticket,
                     started_as_sse=True,
                     requested_priority=admission.requested_priority,
+                    priority_ignored=admission.priority_ignored,
                 )
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if ticket.detached.done():
@@ -284,7 +292,9 @@ class Proxy:
                 "headers": [
                     (b"content-type", b"text/event-stream"),
                     (b"cache-control", b"no-cache"),
-                    *ticket_headers(ticket, admission.requested_priority),
+                    *ticket_headers(
+                        ticket, admission.requested_priority, admission.priority_ignored
+                    ),
                 ],
             }
         )

@@ -292,6 +292,10 @@ def test_a_priority_setting_reads_bands_with_offsets(text: str, expected: int | 
     assert read_priority_setting(text) == expected
 
 
-def test_the_header_does_not_take_band_offsets_yet() -> None:
-    # Issue 32 brings the header to the config's grammar; until then it stays as it was.
-    assert read_priority("interactive+2") is None
+def test_the_header_takes_the_configs_grammar_within_64_bits() -> None:
+    assert read_priority("interactive+2") == 102
+    assert read_priority("Batch - 1") == -101
+    assert read_priority("normal+9223372036854775807") == 2**63 - 1
+    assert read_priority("interactive+9223372036854775807") is None  # past 64 bits: 0
+    assert read_priority("interactive+\u0663") is None  # ASCII digits only
+    assert read_priority("interactive+") is None
