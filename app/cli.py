@@ -36,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a config file and print it resolved")
     check.add_argument("file", help="path to the YAML config")
     check.add_argument(
-        "--format", choices=("yaml", "json"), default="yaml", help="output format (default yaml)"
+        "--format",
+        choices=("summary", "yaml", "json"),
+        default="summary",
+        help="summary (default): what matters, for a person; yaml or json: the resolved config",
     )
 
     db = commands.add_parser("db", help="database maintenance")

@@ -1,7 +1,16 @@
-"""`gpulane check-config FILE`: validate a config and show what it resolves to."""
+"""`gpulane check-config FILE`: validate a config and say what matters in it.
+
+The default output is a summary for a person: an ok line, each model with the
+program it starts (and whether that program is there: a typo in a binary's
+path loads as config but fails the first request), the router, the score's
+terms and the database. `--format yaml|json` prints the whole resolved config
+(its field names are the resolved config's own, docs/configuration.md).
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from typing import TextIO
 
@@ -9,7 +18,8 @@ import msgspec
 import yaml
 
 from app.config.loading import ConfigError, load_config
-from app.config.resolved import masked
+from app.config.resolved import Config, ModelConfig, masked
+from app.core.residency import describe
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -18,7 +28,7 @@ EXIT_INVALID = 2
 def check_config_command(
     path: str,
     *,
-    output_format: str = "yaml",
+    output_format: str = "summary",
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
@@ -35,6 +45,12 @@ def check_config_command(
         return EXIT_INVALID
     for warning in config.warnings:
         print(f"warning: {warning}", file=err)
+    missing = {m.id: why for m in config.models.values() if (why := missing_program(m))}
+    for model, why in missing.items():
+        print(f"warning: models.{model}.cmd: {why}", file=err)
+    if output_format == "summary":
+        out.write(summary(path, config, missing))
+        return EXIT_OK
     data = masked(config)
     data.pop("warnings", None)  # already on stderr; stdout stays the config alone
     if output_format == "json":
@@ -42,3 +58,61 @@ def check_config_command(
     else:
         out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return EXIT_OK
+
+
+def missing_program(model: ModelConfig) -> str | None:
+    """Why `model`'s program cannot be started, or None: a peer's model and a
+    program found (as a path, or on PATH) are fine."""
+    if model.peer is not None or not model.cmd:
+        return None
+    program = model.cmd[0]
+    if os.sep in program:
+        if os.path.isfile(program) and os.access(program, os.X_OK):
+            return None
+        return (
+            f"program {program!r} is not an executable file: the first request for "
+            f"{model.id!r} will fail to start it (502)"
+        )
+    if shutil.which(program) is not None:
+        return None
+    return (
+        f"program {program!r} is not found on PATH: the first request for "
+        f"{model.id!r} will fail to start it (502)"
+    )
+
+
+def summary(path: str, config: Config, missing: dict[str, str]) -> str:
+    """What a person checks: the models, what they start, the policy, the database."""
+    count = len(config.models)
+    problems = len(config.warnings) + len(missing)
+    lines = [
+        f"{path}: ok, {count} model{'s' if count != 1 else ''}"
+        + (f", {problems} warning{'s' if problems != 1 else ''} (above)" if problems else "")
+    ]
+    width = max((len(m) for m in config.models), default=0)
+    for model in config.models.values():
+        if model.peer is not None:
+            start = f"peer {model.peer} at {model.proxy}"
+        else:
+            program = model.cmd[0] if model.cmd else "(no cmd)"
+            start = f"{program}{' (NOT FOUND)' if model.id in missing else ''} -> {model.proxy}"
+        extra = [f"aliases {', '.join(model.aliases)}"] if model.aliases else []
+        extra.append(f"ttl {model.ttl:g} s" if model.ttl else "no ttl")
+        extra.append(f"{model.concurrency_limit} slot{'s' if model.concurrency_limit != 1 else ''}")
+        lines.append(f"  {model.id:<{width}}  {start}  ({'; '.join(extra)})")
+    lines.append(f"router: {describe(config.router)}")
+    aging = f"{config.aging_divisor:g} s per point" if config.aging_divisor else "off"
+    lines.append(
+        f"scheduler: {config.scheduler}; swap affinity +{config.swap_affinity_bonus}, "
+        f"fair share up to +{config.fair_share_bonus}, short jobs up to "
+        f"+{config.short_job_bonus}, aging {aging}"
+    )
+    keys = len(config.api_keys)
+    lines.append(
+        f"callers: {keys} API key{'s' if keys != 1 else ''}"
+        if keys
+        else "callers: no apiKeys (anyone may call; X-Gpulane-Caller names a caller)"
+    )
+    lines.append(f"database: {config.database_path}")
+    lines.append("the whole resolved config: --format yaml (or json)")
+    return "\n".join(lines) + "\n"

@@ -830,12 +830,34 @@ def run_check_config(*args: str) -> subprocess.CompletedProcess[str]:
 def test_check_config_prints_resolved_config_and_exits_0(tmp_path: Path) -> None:
     path = tmp_path / "ok.yaml"
     path.write_text(one_model() + "apiKeys: [sk-secret]\ncaptureBuffer: 5\n")
-    result = run_check_config(str(path))
+    result = run_check_config(str(path), "--format", "yaml")
     assert result.returncode == 0, result.stderr
     assert "sk-secret" not in result.stdout
     assert "key: '***'" in result.stdout and "label: key#1" in result.stdout
     assert "- '5800'" in result.stdout
     assert "warning: captureBuffer: llama-swap key ignored" in result.stderr
+
+
+def test_check_config_says_what_matters_and_names_a_program_that_is_not_there(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        "models:\n"
+        "  good:\n    cmd: python3 -m http.server ${PORT}\n"
+        "  typo:\n    cmd: /usr/local/bin/llama-sever --port ${PORT}\n"
+        "  lost:\n    cmd: llama-sever-nowhere --port ${PORT}\n"
+    )
+    result = run_check_config(str(path))
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first == f"{path}: ok, 3 models, 2 warnings (above)"
+    assert "'/usr/local/bin/llama-sever' is not an executable file" in result.stderr
+    assert "models.typo.cmd" in result.stderr and "fail to start it (502)" in result.stderr
+    assert "'llama-sever-nowhere' is not found on PATH" in result.stderr
+    assert "llama-sever (NOT FOUND)" in result.stdout and "python3 ->" in result.stdout
+    assert "aging_divisor_ns" not in result.stdout  # words for a person, not field names
+    assert "router: no router (one model at a time)" in result.stdout
 
 
 def test_check_config_json_output(tmp_path: Path) -> None:
