@@ -301,3 +301,26 @@ def _enqueued(q: Queued) -> ev.RequestEnqueued:
         band="normal",
         expected_run_ns=q.expected_run_ns,
     )
+
+
+def test_an_overrunning_job_pushes_the_estimates_out_as_it_runs() -> None:
+    # A chat learnt at 2 s runs for a minute: the request behind it was told
+    # "starts in 1 s" at 44 s and at 79 s alike; its expected end was in the past.
+    times = Durations({"m": 2 * NS_PER_S})
+    driver = CoreDriver(ScoringParams(0, 0), resident="m")
+    driver.enqueue("long", "m", 0)
+    driver.step()
+    running_since = {"long": driver.now}
+    driver.enqueue("next", "m", 0)
+    seen = []
+    for waited in (1, 44, 79):
+        now = running_since["long"] + waited * NS_PER_S
+        driver.now = now
+        view = queue_view(driver.state, running_since, now, times)
+        (running,) = view.running
+        assert running.expected_end_at is not None and running.expected_end_at >= now / NS_PER_S
+        (entry,) = view.waiting
+        assert entry.estimated_start_in_s >= 0
+        seen.append(entry.estimated_start_in_s)
+    assert seen == [1.0, 44.0, 79.0]  # on time, then as long again as it has run
+    assert seen == sorted(seen)  # nothing ahead finished: never nearer
