@@ -226,8 +226,10 @@ def queue_view_steps(
                 estimated_start_at=start / NS_PER_S,
                 estimated_start_in_s=(start - now_ns) / NS_PER_S,
                 caller=request.caller,
-                waits_for=blocked.get(item.model)
-                or blocked.setdefault(item.model, waits_for(state, item.model)),
+                waits_for=(
+                    blocked.get(item.model)
+                    or blocked.setdefault(item.model, waits_for(state, item.model))
+                ).for_row(item.request_id),
             )
         )
         if len(waiting) % SLICE == 0:
