@@ -55,11 +55,14 @@ def start_steps(
     times: Durations,
     wanted: Collection[str] | None = None,
     arriving: Queued | None = None,
+    limit: int | None = None,
 ) -> Steps:
     """request id -> estimated start (unix ns) of every waiting request, or of those
     placed up to the last of `wanted` (which may name `arriving`: a request not
-    queued, as the queue would hold it, `SchedulerState.newcomer`). Yields every
-    `SLICE` requests placed: between slices `state` must not change."""
+    queued, as the queue would hold it, `SchedulerState.newcomer`), or of the first
+    `limit` placed. In the order the simulation places them: the order the live
+    queue lists. Yields every `SLICE` requests placed: between slices `state` must
+    not change."""
     free = _slots_now(state, running_since, now_ns, times)
     lanes = state.queue.lanes_in_order()
     params = state.queue.params
@@ -88,7 +91,7 @@ def start_steps(
         if arriving is not None and arriving.request_id in wanted:
             left.add(arriving.request_id)
     starts: dict[str, int] = {}
-    while left is None or left:
+    while (left is None or left) and (limit is None or len(starts) < limit):
         best: tuple[int, int, str] | None = None
         for model, model_tops in tops.items():
             if model_tops:
