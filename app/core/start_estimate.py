@@ -8,8 +8,14 @@ state and the learnt run times (`Durations`, app/core/run_estimate.py):
 
 - Each running request ends its own expected run after its dispatch (the one
   learnt for it at enqueue, else its model's), plus its model's load when it
-  was dispatched into a load still going on; one already past that is given
-  half its expected run more, not nothing.
+  was dispatched into a load still going on. One that has run longer than that
+  (an overrun: its run alone, from the end of its load, past its expected run)
+  is expected to run as long again as it has run so far: it ends at now plus
+  the time it has already run, and never less than half its expected run from
+  now. The learnt medians say nothing of a run that outlived them; "as long
+  again" is the median remaining life of a heavy-tailed (Pareto, index 1) run
+  that has lasted t, and it grows with t, so an expected end is never in the
+  past and estimated starts behind an overrun grow while it runs, not stay put.
 - Each model in use has its slots (`SchedulerState.slots`), each free when the
   request on it ends (an empty one at once, or when its model's load ends).
 - The waiting requests go in the queue's own dispatch order (its score, swap
@@ -49,11 +55,14 @@ def start_steps(
     times: Durations,
     wanted: Collection[str] | None = None,
     arriving: Queued | None = None,
+    limit: int | None = None,
 ) -> Steps:
     """request id -> estimated start (unix ns) of every waiting request, or of those
     placed up to the last of `wanted` (which may name `arriving`: a request not
-    queued, as the queue would hold it, `SchedulerState.newcomer`). Yields every
-    `SLICE` requests placed: between slices `state` must not change."""
+    queued, as the queue would hold it, `SchedulerState.newcomer`), or of the first
+    `limit` placed. In the order the simulation places them: the order the live
+    queue lists. Yields every `SLICE` requests placed: between slices `state` must
+    not change."""
     free = _slots_now(state, running_since, now_ns, times)
     lanes = state.queue.lanes_in_order()
     params = state.queue.params
@@ -82,7 +91,7 @@ def start_steps(
         if arriving is not None and arriving.request_id in wanted:
             left.add(arriving.request_id)
     starts: dict[str, int] = {}
-    while left is None or left:
+    while (left is None or left) and (limit is None or len(starts) < limit):
         best: tuple[int, int, str] | None = None
         for model, model_tops in tops.items():
             if model_tops:
@@ -148,14 +157,19 @@ def end_of(
     now_ns: int,
     times: Durations,
 ) -> int:
-    """When a running request is expected to end (unix ns), as the estimate counts it."""
+    """When a running request is expected to end (unix ns), as the estimate counts
+    it: its expected run after its load, or for an overrun now plus what it has run
+    so far (at least half its expected run); never before now."""
     request = state.requests[request_id]
     model = state.running.get(request_id, request.model)
     expected = times.of(model, request.expected_run_ns)
     load = times.load(model) if model in state.loads else 0
     since = running_since.get(request_id, now_ns)
     end = since + load + expected
-    return end if end > now_ns else now_ns + expected // 2
+    if end > now_ns:
+        return end
+    ran = now_ns - since - load  # its run so far, at least its expected run
+    return now_ns + max(ran, expected // 2)
 
 
 def finish(steps: Steps) -> dict[str, int]:

@@ -1,7 +1,11 @@
 """The live queue (`GET /api/queue`, `gpulane queue`): who waits, in what order, until when.
 
-Computed from `SchedulerState` with the core's own scoring, so the positions
-and scores are the ones the next decision will use. Pure: the caller passes
+Computed from `SchedulerState` with the core's own scoring, so the scores are
+the ones the next decision will use. The waiting requests are listed in one
+order, the one the estimated starts simulate (`start_estimate.start_steps`: the
+dispatch rule played forward, each model getting the affinity bonus once the
+simulation has it in use), so no row starts before the row above it; the first
+row is the next decision's pick. Pure: the caller passes
 the state, the dispatch times of what is running, `now` and the measured run
 times. `explain` uses the same functions on a replayed state.
 
@@ -20,17 +24,13 @@ Requests arriving later can overtake; the estimate is for the queue as it stands
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Mapping, Sequence
 from typing import TypeVar, cast
 
 import msgspec
 
 from app.core import start_estimate
-from app.core.policy import ahead_of, next_resident
 from app.core.priority import band_of
-from app.core.queue import Affine, FairKeys, Queued
 from app.core.run_estimate import Durations
 from app.core.scoring import NS_PER_S, Breakdown
 from app.core.start_estimate import end_of, start_steps
@@ -126,11 +126,11 @@ def position_of(
     request_id: str,
 ) -> tuple[int, int, int] | None:
     """(position from 1, queue depth, estimated start ns) of a waiting request, else None."""
-    ahead = ahead_of(state, request_id)
-    if ahead is None:
+    if request_id not in state.queue:
         return None
-    start = estimate_starts(state, running_since, now_ns, times, (request_id,))[request_id]
-    return ahead + 1, len(state.queue), start
+    # Its place in the simulation (the live queue's order): the last one placed.
+    starts = estimate_starts(state, running_since, now_ns, times, (request_id,))
+    return len(starts), len(state.queue), starts[request_id]
 
 
 def queue_view(
@@ -168,47 +168,32 @@ def queue_view_steps(
     work and returns the view. Between slices the caller may do other work (the
     run loop's), as long as `state` does not change meanwhile: pass a
     `SchedulerState.snapshot()` and a copy of `running_since`."""
-    resident = next_resident(state)
     fair = state.fair_keys()
+    expected = durations(times)
+    # One order: the simulation's (`start_steps`), so each row starts no earlier
+    # than the row above it.
     listed: Sequence[int]
-    wanted: list[str] | None
-    in_order = _in_dispatch_order(state, resident, fair)
-    ranked: list[Queued] = []
     if count is not None:
-        for q in itertools.islice(in_order, first + count):
-            ranked.append(q)
-            if len(ranked) % SLICE == 0:
-                yield
+        starts = yield from start_steps(state, running_since, now_ns, expected, limit=first + count)
+        ranked = list(starts)
         listed = range(first, len(ranked))
-        wanted = [ranked[i].request_id for i in listed]
     elif caller is not None:
         # Only as far down the queue as its last row: its rows' positions.
-        left = sum(1 for q in state.queue if q.caller == caller)
-        for q in in_order if left else ():
-            ranked.append(q)
-            if q.caller == caller:
-                left -= 1
-                if not left:
-                    break
-            if len(ranked) % SLICE == 0:
-                yield
-        mine = [i for i, q in enumerate(ranked) if q.caller == caller]
+        own = [q.request_id for q in state.queue if q.caller == caller]
+        starts = yield from start_steps(state, running_since, now_ns, expected, own)
+        ranked = list(starts)
+        mine = [i for i, rid in enumerate(ranked) if state.requests[rid].caller == caller]
         listed = sorted({j for i in mine for j in (i - 1, i) if j >= first})
-        wanted = [ranked[i].request_id for i in listed]
     else:
-        for q in in_order:
-            ranked.append(q)
-            if len(ranked) % SLICE == 0:
-                yield
+        starts = yield from start_steps(state, running_since, now_ns, expected)
+        ranked = list(starts)
         listed = range(first, len(ranked))
-        wanted = None
-    expected = durations(times)
-    starts = yield from start_steps(state, running_since, now_ns, expected, wanted)
     by_model = state.queue.waiting_by_model()
     blocked: dict[str, WaitsFor] = {}  # depends on the model alone
     waiting = []
     for index in listed:
-        item = ranked[index]
+        item = state.queue.get(ranked[index])
+        assert item is not None  # the simulation places waiting requests only
         position = index + 1
         request = state.requests[item.request_id]
         header_priority = request.priority
@@ -226,8 +211,10 @@ def queue_view_steps(
                 estimated_start_at=start / NS_PER_S,
                 estimated_start_in_s=(start - now_ns) / NS_PER_S,
                 caller=request.caller,
-                waits_for=blocked.get(item.model)
-                or blocked.setdefault(item.model, waits_for(state, item.model)),
+                waits_for=(
+                    blocked.get(item.model)
+                    or blocked.setdefault(item.model, waits_for(state, item.model))
+                ).for_row(item.request_id),
             )
         )
         if len(waiting) % SLICE == 0:
@@ -275,31 +262,3 @@ def _finish(steps: Steps[T]) -> T:
             next(steps)
         except StopIteration as done:
             return cast(T, done.value)
-
-
-def _in_dispatch_order(state: SchedulerState, resident: Affine, fair: FairKeys) -> Iterator[Queued]:
-    """The waiting requests in dispatch order as of now (`ScoreQueue.ranked` with
-    the same `resident`: one model or the set that gets the affinity bonus),
-    lazily: a merge of the lanes' own orders, so the first k cost O(k log k +
-    lanes), not a sort of the whole queue."""
-    bonus = state.queue.params.affinity_key()
-    affine = {resident} if resident is None or isinstance(resident, str) else resident
-    lanes = state.queue.lanes_in_order()
-    heads: list[tuple[int, int, int, str]] = []
-    adjust = [fair.get(caller, 0) + (bonus if model in affine else 0) for model, caller, _ in lanes]
-    for i, (_, _, entries) in enumerate(lanes):
-        head = next(entries, None)
-        if head is not None:
-            heads.append((head[0] - adjust[i], head[1], i, head[2]))
-    heapq.heapify(heads)
-    get = state.queue.get
-    while heads:
-        _, _, i, request_id = heads[0]
-        head = next(lanes[i][2], None)
-        if head is None:
-            heapq.heappop(heads)
-        else:
-            heapq.heapreplace(heads, (head[0] - adjust[i], head[1], i, head[2]))
-        item = get(request_id)
-        assert item is not None  # the walk yields live entries only
-        yield item

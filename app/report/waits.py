@@ -42,13 +42,30 @@ class WaitsFor(msgspec.Struct, frozen=True):
     another_caller: bool = False
     """Shown to a user key when `for_request` is another caller's: its id and caller
     are then None (app/report/visibility.py)."""
+    for_itself: bool = False
+    """On the row of the request the model drains for (`for_request` is then None):
+    its own load waits for the drain (`for_row`)."""
+
+    def for_row(self, request_id: str) -> WaitsFor:
+        """As the row of `request_id` shows it: a drain for that request itself is
+        a drain for its own load, not for its id."""
+        if self.for_request != request_id:
+            return self
+        return msgspec.structs.replace(self, for_request=None, for_caller=None, for_itself=True)
 
     def text(self) -> str:
-        """`a free slot of A`, `A to drain for r12`, `the load of B`."""
+        """`a free slot of A`, `A to drain for r12`, `A to drain for its own load`,
+        `the load of B`."""
         if self.kind == "slot":
             return f"a free slot of {self.model}"
         if self.kind == "drain":
-            who = self.for_request or ("another caller's request" if self.another_caller else "")
+            who = self.for_request or (
+                "another caller's request"
+                if self.another_caller
+                else "its own load"
+                if self.for_itself
+                else ""
+            )
             return f"{self.model} to drain" + (f" for {who}" if who else "")
         if self.kind == "load":
             return f"the load of {self.model}"

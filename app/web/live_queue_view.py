@@ -1,7 +1,8 @@
 """The live queue view for the HTTP routes, without holding the run loop.
 
 The view is computed on the event loop, from the scheduler's own state, so it
-is exactly the queue's dispatch order as of one instant. A page of the console
+is exactly the queue as of one instant, in the order its estimated starts
+simulate (app/report/live_queue.py). A page of the console
 (a window of the first rows) costs about a millisecond at 10,000 waiting
 (`ScoreQueue.lanes_in_order`). A view that walks much of the queue (`GET
 /api/queue`, a user key's page, a deep window) would hold the loop for tens of

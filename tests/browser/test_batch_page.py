@@ -49,6 +49,17 @@ def test_a_batch_page_shows_its_progress_its_eta_and_its_lines(gateway: Start, p
     page.reload()
     expect(page.locator("#batch-progress")).to_have_attribute("value", "4")
     expect(page.locator("#batch-summary")).to_contain_text("4 done, 0 running, 0 waiting")
+    # A finished batch's bar is full, and as wide as the page (not 140 px).
+    bar = page.locator("#batch-progress").bounding_box()
+    main = page.locator("main").bounding_box()
+    assert bar is not None and main is not None and bar["width"] >= 0.8 * main["width"]
+
+    # The navigation reaches it: Batches lists it, linked to its page.
+    page.goto(f"{gw.url}/ui/")
+    page.get_by_role("link", name="Batches").click()
+    expect(page).to_have_url(f"{gw.url}/ui/batches")
+    page.get_by_role("link", name=batch.id).click()
+    expect(page.locator("#batch-id")).to_have_text(batch.id)
 
 
 def test_a_user_key_cannot_read_another_callers_batch_lines(gateway: Start) -> None:

@@ -268,3 +268,67 @@ def test_parallel_work_has_a_row_per_model_and_the_queue_says_what_each_waits_fo
             client.delete(f"/api/requests/{request_id(gw, caller)}").raise_for_status()
     for future in held:
         assert future.result().status_code == 409
+
+
+def test_a_new_users_queue_and_models_pages_read_well_at_1400_px(
+    gateway: Start, page: Page, send
+) -> None:
+    # Issue 32: the reason squeezed to a word a line, field names as headers,
+    # times with no zone, the models page without aliases, port or output, and
+    # an unload of a busy model that said nothing of what it stops.
+    entry = fake_model("A").replace(
+        "checkEndpoint: /health", "checkEndpoint: /health\n  aliases: [alpha]"
+    )
+    gw = gateway("models:" + entry.replace("\n", "\n  ") + "\n")
+    holder = send(gw, "A", "holder", hang=True)
+    page.goto(gw.url + "/ui/")
+    expect(page.locator("#running tbody tr")).to_contain_text("holder")
+    send(gw, "A", "n1", "normal", delay=0)
+    send(gw, "A", "b1", "batch", delay=0)
+    expect(waiting_callers(page)).to_have_text(["n1", "b1"])
+    header = page.locator("#waiting-table thead")
+    expect(header).to_contain_text("fair share")
+    expect(header).not_to_contain_text("fair_share")
+    expect(page.locator("#running tbody tr")).to_contain_text("UTC")  # its expected end
+    reason = page.locator("#waiting-table tbody tr").nth(1).locator("td.reason")
+    expect(reason).to_contain_text("behind a higher score")
+    box = reason.bounding_box()
+    assert box is not None and box["width"] >= 200, box  # words on a line, not one each
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+    dialogs: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()  # no: the job keeps running
+
+    page.on("dialog", answer)
+    page.goto(gw.url + "/ui/models")
+    row = page.locator('tr[data-model="A"]')
+    expect(row).to_contain_text("alpha")
+    expect(row).to_contain_text("port ")
+    expect(page.locator('details[data-output="A"]')).to_contain_text("Recent output of A")
+    busy = row.get_by_role("button", name="Unload (busy)…")
+    busy.click()
+    assert dialogs and "1 request is running on it" in dialogs[0], dialogs
+    expect(row.locator(".state")).to_have_text("ready")  # dismissed: nothing stopped
+    with httpx.Client(base_url=gw.url) as client:
+        client.delete(f"/api/requests/{request_id(gw, 'holder')}").raise_for_status()
+    assert holder.result().status_code == 409
+
+
+def test_the_timeline_fits_a_fresh_servers_minutes(gateway: Start, page: Page) -> None:
+    gw = gateway(models("A"))
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        client.post(
+            "/v1/chat/completions", json={"model": "A", "messages": [], "fake": {"delay": 0.3}}
+        ).raise_for_status()
+    gw.wait_for("SELECT 1 FROM events WHERE type = 'request_completed'")
+    page.goto(gw.url + "/ui/timeline")
+    expect(page.locator("#window")).to_have_value("fit")
+    bar = page.locator("rect.bar.req")
+    expect(bar).to_have_count(1)
+    # A minute-old log fills the chart, not 2% of an hour.
+    width = float(bar.get_attribute("width") or 0)
+    assert width > 1200 * 0.02, width
+    expect(page.locator("#summary")).to_contain_text("UTC")

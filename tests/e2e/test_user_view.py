@@ -200,6 +200,7 @@ ROUTES = {
     **dict.fromkeys(
         (
             "/ui",
+            "/ui/batches",
             "/ui/batches/{batch_id:str}",
             "/ui/history",
             "/ui/models",

@@ -62,8 +62,11 @@ def test_a_run_past_its_expected_time_still_has_time_left() -> None:
     driver.enqueue("slow", "m", 0, expected_run_ns=2 * MIN)
     driver.step()
     running_since = {"slow": driver.now}
-    driver.advance(3 * MIN)  # once counted as 0 s left
-    assert wait(driver, 0, running_since=running_since) == 60  # half its expected run
+    driver.advance(3 * MIN)  # once counted as 0 s left, then as half its expected run
+    # Having run 3 min (1 past its 2), it is expected to run as long again.
+    assert wait(driver, 0, running_since=running_since) == 3 * 60
+    driver.advance(MIN)
+    assert wait(driver, 0, running_since=running_since) == 4 * 60  # grows while it runs
 
 
 def test_loads_of_other_models_count() -> None:

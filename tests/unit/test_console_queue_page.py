@@ -91,6 +91,13 @@ def test_a_row_names_the_term_that_put_the_request_ahead_of_it() -> None:
     same = waiting(1, "a")
     twin = waiting(2, "a")
     assert reason(view([same, twin]), twin, same) == "behind an equal score that arrived earlier"
+    # The rows follow the simulated dispatch: after a swap to b, b's next request
+    # goes before a higher one for a (b is in use by then).
+    b_next = waiting(2, "b", 0)
+    a_later = waiting(3, "a", 5)
+    assert reason(view([b_next, a_later]), a_later, b_next) == (
+        "behind a lower score for b, in use by then (swap affinity)"
+    )
 
 
 def test_every_score_term_is_a_column_and_a_user_sees_only_its_rows() -> None:

@@ -146,7 +146,7 @@ def test_a_user_keys_page_from_its_own_rows_is_its_page_from_the_whole_view() ->
 
 
 @pytest.mark.parametrize("params", PARAMS)
-def test_the_view_lists_the_queues_own_order_after_cancels_below_the_tops(
+def test_the_view_lists_the_simulated_order_after_cancels_below_the_tops(
     params: ScoringParams,
 ) -> None:
     # The view walks the lanes' heaps in place (no copy, no sort): entries cancelled
@@ -167,9 +167,13 @@ def test_the_view_lists_the_queues_own_order_after_cancels_below_the_tops(
     now = max(q.enqueued_ns for q in state.queue)
     running_since = dict.fromkeys(state.running, now)
     whole = queue_view(state, running_since, now, TIMES)
-    expected = state.queue.ranked(state.resident, state.fair_keys())
-    assert [w.request_id for w in whole.waiting] == [q.request_id for q in expected]
-    assert estimate_starts(state, running_since, now, TIMES) == reference_starts(state, now)
+    # One order: the rows are the simulated dispatch's (the reference drain's), so
+    # on one lane no row starts before the row above it.
+    reference = reference_starts(state, now)
+    assert [w.request_id for w in whole.waiting] == list(reference)
+    assert estimate_starts(state, running_since, now, TIMES) == reference
+    starts = [w.estimated_start_at for w in whole.waiting]
+    assert starts == sorted(starts)
     window = queue_view(state, running_since, now, TIMES, first=10, count=20)
     assert window.waiting == whole.waiting[10:30]
 
@@ -301,3 +305,26 @@ def _enqueued(q: Queued) -> ev.RequestEnqueued:
         band="normal",
         expected_run_ns=q.expected_run_ns,
     )
+
+
+def test_an_overrunning_job_pushes_the_estimates_out_as_it_runs() -> None:
+    # A chat learnt at 2 s runs for a minute: the request behind it was told
+    # "starts in 1 s" at 44 s and at 79 s alike; its expected end was in the past.
+    times = Durations({"m": 2 * NS_PER_S})
+    driver = CoreDriver(ScoringParams(0, 0), resident="m")
+    driver.enqueue("long", "m", 0)
+    driver.step()
+    running_since = {"long": driver.now}
+    driver.enqueue("next", "m", 0)
+    seen = []
+    for waited in (1, 44, 79):
+        now = running_since["long"] + waited * NS_PER_S
+        driver.now = now
+        view = queue_view(driver.state, running_since, now, times)
+        (running,) = view.running
+        assert running.expected_end_at is not None and running.expected_end_at >= now / NS_PER_S
+        (entry,) = view.waiting
+        assert entry.estimated_start_in_s >= 0
+        seen.append(entry.estimated_start_in_s)
+    assert seen == [1.0, 44.0, 79.0]  # on time, then as long again as it has run
+    assert seen == sorted(seen)  # nothing ahead finished: never nearer

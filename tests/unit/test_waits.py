@@ -40,11 +40,14 @@ async def test_a_slot_a_drain_and_a_load_each_named() -> None:
     await settle()
     assert shown(lane) == {
         a3.request_id: WaitsFor("slot", "A"),
-        d1.request_id: WaitsFor("drain", "C", d1.request_id),
+        d1.request_id: WaitsFor("drain", "C", for_itself=True),  # not "for d1" on d1's row
     }
+    view = queue_view(lane.scheduler.state, {}, lane.clock(), RunTimes())
+    assert "waits for C to drain for its own load" in queue_text(view)
+    assert f"for {d1.request_id}" not in queue_text(view)
     b1 = lane.admit("B", 100)  # its load must evict A
     await settle()
-    assert shown(lane)[b1.request_id] == WaitsFor("drain", "A", b1.request_id)
+    assert shown(lane)[b1.request_id] == WaitsFor("drain", "A", for_itself=True)
     assert shown(lane)[a3.request_id] == WaitsFor("slot", "A")  # still full
     await lane.finish(a1)
     # a free slot of A, but A drains for b1: a3 waits for that

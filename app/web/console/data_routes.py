@@ -63,15 +63,24 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
     run_times = CachedRunTimes(engine)
 
     def window(
-        since: float | None, until: float | None, hours: float, whole: bool = False
+        since: float | None,
+        until: float | None,
+        hours: float,
+        whole: bool = False,
+        fit: bool = False,
     ) -> tuple[float, float]:
         """[since, until] in unix seconds: the last `hours` before now (or before the
-        log's end, for a copied log), or with `whole` the log's whole span."""
-        span = q.log_span(engine) if (whole or live is None) and engine is not None else None
+        log's end, for a copied log), or with `whole` the log's whole span, or with
+        `fit` the last `hours` cut to start no earlier than the log does (so a
+        fresh server's minutes fill the chart)."""
+        wants_span = whole or fit or live is None
+        span = q.log_span(engine) if wants_span and engine is not None else None
         if until is None:
             until = span[1] if span is not None and (whole or live is None) else time.time()
         if since is None:
             since = span[0] if whole and span is not None else until - hours * 3600.0
+            if fit and span is not None:
+                since = min(until, max(since, span[0]))
         if since > until:
             raise BadQuery(f"since ({since}) is after until ({until})")
         return since, until
@@ -109,11 +118,12 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         until: FromQuery[float | None] = None,
         hours: FromQuery[float] = 1.0,
         whole: FromQuery[bool] = False,
+        fit: FromQuery[bool] = False,
     ) -> Response[Any]:
         if engine is None:
             return _error(503, "this server has no event log", "no_database")
         try:
-            lo, hi = window(since, until, hours, whole)
+            lo, hi = window(since, until, hours, whole, fit)
         except BadQuery as exc:
             return _error(400, exc.message, "invalid_window")
         caller = only_caller(identity(request.scope))
@@ -210,8 +220,11 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
                 "median_load_s": times.swap_s.get(spec.id),
                 "median_run_s": times.run_s.get(spec.id),
                 "check_endpoint": spec.check_endpoint or "/",
+                "aliases": list(spec.aliases),
             }
-            if admin:  # the upstream's output is the logs' business: admin only
+            if admin:  # where the upstream listens and what it printed: admin only
+                row["port"] = spec.port
+                row["upstream"] = spec.proxy
                 lines = live.logs.lines(f"upstream:{spec.id}")[-OUTPUT_LINES:]
                 row["output"] = [line.text for line in lines]
             rows.append(row)

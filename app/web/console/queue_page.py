@@ -54,6 +54,10 @@ def reason(view: QueueView, entry: WaitingEntry, ahead: WaitingEntry | None) -> 
             text = "behind an equal score that arrived earlier"
         else:
             text = f"behind a higher score ({term} +{shown})"
+    elif theirs["total"] < mine["total"]:
+        # The rows follow the simulated dispatch: by then the row above's model is
+        # in use, and its affinity bonus puts it first.
+        text = f"behind a lower score for {ahead.model}, in use by then (swap affinity)"
     else:
         text = "behind an equal score that arrived earlier"
     return text + (f"; needs a swap to {entry.model}" if swap else "")

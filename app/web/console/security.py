@@ -62,7 +62,7 @@ async def add_security_headers(message: Message, scope: Scope) -> None:
     message["headers"] = headers
 
 
-PAGES = ("/ui/", "/ui/timeline", "/ui/models", "/ui/history")
+PAGES = ("/ui/", "/ui/timeline", "/ui/models", "/ui/batches", "/ui/history")
 """Page paths (plus /ui/requests/ID and /ui/batches/ID): each serves the same shell,
 which draws the page."""
 

@@ -24,15 +24,18 @@ export async function render(main, info, id) {
     ["expires", stamp(batch.expires_at)],
   ];
   const sections = [h("h1", {}, "Batch ", h("code", { id: "batch-id" }, batch.id)), h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]))];
-  if (p) sections.push(progressSection(p));
+  if (p) sections.push(progressSection(p, batch.status));
   main.append(...sections);
   const lines = h("section", { id: "batch-lines" }, h("h2", {}, "Lines"));
   main.append(lines);
   await drawLines(lines, id, 0);
 }
 
-function progressSection(p) {
-  const ended = p.done + p.failed;
+// A batch that has ended (whatever became of its lines) shows a full bar.
+const ENDED = new Set(["completed", "failed", "cancelled", "expired"]);
+
+function progressSection(p, status) {
+  const ended = ENDED.has(status) ? Math.max(1, p.total) : p.done + p.failed;
   const summary = `${p.done} done, ${p.running} running, ${p.waiting} waiting, ${p.failed} failed of ${p.total}`;
   const parts = [
     h("h2", {}, "Progress"),

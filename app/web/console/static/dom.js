@@ -20,10 +20,12 @@ export const s = (tag, attrs, ...children) =>
   fill(document.createElementNS(SVG_NS, tag), attrs, children);
 
 export function table(headers, rows, attrs = {}) {
+  // A header is its text, or [text, title].
+  const th = (x) => (Array.isArray(x) ? h("th", { title: x[1] }, x[0]) : h("th", {}, x));
   return h(
     "table",
     attrs,
-    h("thead", {}, h("tr", {}, headers.map((x) => h("th", {}, x)))),
+    h("thead", {}, h("tr", {}, headers.map(th))),
     h("tbody", {}, rows),
   );
 }
@@ -39,16 +41,21 @@ export function duration(seconds) {
   return sign + Math.floor(x / 60) + " h " + (x % 60) + " min";
 }
 
+// Times in UTC, as the CLI prints them, and saying so.
 export function clock(unix) {
   if (unix === null || unix === undefined) return "–";
-  return new Date(unix * 1000).toLocaleTimeString([], { hour12: false });
+  return new Date(unix * 1000).toISOString().slice(11, 19) + " UTC";
 }
 
 export function stamp(unix) {
   if (unix === null || unix === undefined) return "–";
-  const d = new Date(unix * 1000);
-  return d.toLocaleDateString() + " " + d.toLocaleTimeString([], { hour12: false });
+  const iso = new Date(unix * 1000).toISOString();
+  return iso.slice(0, 10) + " " + iso.slice(11, 19) + " UTC";
 }
+
+// A score term's field name in words (`fair_share` -> "fair share"); the field
+// name stays in the header's title.
+export const words = (name) => name.replaceAll("_", " ");
 
 export const points = (x) => (Number.isInteger(x) ? String(x) : x.toFixed(2));
 

@@ -8,6 +8,7 @@ const ROUTES = [
   [/^\/ui\/models$/, "models"],
   [/^\/ui\/history$/, "history"],
   [/^\/ui\/requests\/([^/]+)$/, "story"],
+  [/^\/ui\/batches$/, "batches"],
   [/^\/ui\/batches\/([^/]+)$/, "batch"],
 ];
 

@@ -1,5 +1,6 @@
-// Models: state, median load time from the log, what waits for each, load and
-// unload (with confirmation), and the upstream's recent output. Polled.
+// Models: state, aliases, port and upstream address, median load time from the
+// log, what waits for each, load and unload (with confirmation, saying what a
+// busy model's unload stops), and the upstream's recent output. Polled.
 import { api } from "./api.js";
 import { confirmed, duration, flash, h, table } from "./dom.js";
 
@@ -9,8 +10,14 @@ export async function render(main, info) {
   const body = h("section", { id: "models" });
   main.append(h("h1", {}, "Models"), body);
 
-  const unload = async (id) => {
-    if (!confirmed(`Unload ${id}? Its server process is stopped; a busy model is left running.`)) return;
+  const unload = async (m) => {
+    const id = m.id;
+    // The server stops a busy model too: say what that does before it happens.
+    const busy = m.in_flight
+      ? ` ${m.in_flight} request${m.in_flight === 1 ? " is" : "s are"} running on it: ` +
+        "a job goes back in the queue, a synchronous request fails."
+      : "";
+    if (!confirmed(`Unload ${id}? Its server process is stopped.${busy}`)) return;
     try {
       const done = await api("/api/models/unload/" + encodeURIComponent(id), { method: "POST" });
       flash(done.unloaded.length ? `Unloading ${done.unloaded.join(", ")}.` : `${id} was not unloaded: it is busy or not loaded.`, !done.unloaded.length);
@@ -39,6 +46,8 @@ export async function render(main, info) {
       const data = await api("/ui/api/models");
       const rows = data.models.map((m) => h("tr", { "data-model": m.id },
         h("td", {}, m.id, m.name ? h("span", { class: "muted" }, " " + m.name) : null),
+        h("td", { class: "aliases" }, m.aliases && m.aliases.length ? m.aliases.join(", ") : "–"),
+        h("td", {}, m.upstream ?? "–", m.port ? h("span", { class: "muted" }, ` (port ${m.port})`) : null),
         h("td", {}, h("span", { class: "state state-" + (m.state || "unknown") }, m.state || "–")),
         h("td", { class: "num" }, m.pid ?? "–"),
         h("td", { class: "num" }, m.in_flight ?? "–"),
@@ -47,13 +56,19 @@ export async function render(main, info) {
         h("td", { class: "num" }, duration(m.median_run_s)),
         h("td", {}, data.live ? [
           h("button", { onclick: () => load(m), disabled: m.state !== "stopped" }, "Load"), " ",
-          h("button", { class: "danger", onclick: () => unload(m.id), disabled: m.state !== "ready" }, "Unload"),
+          h("button", {
+            class: "danger", onclick: () => unload(m), disabled: m.state !== "ready",
+            title: m.in_flight ? `busy: ${m.in_flight} running` : null,
+          }, m.in_flight ? "Unload (busy)…" : "Unload"),
         ] : null),
       ));
-      const outputs = data.models.filter((m) => m.output && m.output.length).map((m) =>
-        h("details", { open: true }, h("summary", {}, `Recent output of ${m.id}`), h("pre", { class: "output" }, m.output.join("\n"))));
+      // An admin sees each model's last lines (none yet: it says so); others see none.
+      const outputs = data.models.filter((m) => m.output).map((m) =>
+        h("details", { open: m.output.length > 0, "data-output": m.id },
+          h("summary", {}, `Recent output of ${m.id} (last ${m.output.length} lines)`),
+          m.output.length ? h("pre", { class: "output" }, m.output.join("\n")) : h("p", { class: "muted" }, "Nothing printed since the server started.")));
       body.replaceChildren(
-        table(["model", "state", "pid", "running", "waiting", "median load", "median run", ""], rows),
+        table(["model", "aliases", "upstream", "state", "pid", "running", "waiting", "median load", "median run", ""], rows),
         data.live ? "" : h("p", { class: "muted" }, "Read-only: models seen in the log, with their median load time."),
         ...outputs,
       );

@@ -1,7 +1,8 @@
-// Queue: what runs now, then the waiting requests in dispatch order, one page
+// Queue: what runs now, then the waiting requests in the order their estimated
+// starts simulate (the server's one order), one page
 // at a time (the server sends only that window), polled every second.
 import { api } from "./api.js";
-import { bandTag, clock, confirmed, duration, flash, h, points, storyLink, table } from "./dom.js";
+import { bandTag, clock, confirmed, duration, flash, h, points, storyLink, table, words } from "./dom.js";
 
 const PAGE = 100;
 const POLL_MS = 1000;
@@ -58,7 +59,7 @@ export async function render(main, info) {
         h("td", {}, w.model),
         h("td", {}, w.caller || "–"),
         h("td", {}, bandTag(w.band)),
-        h("td", {}, clock(w.estimated_start_at), h("span", { class: "muted" }, ` in ${duration(w.estimated_start_in_s)}`)),
+        h("td", { class: "start" }, h("span", {}, clock(w.estimated_start_at)), h("span", { class: "muted" }, `in ${duration(w.estimated_start_in_s)}`)),
         h("td", { class: "num" }, duration(w.waited_s)),
         terms.map((t) => h("td", { class: "num term", "data-term": t }, points(w.score[t] ?? 0))),
         h("td", { class: "num" }, points(w.score.total)),
@@ -71,7 +72,7 @@ export async function render(main, info) {
     document.getElementById("waiting-title").textContent = `Waiting (${view.total_waiting})`;
     waiting.replaceChildren(
       view.total_waiting
-        ? table(["#", "request", "model", "caller", "band", "estimated start", "waited", ...terms, "score", "waits for", "reason", ""], rows, { id: "waiting-table" })
+        ? table(["#", "request", "model", "caller", "band", "estimated start", "waited", ...terms.map((t) => [words(t), t]), "score", "waits for", "reason", ""], rows, { id: "waiting-table" })
         : h("p", { class: "muted" }, "Nothing waits."),
     );
     const last = Math.min(view.total_waiting, offset + view.waiting.length);

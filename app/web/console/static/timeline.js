@@ -11,19 +11,21 @@ const LANE_H = 56;
 const TRACK_H = 22; // the row grows by this for every further overlapping request
 const ROW_GAP = 8;
 const LABEL_W = 110; // the model names, left of the rows
-const WINDOWS = [["0.25", "last 15 min"], ["1", "last hour"], ["6", "last 6 hours"], ["24", "last day"], ["whole", "whole log"], ["custom", "custom…"]];
+// The default fits the data: since the log starts, at most the last hour, so a
+// fresh server's first minutes fill the chart.
+const WINDOWS = [["fit", "since the log starts (at most an hour)"], ["0.25", "last 15 min"], ["1", "last hour"], ["6", "last 6 hours"], ["24", "last day"], ["whole", "whole log"], ["custom", "custom…"]];
 
-function localInput(unix) {
-  const d = new Date(unix * 1000 - new Date().getTimezoneOffset() * 60000);
-  return d.toISOString().slice(0, 16);
+// The custom window's inputs are in UTC, like every time on the console.
+function utcInput(unix) {
+  return new Date(unix * 1000).toISOString().slice(0, 16);
 }
 
 export async function render(main) {
-  const choice = h("select", { id: "window" }, WINDOWS.map(([v, t]) => h("option", { value: v, selected: v === "1" }, t)));
+  const choice = h("select", { id: "window" }, WINDOWS.map(([v, t]) => h("option", { value: v, selected: v === "fit" }, t)));
   const from = h("input", { type: "datetime-local", id: "from", hidden: true });
   const to = h("input", { type: "datetime-local", id: "to", hidden: true });
   const refresh = h("button", { type: "submit" }, "Show");
-  const controls = h("form", { class: "controls" }, "Window ", choice, from, to, refresh);
+  const controls = h("form", { class: "controls" }, "Window (UTC) ", choice, from, to, refresh);
   const chart = h("div", { id: "timeline" });
   const hover = h("p", { id: "hover", class: "muted" }, "Hover a bar to see the request; click it to open its story.");
   const summary = h("p", { id: "summary" });
@@ -40,16 +42,18 @@ export async function render(main) {
   async function load() {
     let query;
     if (choice.value === "custom" && from.value && to.value) {
-      query = `since=${Date.parse(from.value) / 1000}&until=${Date.parse(to.value) / 1000}`;
+      query = `since=${Date.parse(from.value + "Z") / 1000}&until=${Date.parse(to.value + "Z") / 1000}`;
     } else if (choice.value === "whole") {
       query = "whole=true";
+    } else if (choice.value === "fit" || choice.value === "custom") {
+      query = "hours=1&fit=true";
     } else {
-      query = `hours=${choice.value === "custom" ? 1 : choice.value}`;
+      query = `hours=${choice.value}`;
     }
     const data = await api("/ui/api/timeline?" + query);
     if (choice.value !== "custom") {
-      from.value = localInput(data.since);
-      to.value = localInput(data.until);
+      from.value = utcInput(data.since);
+      to.value = utcInput(data.until);
     }
     draw(data);
   }
@@ -133,7 +137,7 @@ export async function render(main) {
       const t = data.since + (span * i) / 6;
       const tx = LABEL_W + (WIDTH * i) / 6;
       ticks.push(s("line", { class: "tick", x1: tx, x2: tx, y1: LANE_Y, y2: bottom + 4 }));
-      ticks.push(s("text", { class: "tick-label", x: Math.min(Math.max(tx, LABEL_W + 30), LABEL_W + WIDTH - 30), y: bottom + 18 }, clock(t)));
+      ticks.push(s("text", { class: "tick-label", x: Math.min(Math.max(tx, LABEL_W + 30), LABEL_W + WIDTH - 30), y: bottom + 18 }, clock(t).slice(0, 8)));  // the summary says UTC
     }
     chart.replaceChildren(
       s("svg", { viewBox: `0 0 ${LABEL_W + WIDTH} ${bottom + 24}`, class: "lane", role: "img", "aria-label": "GPU timeline, one row per model" },
