@@ -304,6 +304,7 @@ class _Story:
         self.outcome: Outcome | None = None
         self.run_s: float | None = None
         self.requested_priority: int | None = None
+        self.priority_ignored: str | None = None
         self.failed_loads = 0
         self.lanes = False
         """A router or slots: the wait is charged in the machine's terms (`waits_for`)."""
@@ -322,6 +323,7 @@ class _Story:
         mine = ev.request_id_of(event) == self.request_id
         if mine and isinstance(event, ev.RequestEnqueued):
             self.requested_priority = event.requested_priority
+            self.priority_ignored = event.priority_ignored
         if self.phase == "before":
             depth = len(self.replay.state.queue)
             self.replay.feed(event)
@@ -626,6 +628,7 @@ class _Story:
             total_s=(end_ns - self.enqueued_ns) / NS_PER_S,
             replay_matches=self.replay_matches,
             requested_priority=self.requested_priority,
+            priority_ignored=self.priority_ignored,
             failed_loads=self.failed_loads,
             held_for=[
                 HeldFor(

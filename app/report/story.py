@@ -207,3 +207,5 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     """What the caller asked for (header, else service_tier); None when it asked for
     nothing, so its key's defaultPriority (0 without one) applied. Above `priority`
     when the key's maxPriority lowered it."""
+    priority_ignored: str | None = None
+    """Why its priority header was ignored (it was no priority), if it was."""

@@ -6,10 +6,12 @@ reads it. Through `gpulane serve`, as a user sends it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import REPO, Gateway, fake_model
 
 CONFIG = "models:" + fake_model("A").replace("\n", "\n  ") + "\n"
 CHAT = {"model": "A", "messages": [{"role": "user", "content": "hi"}]}
@@ -31,6 +33,16 @@ def test_a_value_that_is_no_priority_runs_at_0_and_the_answer_says_why(
         assert "interactive" in warning and "64-bit integer" in warning  # what is allowed
     (row,) = gw.wait_for("SELECT data FROM events WHERE type = 'request_enqueued'")
     assert value in json.loads(row["data"])["priority_ignored"]
+    gw.wait_for("SELECT 1 FROM events WHERE type = 'request_completed'")
+    explained = subprocess.run(
+        [sys.executable, "-m", "app.cli", "explain", r.headers["x-request-id"], "--db", str(gw.db)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert explained.returncode == 0, explained.stderr
+    assert "none requested" not in explained.stdout
+    assert f"{value!r} is not a priority" in explained.stdout
 
 
 def test_a_band_with_an_offset_reads_as_in_the_config(gateway: object) -> None:
