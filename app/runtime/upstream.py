@@ -451,8 +451,10 @@ class UpstreamProcess:
                             return
                         raise UpstreamStartError(stale, model_id=self.spec.id, output=self._tail)
                     last = f"HTTP {status}"
-                else:
+                elif not (isinstance(error, TimeoutError) and deadline - loop.time() < 0.05):
                     last = f"{type(error).__name__}: {error}" if str(error) else repr(error)
+                # else: a probe cut short by the deadline tells nothing new; the
+                # last real answer (an HTTP 503, say) is what the caller needs.
             waited = loop.time() - started
             pause = max(_HEALTH_POLL_FIRST, min(_HEALTH_POLL_MAX, waited * _HEALTH_POLL_FRACTION))
             await asyncio.wait({exited}, timeout=min(pause, max(0.0, deadline - loop.time())))
