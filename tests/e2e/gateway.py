@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,16 @@ def fake_model(name: str, *extra: str, ttl: int | None = None) -> str:
     if ttl is not None:
         entry += f"    ttl: {ttl}\n"
     return textwrap.dedent(entry)
+
+
+@contextlib.contextmanager
+def running_gateway(tmp: Path, config_text: str) -> Iterator[Gateway]:
+    """A started Gateway, stopped however the block ends (module fixtures)."""
+    gateway = Gateway(tmp, config_text).start()
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 class Gateway:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, running_gateway
 
 KEY = "sk-admin-details"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -31,11 +31,8 @@ CONFIG = (
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gateway = Gateway(Path(tmp_path_factory.mktemp("llama_swap_details")), CONFIG).start()
-    try:
+    with running_gateway(Path(tmp_path_factory.mktemp("llama_swap_details")), CONFIG) as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from app.web.model_routes import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, forwarded_path
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, running_gateway
 
 # The fake upstream answers these itself instead of echoing what it received.
 # The fake upstream answers these in their own shapes; every other path is echoed.
@@ -51,11 +51,8 @@ CONFIG = (
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gateway = Gateway(Path(tmp_path_factory.mktemp("llama_swap")), CONFIG).start()
-    try:
+    with running_gateway(Path(tmp_path_factory.mktemp("llama_swap")), CONFIG) as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, running_gateway
 
 KEY = "sk-admin-web"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -30,11 +30,8 @@ CONFIG = (
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gateway = Gateway(Path(tmp_path_factory.mktemp("llama_swap_web")), CONFIG).start()
-    try:
+    with running_gateway(Path(tmp_path_factory.mktemp("llama_swap_web")), CONFIG) as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 @pytest.fixture

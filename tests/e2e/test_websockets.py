@@ -16,7 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.e2e.gateway import Gateway
+from tests.e2e.gateway import Gateway, running_gateway
 
 KEY = "sk-admin-ws"
 USER_KEY = "sk-user-ws"
@@ -45,11 +45,8 @@ CONFIG = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gateway = Gateway(Path(tmp_path_factory.mktemp("websockets")), CONFIG).start()
-    try:
+    with running_gateway(Path(tmp_path_factory.mktemp("websockets")), CONFIG) as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 def _open(gw: Gateway, path: str, **kw: object) -> ClientConnection:
