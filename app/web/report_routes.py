@@ -85,7 +85,7 @@ def report_routes(
             doc["batch"] = run
         chain = None if chains is None else await chains.run_of(request_id)
         if chain is not None:
-            doc["chain"] = chain  # the story's place in it, with the chain's progress
+            doc["chain"] = (doc.get("chain") or {}) | chain  # its place, and the chain's progress
         return Response(doc)
 
     return [live_queue, explain_request]
