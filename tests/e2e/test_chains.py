@@ -164,9 +164,7 @@ def test_durable_jobs_chain_too(gateway: Start) -> None:
             assert r.status_code == 202, r.text
             jobs.append(r.json()["id"])
         chain = poll(
-            lambda: (
-                (c := http.get("/api/chains/nightly").json())["progress"]["done"] == 3 and c
-            ),
+            lambda: (c := http.get("/api/chains/nightly").json())["progress"]["done"] == 3 and c,
             "the three jobs to be done",
         )
         # No length given: the total is not known, and nothing is left once they end.
