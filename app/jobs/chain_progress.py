@@ -85,8 +85,16 @@ class ChainProgress:
         chain, place = found
         return await self._view(chain) | {"shot": place}
 
-    async def chain(self, viewer: str | None, chain_id: str, caller: str | None) -> dict[str, Any]:
-        """The chain `chain_id` with its progress. `viewer`: the caller a user key
+    async def chain(
+        self,
+        viewer: str | None,
+        chain_id: str,
+        caller: str | None,
+        offset: int = 0,
+        limit: int = 200,
+    ) -> dict[str, Any]:
+        """The chain `chain_id` with its progress, and its shots `offset` on (at most
+        `limit`), each with its request's status. `viewer`: the caller a user key
         lists (None: an admin, who names the caller with `caller` when several
         have a chain of that id). NotFound when there is none the viewer may see."""
         await self._catch_up()
@@ -104,7 +112,20 @@ class ChainProgress:
                 "name one with ?caller=",
                 "chain_ambiguous",
             )
-        return await self._view(named[0])
+        chain = named[0]
+        view = await self._view(chain)
+        page = chain.shots[offset : offset + limit]
+        rows = await asyncio.to_thread(shot_rows, self.engine, page)
+        shots = [
+            {
+                "shot": offset + i + 1,
+                "request_id": rid,
+                "status": rows[rid]["status"] if rid in rows else "queued",
+                "http_status": rows[rid]["http_status"] if rid in rows else None,
+            }
+            for i, rid in enumerate(page)
+        ]
+        return view | {"shots": shots, "shots_offset": offset}
 
     async def _catch_up(self) -> None:
         """Fold in the enqueues naming a chain logged since the last look."""

@@ -1,5 +1,6 @@
 """`GET /api/chains` and `GET /api/chains/{id}`: chains (`X-Gpulane-Chain`) with
-their progress (app/jobs/chain_progress.py). A user key sees only its own
+their progress (app/jobs/chain_progress.py), and one chain's shots (`offset`,
+`limit`: 200, at most 1000). A user key sees only its own
 chains, another caller's is 404 as if unknown; an admin sees every caller's
 and names the caller (`?caller=`) when several callers use the same id."""
 
@@ -29,10 +30,13 @@ def chain_routes(chains: ChainProgress) -> list[BaseRouteHandler]:
         request: Request[Any, Any, Any],
         chain_id: FromPath[str],
         caller: FromQuery[str | None] = None,
+        offset: FromQuery[int] = 0,
+        limit: FromQuery[int] = 200,
     ) -> Response[Any]:
         viewer = only_caller(identity(request.scope))
+        page = (max(0, offset), max(1, min(limit, 1000)))
         try:
-            return Response(await chains.chain(viewer, chain_id, caller))
+            return Response(await chains.chain(viewer, chain_id, caller, *page))
         except JobsError as exc:
             return jobs_error(exc)
 
