@@ -55,6 +55,10 @@ def test_a_chain_page_shows_its_progress_its_eta_and_its_shots(gateway: Start, p
         producer.join()
     page.reload()
     expect(page.locator("#chain-summary")).to_contain_text("3 done, 0 running, 3 waiting")
+    # The bar is as wide as the page, as the batch page's.
+    bar = page.locator("#chain-progress").bounding_box()
+    main = page.locator("main").bounding_box()
+    assert bar is not None and main is not None and bar["width"] >= 0.8 * main["width"]
     # The navigation reaches it: Chains lists it, linked to its page.
     page.goto(f"{gw.url}/ui/")
     page.get_by_role("link", name="Chains").click()
