@@ -10,6 +10,7 @@ import pytest
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.jobs.chain_index import ChainIndex
 from app.jobs.chain_progress import chain_progress
+from app.report.render import runs_text
 from app.report.run_times import RunTimes
 from app.runtime.api import LiveState
 from app.store.chains import ChainEnqueue
@@ -108,3 +109,23 @@ def test_a_chain_whose_length_is_unknown_counts_what_came() -> None:
     p = chain_progress(index.chains[("alice", "film-1")], rows, live, TIMES)
     assert (p.total, p.done, p.waiting) == (2, 1, 1)
     assert p.basis is not None and p.basis.unqueued == 0
+
+
+def test_gpulane_queue_prints_a_line_per_chain_with_its_interval_when_given() -> None:
+    base = {"done": 3, "failed": 0, "running": 1, "waiting": 2, "basis": None}
+    known = {"object": "chain", "id": "film-1", "caller": "render", "status": "in_progress"}
+    unknown = known | {"id": "nightly", "caller": None}
+    at = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
+    interval = {"estimated_finish_low_at": at, "estimated_finish_high_at": at + 3600}
+    text = runs_text(
+        [
+            known | {"progress": base | {"total": 10} | interval},
+            unknown | {"progress": base | {"total": None}},
+        ]
+    )
+    first, second = text.splitlines()
+    assert first.startswith("chain film-1 in_progress caller render: 3/10 done, 1 running")
+    assert first.endswith(
+        "; 80% between 2026-01-01 00:00:00.000 UTC and 2026-01-01 01:00:00.000 UTC"
+    )
+    assert second == "chain nightly in_progress: 3/? done, 1 running, 2 waiting, 0 failed"
