@@ -144,6 +144,24 @@ def test_a_film_sent_shot_by_shot_is_one_run_with_progress(gateway: Start) -> No
         text=True,
     )
     assert "shot 2 of 5 of chain film-1" in text.stdout, text.stdout + text.stderr
+    # The replay reads the recorded chain (no guess), and the log verifies.
+    replay = subprocess.run(
+        [sys.executable, "-m", "tools.replay", str(gw.db), "--json", "--no-reference"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert replay.returncode == 0, replay.stderr
+    meta = json.loads(replay.stdout)
+    assert meta["chains"] == "recorded (X-Gpulane-Chain)"
+    assert meta["chained"] >= 1  # shot 3 was sent after shot 2 ended (bob's has one shot)
+    verify = subprocess.run(
+        [sys.executable, "-m", "tools.replay", str(gw.db), "--verify"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
     with gw.client() as http:
         ended = http.get("/api/chains/film-1", headers=as_key(ALICE)).json()["progress"]
         assert (ended["done"], ended["running"], ended["waiting"]) == (3, 0, 2)
