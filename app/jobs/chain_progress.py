@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from app.core.scoring import NS_PER_S
 from app.jobs.chain_index import Chain, ChainIndex, ChainKey
 from app.jobs.errors import Conflict, NotFound
+from app.report.live_queue import Times
 from app.report.progress import Progress, progress
 from app.runtime.api import LiveState
 from app.runtime.scheduler import Scheduler
@@ -165,7 +166,7 @@ class ChainProgress:
         return chain_progress(chain, rows, live, times)
 
 
-def chain_progress(chain: Chain, rows: dict[str, Any], live: LiveState, times: Any) -> Progress:
+def chain_progress(chain: Chain, rows: dict[str, Any], live: LiveState, times: Times) -> Progress:
     """`progress` of a chain whose shots' `requests` rows are `rows`."""
     done = failed = 0
     open_ids: list[str] = []

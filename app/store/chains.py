@@ -1,7 +1,7 @@
 """The queries of chains (`X-Gpulane-Chain`). A chain has no table: its requests'
 `request_enqueued` events name it (`chain`, `chain_length`, with `caller`), and
-each shot's outcome is its row in `requests`. Every function opens its own
-connection, so the web layer calls them in a thread."""
+each shot's outcome is its row in `requests`. The functions given an engine open
+their own connection, so the web layer calls them in a thread."""
 
 from __future__ import annotations
 
@@ -42,14 +42,19 @@ def chain_enqueues(engine: Engine, after_seq: int) -> tuple[list[ChainEnqueue], 
         return _enqueues(conn, after_seq, last), last
 
 
-def _enqueues(conn: sqlalchemy.Connection, after_seq: int, upto_seq: int) -> list[ChainEnqueue]:
+def _enqueues(
+    conn: sqlalchemy.Connection, after_seq: int, upto_seq: int, chain: str | None = None
+) -> list[ChainEnqueue]:
+    # An id has no quote or backslash (app/web/chain_headers.py), so it is in the
+    # JSON as it is; a `_` in it matches any character here, and the decode decides.
+    like = _NAMES_A_CHAIN if chain is None else f'%"chain":"{chain}"%'
     query = (
         select(events.c.seq, events.c.data)
         .where(
             events.c.seq > after_seq,
             events.c.seq <= upto_seq,
             events.c.type == "request_enqueued",
-            events.c.data.like(_NAMES_A_CHAIN),
+            events.c.data.like(like),
         )
         .order_by(events.c.seq)
     )
@@ -72,7 +77,7 @@ def chain_place(
     chain's length as last given (None if never)."""
     order: dict[str, int] = {}
     length: int | None = None
-    for e in _enqueues(conn, 0, 1 << 62):
+    for e in _enqueues(conn, 0, 1 << 62, chain):
         if e.chain == chain and e.caller == caller:
             order.setdefault(e.request_id, len(order) + 1)
             if e.chain_length is not None:
