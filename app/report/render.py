@@ -292,17 +292,9 @@ def runs_text(runs: list[dict[str, Any]]) -> str:
             text = progress_text(msgspec.convert(found, Progress))
             if total is None:
                 text = text.replace(f"/{found['total']} done", "/? done", 1)
-            line += ": " + text + interval_text(found)
+            line += ": " + text  # with the interval when the estimate gives one
         out.append(line)
     return "\n".join(out) + ("\n" if out else "")
-
-
-def interval_text(found: dict[str, Any]) -> str:
-    """`; 80% between 14:02 and 16:40` when the estimate gives an interval."""
-    low, high = found.get("estimated_finish_low_at"), found.get("estimated_finish_high_at")
-    if low is None or high is None:
-        return ""
-    return f"; 80% between {stamp(low)} and {stamp(high)}"
 
 
 def duration(seconds: float) -> str:

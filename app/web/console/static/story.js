@@ -62,7 +62,8 @@ export async function render(main, info, id) {
     const p = c.progress;
     const of = c.length !== null && c.length !== undefined ? ` of ${c.length}` : "";
     const href = "/ui/chains/" + encodeURIComponent(c.id) + (info.caller || !story.caller ? "" : "?caller=" + encodeURIComponent(story.caller));
-    const eta = p && p.estimated_finish_at !== null ? `, the chain expected to end at ${clock(p.estimated_finish_at)}` : "";
+    const within = p && p.estimated_finish_low_at != null ? ` (80% between ${clock(p.estimated_finish_low_at)} and ${p.estimated_finish_high_at === null ? "?" : clock(p.estimated_finish_high_at)})` : "";
+    const eta = p && p.estimated_finish_at !== null ? `, the chain expected to end at ${clock(p.estimated_finish_at)}${within}` : "";
     facts.push(["chain", [`shot ${c.shot}${of} of `, h("a", { href, id: "story-chain" }, c.id), eta]]);
   }
   if (story.waiting) {
