@@ -37,6 +37,7 @@ def test_each_enqueue_naming_a_chain_is_read_once(tmp_path: Path) -> None:
     try:
         found, last = chain_enqueues(engine, 0)
         assert [(e.request_id, e.chain, e.chain_length) for e in found] == [
+            ("a0", "filmX1", None),
             ("a1", "film_1", 3),
             ("a2", "film_1", None),
         ]
@@ -49,7 +50,7 @@ def test_each_enqueue_naming_a_chain_is_read_once(tmp_path: Path) -> None:
             # `_` is a LIKE wildcard: filmX1 matches the pattern, and is not film_1.
             assert chain_place(conn, "alice", "film_1", "a2") == (2, 3)
             assert chain_place(conn, "bob", "film_1", "b1") == (1, None)
-            assert chain_place(conn, "alice", "filmX1", "a3") == (1, None)
+            assert chain_place(conn, "alice", "filmX1", "a3") == (2, None)
             assert chain_place(conn, "alice", "film_1", "b1") == (0, 3)
     finally:
         engine.dispose()
