@@ -30,9 +30,8 @@ def enqueued(rid: str, chain: str | None, caller: str | None = "alice", **kw: in
 
 def test_each_enqueue_naming_a_chain_is_read_once(tmp_path: Path) -> None:
     db = tmp_path / "log.db"
-    write_log(
-        db, [enqueued("a1", "film_1", length=3), enqueued("x", None), enqueued("a2", "film_1")]
-    )
+    first = [enqueued("a0", "filmX1"), enqueued("a1", "film_1", length=3), enqueued("x", None)]
+    write_log(db, [*first, enqueued("a2", "film_1")])
     engine = open_database(str(db))
     try:
         found, last = chain_enqueues(engine, 0)
