@@ -97,13 +97,14 @@ class ChainProgress:
         """The chain `chain_id` with its progress, and its shots `offset` on (at most
         `limit`), each with its request's status. `viewer`: the caller a user key
         lists (None: an admin, who names the caller with `caller` when several
-        have a chain of that id). NotFound when there is none the viewer may see."""
+        have a chain of that id, "" for the anonymous one). NotFound when there is
+        none the viewer may see."""
         await self._catch_up()
         named = self.index.named(chain_id)
         if viewer is not None:
             named = [c for c in named if c.caller == viewer]
-        elif caller is not None:
-            named = [c for c in named if c.caller == caller]
+        elif caller is not None:  # "" names the anonymous caller (no label is empty)
+            named = [c for c in named if c.caller == (caller or None)]
         if not named:
             raise NotFound(f"no chain {chain_id!r}", "chain_not_found")
         if len(named) > 1:
