@@ -143,6 +143,11 @@ class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
     max_wait_ns: int | None = None
     """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`); when it
     passes the request is cancelled with reason `deadline`."""
+    chain: str | None = None
+    """The chain the caller named (`X-Gpulane-Chain`), the caller's own id: with
+    `caller` it names one chain. None: none named (and every log before chains)."""
+    chain_length: int | None = None
+    """How many requests the caller said the chain has (`X-Gpulane-Chain-Length`)."""
 
 
 class ScoresComputed(Event, tag="scores_computed", frozen=True):

@@ -48,6 +48,7 @@ from app.report.story import (
     CAUSES,
     Ahead,
     Cause,
+    ChainPlace,
     Decision,
     Explanation,
     HeldFor,
@@ -59,6 +60,7 @@ from app.report.story import (
     SwapWaited,
 )
 from app.report.waits import waits_for
+from app.store.chains import chain_place
 from app.store.event_store import event_rows
 from app.store.explain_queries import (
     event_at,
@@ -103,6 +105,9 @@ def explain(
         for seq, data in event_rows(conn, after_seq=start - 1):
             if story.feed(seq, ev.decode(data)):
                 break
+        if story.chain is not None:
+            shot, length = chain_place(conn, row["caller"], story.chain, request_id)
+            story.chain_place = ChainPlace(story.chain, shot, length)
     as_of = now_ns if now_ns is not None else story.last_event_ns
     if story.phase == "waiting" and run_times is None:
         run_times = load_run_times(engine)
@@ -314,6 +319,9 @@ class _Story:
         """The request whose load evicted its model while it waited."""
         self.callers: dict[str, str | None] = {}
         """Callers of the requests `held` names."""
+        self.chain: str | None = None
+        """The chain its enqueue names (`X-Gpulane-Chain`)."""
+        self.chain_place: ChainPlace | None = None
 
     # -- events ---------------------------------------------------------------
 
@@ -324,6 +332,7 @@ class _Story:
         if mine and isinstance(event, ev.RequestEnqueued):
             self.requested_priority = event.requested_priority
             self.priority_ignored = event.priority_ignored
+            self.chain = event.chain
         if self.phase == "before":
             depth = len(self.replay.state.queue)
             self.replay.feed(event)
@@ -629,6 +638,7 @@ class _Story:
             replay_matches=self.replay_matches,
             requested_priority=self.requested_priority,
             priority_ignored=self.priority_ignored,
+            chain=self.chain_place,
             failed_loads=self.failed_loads,
             held_for=[
                 HeldFor(

@@ -121,6 +121,8 @@ def explanation_text(x: Explanation) -> str:
     out.append(
         f"  arrived {stamp(x.arrived_at)} · priority {x.priority} ({x.band}) · attempt {x.attempt}"
     )
+    if x.chain is not None:
+        out.append(f"  {x.chain.text()}")
     if x.status == "rejected":
         assert x.outcome is not None
         out.append(f"  rejected at admission: HTTP {x.outcome.http_status}: {x.outcome.error}")
@@ -276,14 +278,21 @@ def progress_text(p: Progress) -> str:
 
 
 def runs_text(runs: list[dict[str, Any]]) -> str:
-    """The open batches of `/api/queue`'s `runs`, one line each."""
+    """The open batches and chains of `/api/queue`'s `runs`, one line each."""
     out = []
     for run in runs:
         found = run.get("progress")
         who = f" caller {run['caller']}" if run.get("caller") else ""
-        line = f"batch {run['id']} {run['status']}{who}"
+        line = f"{run.get('object', 'batch')} {run['id']} {run['status']}{who}"
         if found is not None:
-            line += ": " + progress_text(msgspec.convert(found, Progress))
+            total = found.get("total")
+            if total is None:  # a chain whose length was not given: what came so far
+                sent = found["done"] + found["failed"] + found["running"] + found["waiting"]
+                found = found | {"total": sent}
+            text = progress_text(msgspec.convert(found, Progress))
+            if total is None:
+                text = text.replace(f"/{found['total']} done", "/? done", 1)
+            line += ": " + text  # with the interval when the estimate gives one
         out.append(line)
     return "\n".join(out) + ("\n" if out else "")
 

@@ -158,6 +158,21 @@ class Position(msgspec.Struct, frozen=True):
     estimated_start_in_s: float
 
 
+class ChainPlace(msgspec.Struct, frozen=True):
+    """The chain a request is a shot of (`X-Gpulane-Chain`, its caller's id) and
+    where: `shot` 40 of `length` 174."""
+
+    id: str
+    shot: int
+    """Its place in the order the chain's requests first arrived (1: the first)."""
+    length: int | None = None
+    """The chain's length as its caller last gave it; None: never given."""
+
+    def text(self) -> str:
+        of = f" of {self.length}" if self.length is not None else ""
+        return f"shot {self.shot}{of} of chain {self.id}"
+
+
 class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     model: str | None
@@ -209,3 +224,5 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     when the key's maxPriority lowered it."""
     priority_ignored: str | None = None
     """Why its priority header was ignored (it was no priority), if it was."""
+    chain: ChainPlace | None = None
+    """The chain it is a shot of, if its caller named one."""

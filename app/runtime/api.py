@@ -40,6 +40,10 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     job: dict[str, Any] | None = None
     max_wait_ns: int | None = None
     """The longest the caller will wait in the queue (`X-Gpulane-Max-Wait`)."""
+    chain: str | None = None
+    """`X-Gpulane-Chain`: the caller's run this request belongs to."""
+    chain_length: int | None = None
+    """`X-Gpulane-Chain-Length`: how many requests that run has."""
     request_id: str | None = None
     """Chosen by the caller (a durable job's body is stored under it first); else new."""
 
@@ -61,6 +65,8 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
             job=self.job,
             expected_run_ns=expected_run_ns,
             max_wait_ns=self.max_wait_ns,
+            chain=self.chain,
+            chain_length=self.chain_length,
         )
 
 

@@ -33,6 +33,8 @@ class _Request(msgspec.Struct):
     """Seq of the terminal event of the current attempt, if any."""
     process: int = 0
     """The process (format-2 restarts so far) that enqueued or restored it."""
+    chain: str | None = None
+    """The chain its first enqueue named (`X-Gpulane-Chain`)."""
 
 
 class _Swap(msgspec.Struct, frozen=True):
@@ -73,8 +75,10 @@ class LogAudit:
             self.flag(seq, f"{ev.type_name(event)} cannot be folded: {exc!r}")
         match event:
             case ev.RequestEnqueued(request_id=rid, attempt=attempt):
+                first = rid not in self._requests
                 self._new_attempt(rid, attempt)
                 self._requests[rid].process = self._process
+                self._chain(seq, event, first)
             case ev.RequestRestored(request_id=rid):
                 self._restored(seq, rid)
             case ev.RequestRequeued(request_id=rid, attempt=attempt):
@@ -145,6 +149,25 @@ class LogAudit:
                         f"swap from {model} started while the log has "
                         f"{', '.join(serving)} still running on it: a terminal event is missing",
                     )
+
+    def _chain(self, seq: int, e: ev.RequestEnqueued, first: bool) -> None:
+        """A chain's length belongs to a chain and is 1 or more; a request stays in
+        the chain its first enqueue named (readers place it there once)."""
+        if e.chain_length is not None and (e.chain is None or e.chain_length < 1):
+            self.flag(
+                seq,
+                f"request_enqueued for {e.request_id} has chain_length {e.chain_length} "
+                + ("without a chain" if e.chain is None else "below 1"),
+            )
+        known = self._requests[e.request_id]
+        if first:
+            known.chain = e.chain
+        elif e.chain != known.chain:
+            self.flag(
+                seq,
+                f"request_enqueued for {e.request_id} names chain {e.chain!r}; its first "
+                f"enqueue named {known.chain!r}",
+            )
 
     def _new_attempt(self, rid: str, attempt: int) -> None:
         state = self._requests.get(rid)

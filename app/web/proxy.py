@@ -24,6 +24,7 @@ from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import UpstreamStartError
 from app.web.auth import ANONYMOUS, identify
+from app.web.chain_headers import read_chain
 from app.web.errors import send_error, send_refused
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
 from app.web.jobs import JobDoor
@@ -73,6 +74,7 @@ class Proxy:
             identity = identify(scope, headers)
             priority = identity.grant(asked)
             max_wait = max_wait_ns(headers)
+            chain, chain_length = read_chain(headers)
             body = await read_body(receive, self.config.max_body_bytes)
             doc: dict[str, Any] | None = None
             if source == "query":
@@ -115,6 +117,8 @@ class Proxy:
             priority_ignored=ignored_priority(headers.get(HEADER.lower())),
             caller=identity.caller,
             max_wait_ns=max_wait,
+            chain=chain,
+            chain_length=chain_length,
         )
         path = forwarded_path(endpoint)
         job = None
@@ -177,6 +181,7 @@ class Proxy:
         try:
             identity = identify(scope, headers)
             max_wait = max_wait_ns(headers)
+            chain, chain_length = read_chain(headers)
             body = await read_body(receive, self.config.max_body_bytes)
         except BadRequest as exc:
             await send_error(send, exc.status, exc.message, code=exc.code)
@@ -192,6 +197,8 @@ class Proxy:
             priority_ignored=ignored_priority(headers.get(HEADER.lower())),
             caller=identity.caller,
             max_wait_ns=max_wait,
+            chain=chain,
+            chain_length=chain_length,
         )
         await self._run(scope, receive, send, admission, body, headers, upstream_path=path)
 

@@ -28,7 +28,8 @@ from app.web.live_queue_view import live_queue_view
 
 
 class Runs(Protocol):
-    """The batches' progress (app/web/batches.py, BatchRunner)."""
+    """The batches' progress (app/jobs/batch_progress.py), the chains'
+    (app/jobs/chain_progress.py)."""
 
     async def runs(self, caller: str | None) -> list[dict[str, Any]]: ...
 
@@ -36,11 +37,15 @@ class Runs(Protocol):
 
 
 def report_routes(
-    scheduler: Scheduler, engine: Engine | None, runs: Runs | None = None
+    scheduler: Scheduler,
+    engine: Engine | None,
+    runs: Runs | None = None,
+    chains: Runs | None = None,
 ) -> list[BaseRouteHandler]:
     """The handlers; scheduler state is read on the event loop, the database in
-    threads. `runs` gives the open batches with their progress and ETA: listed
-    in `/api/queue` as `runs`, and a line's explanation carries its `batch`."""
+    threads. `runs` gives the open batches with their progress and ETA, `chains`
+    the open chains: listed in `/api/queue` as `runs`, and a line's explanation
+    carries its `batch`, a shot's its `chain` (with its place, `shot`)."""
     run_times = CachedRunTimes(engine)
 
     @get("/api/queue")
@@ -49,6 +54,8 @@ def report_routes(
         caller = only_caller(identity(request.scope))
         doc = msgspec.to_builtins(queue_seen_by(view, caller))
         doc["runs"] = [] if runs is None else await runs.runs(caller)
+        if chains is not None:
+            doc["runs"] += await chains.runs(caller)
         return Response(doc)
 
     @get("/api/requests/{request_id:str}/explain")
@@ -72,10 +79,14 @@ def report_routes(
         found = position_of(live.state, live.running_since, live.now_ns, durations, request_id)
         if found is not None:
             story = msgspec.structs.replace(story, waiting=live_position(found, live.now_ns))
+        doc = msgspec.to_builtins(story)
         run = None if runs is None else await runs.run_of(request_id)
-        if run is None:
-            return Response(story)
-        return Response(msgspec.to_builtins(story) | {"batch": run})
+        if run is not None:
+            doc["batch"] = run
+        chain = None if chains is None else await chains.run_of(request_id)
+        if chain is not None:
+            doc["chain"] = (doc.get("chain") or {}) | chain  # its place, and the chain's progress
+        return Response(doc)
 
     return [live_queue, explain_request]
 

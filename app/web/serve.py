@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from app import __version__
 from app.config import Config, ConfigError, load_config
 from app.jobs.batches import Batches
+from app.jobs.chain_progress import ChainProgress
 from app.jobs.durable import Jobs
 from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
@@ -40,6 +41,7 @@ from app.store.samples import recent_runs, recent_samples
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
 from app.web.batches import batch_routes, line_encoder
+from app.web.chains import chain_routes
 from app.web.console.batch_lines import batch_line_routes
 from app.web.files import FileStore, file_routes
 from app.web.forward import Forwarder
@@ -236,13 +238,15 @@ def extra_routes(
     batches, reports, admin (tests/e2e/test_user_view.py walks them all with a
     user key)."""
     batches = batches or Batches(jobs, line_encoder(jobs.config))
+    chains = ChainProgress(scheduler, engine)
     return [
         *job_routes(jobs),
         *file_routes(FileStore(jobs.config, engine)),
         *batch_routes(batches),
         *batch_line_routes(batches),
         *response_routes(jobs),
-        *report_routes(scheduler, engine, batches.progress),
+        *chain_routes(chains),
+        *report_routes(scheduler, engine, batches.progress, chains),
         *admin_routes(scheduler),
     ]
 

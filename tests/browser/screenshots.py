@@ -53,6 +53,9 @@ WAITING = [
 ]
 
 
+FILM_SHOTS = 8
+
+
 def post(gw: Gateway, model: str, caller: str, band: str, delay: float) -> int:
     body = {
         "model": model,
@@ -60,6 +63,8 @@ def post(gw: Gateway, model: str, caller: str, band: str, delay: float) -> int:
         "fake": {"delay": delay},
     }
     headers = {"X-Gpulane-Caller": caller, "X-LlamaSwap-Priority": band}
+    if caller == "render-bot":  # a film, shot by shot: one chain (docs/jobs.md, Chains)
+        headers |= {"X-Gpulane-Chain": "film-1", "X-Gpulane-Chain-Length": str(FILM_SHOTS)}
     return httpx.post(
         gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=120
     ).status_code
@@ -108,13 +113,16 @@ def main(out: Path) -> int:
                 page.goto(gw.url + "/ui/history")
                 expect(page.locator("#history tbody tr")).not_to_have_count(0)
                 page.screenshot(path=out / "history.png", full_page=True)
+                page.goto(gw.url + "/ui/chains/film-1")
+                expect(page.locator("#chain-eta")).to_contain_text("Expected to end at")
+                page.screenshot(path=out / "chain.png", full_page=True)
                 browser.close()
             busy.result()
             for f in waiting:
                 f.result()
         finally:
             gw.stop()
-    for name in ("queue", "timeline", "story", "models", "history"):
+    for name in ("queue", "timeline", "story", "models", "history", "chain"):
         print(out / f"{name}.png")
     return 0
 

@@ -73,6 +73,7 @@ models:
 """
 
 ASYNC = {"Prefer": "respond-async"}
+BOB_CHAIN, ALICE_CHAIN = "reel-bob-4471", "reel-alice"
 
 
 def as_key(who: str) -> dict[str, str]:
@@ -84,9 +85,16 @@ def chat(model: str, **fake: Any) -> dict[str, Any]:
 
 
 def submit(
-    client: httpx.Client, who: str, model: str, priority: str = "normal", **fake: Any
+    client: httpx.Client,
+    who: str,
+    model: str,
+    priority: str = "normal",
+    chain: str | None = None,
+    **fake: Any,
 ) -> str:
     headers = ASYNC | as_key(who) | {"X-LlamaSwap-Priority": priority}
+    if chain is not None:
+        headers["X-Gpulane-Chain"] = chain
     r = client.post("/v1/chat/completions", json=chat(model, **fake), headers=headers)
     assert r.status_code == 202, r.text
     return str(r.json()["id"])
@@ -202,6 +210,8 @@ ROUTES = {
             "/ui",
             "/ui/batches",
             "/ui/batches/{batch_id:str}",
+            "/ui/chains",
+            "/ui/chains/{chain_id:str}",
             "/ui/history",
             "/ui/models",
             "/ui/requests/{request_id:str}",
@@ -214,6 +224,7 @@ ROUTES = {
     "/ui/api/history": LIST,
     "/ui/api/timeline": LIST,
     "/v1/batches": LIST,
+    "/api/chains": LIST,
     "/v1/files": LIST,
     "/v1/jobs": LIST,
     "/api/queue": LIVE,
@@ -223,6 +234,7 @@ ROUTES = {
     "/ui/api/requests/{request_id:str}/events": ONE,
     "/ui/api/batches/{batch_id:str}/lines": ONE,
     "/v1/batches/{batch_id:str}": ONE,
+    "/api/chains/{chain_id:str}": ONE,
     "/v1/files/{file_id:str}": ONE,
     "/v1/files/{file_id:str}/content": ONE,
     "/v1/jobs/{job_id:str}": ONE,
@@ -258,6 +270,7 @@ class Ids:
     file: str
     batch: str
     response: str
+    chain: str
 
 
 @dataclass(frozen=True)
@@ -275,9 +288,9 @@ def probes(path: str, ids: Ids) -> list[Probe]:
     listing shows."""
     kind = ROUTES[path]
     values = {"request_id": ids.request, "job_id": ids.job, "file_id": ids.file}
-    values |= {"batch_id": ids.batch, "response": ids.response}
+    values |= {"batch_id": ids.batch, "response": ids.response, "chain_id": ids.chain}
     values |= {"path": "openapi.json", "name": "Y" if path.startswith("/logs/") else "main.js"}
-    ids_named = {"request_id", "job_id", "file_id", "batch_id", "response"}
+    ids_named = {"request_id", "job_id", "file_id", "batch_id", "response", "chain_id"}
     asked = tuple(values[name] for name in re.findall(r"\{(\w+)", path) if name in ids_named)
 
     def one(m: re.Match[str]) -> str:
@@ -369,23 +382,35 @@ class World:
         wait_status(c, bob_done, "completed")
         alice_done = submit(c, "alice", "Y")
         wait_status(c, alice_done, "completed")
-        self.hold = submit(c, "bob", "X", hang=True)
+        self.hold = submit(c, "bob", "X", chain=BOB_CHAIN, hang=True)
         wait_status(c, self.hold, "running")
         self.ahead = submit(c, "bob", "Y", delay=0.2)
-        self.alice = submit(c, "alice", "Y")
+        self.alice = submit(c, "alice", "Y", chain=ALICE_CHAIN)
         behind = submit(c, "bob", "Y", "batch")
         admin = submit(c, "admin", "Y")
         bob_file, bob_batch = upload_batch(c, "bob", BOB_CUSTOM_ID, reply=BOB_REPLY)
         alice_file, alice_batch = upload_batch(c, "alice", "alice-line")
         self.ids = {
             "bob": Ids(
-                self.hold, bob_done, bob_file, bob_batch, background(c, "bob", reply=BOB_REPLY)
+                self.hold,
+                bob_done,
+                bob_file,
+                bob_batch,
+                background(c, "bob", reply=BOB_REPLY),
+                BOB_CHAIN,
             ),
-            "alice": Ids(self.alice, alice_done, alice_file, alice_batch, background(c, "alice")),
+            "alice": Ids(
+                self.alice,
+                alice_done,
+                alice_file,
+                alice_batch,
+                background(c, "alice"),
+                ALICE_CHAIN,
+            ),
         }
         bob = self.ids["bob"]
         self.others += [bob_done, self.hold, self.ahead, behind, admin]
-        self.others += [bob.file, bob.batch, bob.response, BOB_CUSTOM_ID, BOB_REPLY]
+        self.others += [bob.file, bob.batch, bob.response, bob.chain, BOB_CUSTOM_ID, BOB_REPLY]
         self.jobs = [self.ahead, self.alice, behind, admin]
 
     def finish(self) -> None:

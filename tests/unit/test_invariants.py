@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from app.core import events as ev
 from app.store.invariants import audit
 
@@ -137,3 +141,20 @@ def test_a_swap_failed_with_none_in_progress() -> None:
 
 def test_a_restart_ends_the_swap_in_progress() -> None:
     assert violations(swap("a"), restart(), swap("b"), swapped("b")) == []
+
+
+def chained(rid: str, chain: str | None, length: int | None = None, attempt: int = 1) -> Any:
+    return msgspec.structs.replace(enq(rid, attempt), chain=chain, chain_length=length)
+
+
+def test_a_chain_length_needs_a_chain_and_a_request_keeps_its_chain() -> None:
+    ok = [chained("a", "film", 3), dispatch("a"), done("a"), chained("a", "film", 4, attempt=2)]
+    assert violations(*ok) == []
+    assert violations(chained("b", None, 3), chained("c", "film", 0)) == [
+        (1, "request_enqueued for b has chain_length 3 without a chain"),
+        (2, "request_enqueued for c has chain_length 0 below 1"),
+    ]
+    moved = violations(
+        chained("d", "film"), dispatch("d"), failed("d"), chained("d", None, attempt=2)
+    )
+    assert moved == [(4, "request_enqueued for d names chain None; its first enqueue named 'film'")]

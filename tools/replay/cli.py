@@ -132,9 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_CHAIN_GAP_NS / 1e9,
         metavar="S",
-        help="a guess (no event names a request's predecessor): a caller's request sent within "
-        "S seconds of its previous one's end is sent after it in every run, in chains of 3 "
-        "requests at least (default 5; 0: arrivals are fixed)",
+        help="for a log that names no chain (X-Gpulane-Chain), a guess: a caller's request "
+        "sent within S seconds of its previous one's end is sent after it in every run, in "
+        "chains of 3 requests at least (default 5; 0: arrivals are fixed). A log that names "
+        "its chains is replayed with them, and this is not used",
     )
     p.add_argument("--no-reference", action="store_true", help="omit the reference policies")
     p.add_argument(
@@ -297,7 +298,9 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             for m in workload.models
         },
         "chained": sum(1 for r in workload.requests if r.after >= 0),
-        "chains": "guessed from timing: no event names a request's predecessor",
+        "chains": "recorded (X-Gpulane-Chain)"
+        if workload.chains_recorded
+        else "guessed from timing: no event names a request's predecessor",
         "seconds": round(time.perf_counter() - t0, 3),
     }
     if args.plot:
@@ -315,7 +318,10 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             + (f"; spread over {args.shake} shaken runs (noise {args.noise})" if args.shake else "")
             + f"\npatience of served clients: {describe(extracted, patience)}"
         )
-        print(report.table(rows, header, error=error, by=by), end="")
+        print(
+            report.table(rows, header, error=error, by=by, guessed=not workload.chains_recorded),
+            end="",
+        )
     return 0
 
 

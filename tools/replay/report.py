@@ -454,8 +454,10 @@ def table(
     *,
     error: dict[str, dict[str, float]] | None = None,
     by: Sequence[str] = (),
+    guessed: bool = True,
 ) -> str:
-    """The side-by-side report; `by` adds per-"caller" and per-"model" sections."""
+    """The side-by-side report; `by` adds per-"caller" and per-"model" sections;
+    `guessed`: its chains were guessed from timing (the log names none)."""
     out = io.StringIO()
     if header:
         out.write(header + "\n\n")
@@ -530,12 +532,12 @@ def table(
             "makespan",
             "reorders age/aff/fair/short",
             "worst wait",
-            "longest chain (guessed)",
+            "longest chain (guessed)" if guessed else "longest chain",
         ],
         overall,
         name_w,
     )
-    if any(r["chains"]["count"] for r in rows):
+    if guessed and any(r["chains"]["count"] for r in rows):
         out.write(
             "chains are guessed from timing (no event names a request's predecessor): a "
             "caller's request sent within --chain-gap of its previous one's end, with "

@@ -9,12 +9,14 @@
   cancelled or abandoned while waiting, how long its client waited before leaving;
 - per model: the measured load time, and the unload time of a model a swap evicted
   (medians when there are several);
-- chains, a guess from timing (no event names a request's predecessor): a request a
-  caller sent within `chain_gap` of its previous request's end, with nothing else of
-  that caller open, is recorded as sent *after* that request, so a what-if run delays
-  it as the real client would have (the film scenario's render submits each shot when
-  the previous one finishes); a chain of fewer than `MIN_CHAIN` requests is taken for
-  a coincidence and unlinked;
+- chains: a request its caller named part of a chain (`X-Gpulane-Chain`, recorded
+  with its enqueue) is sent *after* the chain's previous request when it arrived
+  once that one had ended, so a what-if run delays it as the real client would have
+  (the film scenario's render submits each shot when the previous one finishes).
+  A log naming no chain gets a guess from timing instead: a request a caller sent
+  within `chain_gap` of its previous request's end, with nothing else of that
+  caller open, is linked the same way; a guessed chain of fewer than `MIN_CHAIN`
+  requests is taken for a coincidence and unlinked;
 - the recorded run itself (`RunResult`), for the first row of every report.
 """
 
@@ -69,6 +71,8 @@ class Request:
     """What its enqueue recorded as its expected run time (None: no history then)."""
     max_wait_ns: int | None = None
     """Its caller's deadline (`X-Gpulane-Max-Wait`): the server cancels it then."""
+    chain: str | None = None
+    """The chain its caller named (`X-Gpulane-Chain`), the caller's own id."""
     waited_ns: int | None = None
     """In the recorded run: arrival to dispatch, when it was dispatched. Its client
     was still there then, so its patience was at least this."""
@@ -159,6 +163,9 @@ class Workload:
     slots: dict[str, int] = field(default_factory=dict)
     """serial: each model's slots as the last `server_started` records them (log format
     4 on; an older serial log ran one request at a time, and has none here)."""
+    chains_recorded: bool = False
+    """The log names its chains (`X-Gpulane-Chain`): `after` links follow them, and
+    nothing is guessed from timing."""
 
     @property
     def expected_recorded(self) -> bool:
@@ -257,6 +264,7 @@ def extract_events(
                         durable=e.durable,
                         expected_run_ns=e.expected_run_ns,
                         max_wait_ns=e.max_wait_ns,
+                        chain=e.chain,
                     )
                 )
                 first_ns = arrival if first_ns is None else min(first_ns, arrival)
@@ -343,7 +351,11 @@ def extract_events(
         if s.dispatched_ns >= 0:
             busy.append((s.dispatched_ns, s.ended_ns if s.ended_ns >= 0 else s.dispatched_ns))
     _estimate_unrun(requests, seen)
-    _link_chains(requests, seen, chain_gap_ns)
+    chains_recorded = any(r.chain is not None for r in requests)
+    if chains_recorded:
+        _link_recorded_chains(requests, seen)
+    else:
+        _link_chains(requests, seen, chain_gap_ns)
     recorded = RunResult(
         start_ns=start_ns,
         end_ns=end_ns,
@@ -367,6 +379,7 @@ def extract_events(
         caller_weights=caller_weights,
         router=router,
         slots=slots,
+        chains_recorded=chains_recorded,
     )
 
 
@@ -407,6 +420,26 @@ def _estimate_unrun(requests: list[Request], seen: dict[str, _Seen]) -> None:
         samples = by_key.get((r.model, r.priority >= 50)) or by_model.get(r.model)
         r.run_ns = int(statistics.median_low(samples)) if samples else 0
         r.run_estimated = True
+
+
+def _link_recorded_chains(requests: list[Request], seen: dict[str, _Seen]) -> None:
+    """Each request of a named chain after the chain's previous one, when it arrived
+    once that one had ended (a request sent while its predecessor still ran did
+    not wait for it, and keeps its arrival)."""
+    ends = {s.index: s.ended_ns for s in seen.values()}
+    last_of: dict[tuple[str | None, str], int] = {}  # (caller, chain) -> latest index
+    for i, r in enumerate(requests):
+        if r.chain is None:
+            continue
+        key = (r.caller, r.chain)
+        prev = last_of.get(key)
+        last_of[key] = i
+        if prev is None:
+            continue
+        prev_end = ends.get(prev, -1)
+        if prev_end >= 0 and r.arrival_ns >= prev_end:
+            r.after = prev
+            r.think_ns = r.arrival_ns - prev_end
 
 
 def _link_chains(requests: list[Request], seen: dict[str, _Seen], gap_ns: int) -> None:

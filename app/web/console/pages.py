@@ -45,7 +45,12 @@ def page_routes() -> list[BaseRouteHandler]:
         return Redirect("/ui/")
 
     @get(
-        [*PAGES, "/ui/requests/{request_id:str}", "/ui/batches/{batch_id:str}"],
+        [
+            *PAGES,
+            "/ui/requests/{request_id:str}",
+            "/ui/batches/{batch_id:str}",
+            "/ui/chains/{chain_id:str}",
+        ],
         sync_to_thread=False,
         include_in_schema=False,
         response_headers=SECURITY_HEADERS,

@@ -62,16 +62,16 @@ async def add_security_headers(message: Message, scope: Scope) -> None:
     message["headers"] = headers
 
 
-PAGES = ("/ui/", "/ui/timeline", "/ui/models", "/ui/batches", "/ui/history")
-"""Page paths (plus /ui/requests/ID and /ui/batches/ID): each serves the same shell,
-which draws the page."""
+PAGES = ("/ui/", "/ui/timeline", "/ui/models", "/ui/batches", "/ui/chains", "/ui/history")
+"""Page paths (plus /ui/requests/ID, /ui/batches/ID and /ui/chains/ID): each serves
+the same shell, which draws the page."""
 
 
 def is_open_console_path(path: str) -> bool:
     """A path with no data behind it: `/`, the shells and the static assets."""
     if path in ("/", "/ui") or path in PAGES or path.startswith("/ui/static/"):
         return True
-    for page in ("/ui/requests/", "/ui/batches/"):
+    for page in ("/ui/requests/", "/ui/batches/", "/ui/chains/"):
         rest = path.removeprefix(page)
         if rest != path and "/" not in rest:
             return True

@@ -1,7 +1,8 @@
 // Batch page: its progress (a bar and the estimated finish, with what it rests on),
 // then its lines, each linked to its request's story.
 import { api } from "./api.js";
-import { duration, h, stamp, storyLink, table } from "./dom.js";
+import { h, stamp, storyLink, table } from "./dom.js";
+import { progressSection } from "./progress.js";
 
 const PAGE = 200;
 
@@ -24,7 +25,7 @@ export async function render(main, info, id) {
     ["expires", stamp(batch.expires_at)],
   ];
   const sections = [h("h1", {}, "Batch ", h("code", { id: "batch-id" }, batch.id)), h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]))];
-  if (p) sections.push(progressSection(p, batch.status));
+  if (p) sections.push(progressSection(p, { prefix: "batch", ended: ENDED.has(batch.status) }));
   main.append(...sections);
   const lines = h("section", { id: "batch-lines" }, h("h2", {}, "Lines"));
   main.append(lines);
@@ -33,23 +34,6 @@ export async function render(main, info, id) {
 
 // A batch that has ended (whatever became of its lines) shows a full bar.
 const ENDED = new Set(["completed", "failed", "cancelled", "expired"]);
-
-function progressSection(p, status) {
-  const ended = ENDED.has(status) ? Math.max(1, p.total) : p.done + p.failed;
-  const summary = `${p.done} done, ${p.running} running, ${p.waiting} waiting, ${p.failed} failed of ${p.total}`;
-  const parts = [
-    h("h2", {}, "Progress"),
-    h("progress", { id: "batch-progress", max: Math.max(1, p.total), value: ended, "aria-label": summary }, `${ended} / ${p.total}`),
-    h("p", { id: "batch-summary" }, summary),
-  ];
-  if (p.estimated_finish_at !== null && p.basis) {
-    const b = p.basis;
-    const runs = Object.entries(b.run_s).map(([m, x]) => `${m} ${duration(x)}`).join(", ");
-    parts.push(h("p", { id: "batch-eta" }, `Expected to end at ${stamp(p.estimated_finish_at)} (in ${duration(p.estimated_finish_in_s)}).`));
-    parts.push(h("p", { class: "muted" }, `From the queue as it stands: ${b.ahead} other requests expected first, ${b.swaps} model loads, median run ${runs}` + (b.unqueued ? `, ${b.unqueued} lines not queued yet` : "") + ". Work that arrives later and goes first is not foreseen."));
-  }
-  return h("section", {}, parts);
-}
 
 async function drawLines(section, id, offset) {
   const page = await api(`/ui/api/batches/${encodeURIComponent(id)}/lines?offset=${offset}&limit=${PAGE}`);

@@ -10,6 +10,8 @@ const ROUTES = [
   [/^\/ui\/requests\/([^/]+)$/, "story"],
   [/^\/ui\/batches$/, "batches"],
   [/^\/ui\/batches\/([^/]+)$/, "batch"],
+  [/^\/ui\/chains$/, "chains"],
+  [/^\/ui\/chains\/([^/]+)$/, "chain"],
 ];
 
 async function start() {

@@ -57,6 +57,15 @@ export async function render(main, info, id) {
     const eta = p && p.estimated_finish_at !== null ? `, expected to end at ${clock(p.estimated_finish_at)}` : "";
     facts.push(["batch", [h("a", { href: "/ui/batches/" + encodeURIComponent(b.id), id: "story-batch" }, b.id), p ? ` · ${p.done + p.failed} of ${p.total} ended${eta}` : ""]]);
   }
+  if (story.chain) {
+    const c = story.chain;
+    const p = c.progress;
+    const of = c.length !== null && c.length !== undefined ? ` of ${c.length}` : "";
+    const href = "/ui/chains/" + encodeURIComponent(c.id) + (info.caller || !story.caller ? "" : "?caller=" + encodeURIComponent(story.caller));
+    const within = p && p.estimated_finish_low_at != null ? ` (80% between ${clock(p.estimated_finish_low_at)} and ${p.estimated_finish_high_at === null ? "?" : clock(p.estimated_finish_high_at)})` : "";
+    const eta = p && p.estimated_finish_at !== null ? `, the chain expected to end at ${clock(p.estimated_finish_at)}${within}` : "";
+    facts.push(["chain", [`shot ${c.shot}${of} of `, h("a", { href, id: "story-chain" }, c.id), eta]]);
+  }
   if (story.waiting) {
     const w = story.waiting;
     facts.push(["position", `${w.position} of ${w.queue_depth}, expected to start at ${clock(w.estimated_start_at)} (in ${duration(w.estimated_start_in_s)})`]);

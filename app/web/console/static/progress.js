@@ -1,0 +1,33 @@
+// A run's progress, as a batch page and a chain page show it: a bar, the counts,
+// and the estimated finish (app/report/progress.py, the one estimator) with what
+// it rests on, and its 80% interval and the overtaking work it foresees when the
+// estimate gives them.
+import { duration, h, stamp } from "./dom.js";
+
+// `prefix` names the elements (batch-progress, chain-eta, ...); `ended`: the
+// run has ended whatever became of its parts (a full bar); `unit`: "lines" or
+// "shots". `p.total` is null for a chain whose length was not given.
+export function progressSection(p, { prefix, ended = false, unit = "lines" }) {
+  const known = p.total !== null && p.total !== undefined;
+  const total = known ? p.total : p.done + p.failed + p.running + p.waiting;
+  const over = ended ? Math.max(1, total) : p.done + p.failed;
+  const summary = `${p.done} done, ${p.running} running, ${p.waiting} waiting, ${p.failed} failed of ${known ? total : total + " so far (length not given)"}`;
+  const parts = [
+    h("h2", {}, "Progress"),
+    h("progress", { id: prefix + "-progress", max: Math.max(1, total), value: over, "aria-label": summary }, `${over} / ${total}`),
+    h("p", { id: prefix + "-summary" }, summary),
+  ];
+  if (p.estimated_finish_at !== null && p.basis) {
+    const b = p.basis;
+    const runs = Object.entries(b.run_s).map(([m, x]) => `${m} ${duration(x)}`).join(", ");
+    // The interval and the forecast of overtaking work, when the estimate gives them.
+    const forecast = p.estimated_finish_low_at !== null && p.estimated_finish_low_at !== undefined;
+    const interval = forecast ? ` 80% between ${stamp(p.estimated_finish_low_at)} and ${p.estimated_finish_high_at === null ? "later (too little log to say)" : stamp(p.estimated_finish_high_at)}.` : "";
+    parts.push(h("p", { id: prefix + "-eta" }, `Expected to end at ${stamp(p.estimated_finish_at)} (in ${duration(p.estimated_finish_in_s)}).${interval}`));
+    const later = !forecast ? " Work that arrives later and goes first is not foreseen."
+      : b.earlier_days ? ` Forecast from the same hours of ${b.earlier_days} earlier day${b.earlier_days === 1 ? "" : "s"}: ${b.overtaking} requests expected to arrive and go first.`
+      : " No earlier day in the log to forecast the work that arrives later from: the estimate is the queue as it stands, the interval today's rate going on.";
+    parts.push(h("p", { class: "muted", id: prefix + "-basis" }, `From the queue as it stands: ${b.ahead} other requests expected first, ${b.swaps} model loads, median run ${runs}` + (b.unqueued ? `, ${b.unqueued} ${unit} not queued yet` : "") + "." + later));
+  }
+  return h("section", {}, parts);
+}
