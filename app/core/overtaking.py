@@ -307,6 +307,15 @@ def forecast_finish(
 
             seg = _Segment(a, b, now_ns, mean, var, m, v, z)
             if seg.free(b) >= need:
+                if z == 0.0 or (var == 0.0 and v == 0.0):  # linear in x: solved exactly
+                    start, end = seg.free(a), seg.free(b)
+                    x = (
+                        b
+                        if end == start
+                        else a + math.ceil((need - start) / (end - start) * (b - a))
+                    )
+                    x = min(b, max(a, x))
+                    return x, count + c * (x - a) / (b - a)
                 lo, hi = a, b
                 while hi - lo > NS_PER_S // 1000:  # to the millisecond
                     mid = (lo + hi) // 2
