@@ -10,6 +10,7 @@ from app.core.overtaking import HOUR_NS, LaneHistory, forecast_finish
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.progress import progress
+from app.report.render import progress_text
 from app.report.run_times import RunTimes
 from tests.unit.core_driver import CoreDriver
 
@@ -211,3 +212,23 @@ def test_lines_not_queued_yet_take_the_mean_of_the_runs_own_jobs() -> None:
     )
     assert p.estimated_finish_in_s == 240.0 * 6
     assert q.estimated_finish_in_s == 240.0 + 200.0 * 5
+
+
+def test_the_one_line_of_a_run_shows_the_interval_and_the_overtaking_work() -> None:
+    history = LaneHistory()
+    history.begins(MONDAY_8 - HOUR_NS)
+    busy_day(history, MONDAY_8, hours=12)
+    d = CoreDriver(ScoringParams(), resident="video", now_ns=MONDAY_8 + DAY)
+    d.enqueue("shot0", "video", RUN, caller="render")
+    args = (d.state, {}, d.now, TIMES, ["shot0"])
+    p = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9, history=history)
+    line = progress_text(p)
+    assert "(in 1h20m, 80% in 40m00s to " in line and "overtaking" in line
+    assert "no earlier day" not in line
+    short = LaneHistory()
+    short.begins(d.now - 10 * MIN)
+    p = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9, history=short)
+    assert "(in 40m00s, 80% in 40m00s to ?)" in progress_text(p)
+    assert "0 overtaking (no earlier day to forecast from)" in progress_text(p)
+    floor = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9)
+    assert "80%" not in progress_text(floor) and "overtaking" not in progress_text(floor)

@@ -45,8 +45,13 @@ function progressSection(p, status) {
   if (p.estimated_finish_at !== null && p.basis) {
     const b = p.basis;
     const runs = Object.entries(b.run_s).map(([m, x]) => `${m} ${duration(x)}`).join(", ");
-    parts.push(h("p", { id: "batch-eta" }, `Expected to end at ${stamp(p.estimated_finish_at)} (in ${duration(p.estimated_finish_in_s)}).`));
-    parts.push(h("p", { class: "muted" }, `From the queue as it stands: ${b.ahead} other requests expected first, ${b.swaps} model loads, median run ${runs}` + (b.unqueued ? `, ${b.unqueued} lines not queued yet` : "") + ". Work that arrives later and goes first is not foreseen."));
+    const forecast = p.estimated_finish_low_at !== null && p.estimated_finish_low_at !== undefined;
+    const interval = forecast ? ` 80% between ${stamp(p.estimated_finish_low_at)} and ${p.estimated_finish_high_at === null ? "later (too little log to say)" : stamp(p.estimated_finish_high_at)}.` : "";
+    parts.push(h("p", { id: "batch-eta" }, `Expected to end at ${stamp(p.estimated_finish_at)} (in ${duration(p.estimated_finish_in_s)}).${interval}`));
+    const later = !forecast ? " Work that arrives later and goes first is not foreseen."
+      : b.earlier_days ? ` Forecast from the same hours of ${b.earlier_days} earlier day${b.earlier_days === 1 ? "" : "s"}: ${b.overtaking} requests expected to arrive and go first.`
+      : " No earlier day in the log to forecast the work that arrives later from: the estimate is the queue as it stands, the interval today's rate going on.";
+    parts.push(h("p", { class: "muted", id: "batch-basis" }, `From the queue as it stands: ${b.ahead} other requests expected first, ${b.swaps} model loads, median run ${runs}` + (b.unqueued ? `, ${b.unqueued} lines not queued yet` : "") + "." + later));
   }
   return h("section", {}, parts);
 }
