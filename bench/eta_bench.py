@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections import deque
 
 from app.core import events as ev
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     floor_errors: list[list[float]] = [[] for _ in chains]
     errors: list[list[float]] = [[] for _ in chains]
     within = [0 for _ in chains]
+    cost: list[tuple[float, float]] = []  # seconds per estimate: (floor, forecast)
 
     state = SchedulerState()
     history = LaneHistory()
@@ -133,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         times = _times(runs, swaps)
         rest = [e.model] * (total - k - 1)
         args_ = (state, running_since, e.at, times, [e.request_id])
+        t0 = time.perf_counter()
         floor = progress(*args_, done=k, failed=0, unqueued_models=rest)
+        t1 = time.perf_counter()
         p = progress(*args_, done=k, failed=0, unqueued_models=rest, history=history)
+        cost.append((t1 - t0, time.perf_counter() - t1))
         assert floor.estimated_finish_at is not None and p.estimated_finish_at is not None
         assert p.basis is not None
         now_s = e.at / NS_PER_S
@@ -180,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"within the interval: {within[n]} of {len(errors[n])}")
         print()
+    print(
+        f"cost per estimate (median of {len(cost)}): floor "
+        f"{statistics.median(c[0] for c in cost) * 1000:.2f} ms, with the forecast "
+        f"{statistics.median(c[1] for c in cost) * 1000:.2f} ms"
+    )
     return 0
 
 
