@@ -134,11 +134,19 @@ def main(argv: list[str] | None = None) -> int:
         n, k, total = checks[e.request_id]
         times = _times(runs, swaps)
         rest = [e.model] * (total - k - 1)
+        # The producer's gap so far: from a shot's end to the next one's enqueue.
+        chain = chains[n]
+        gaps = [
+            (chain[j].at - ended[chain[j - 1].request_id]) / NS_PER_S
+            for j in range(1, k + 1)
+            if ended[chain[j - 1].request_id] <= chain[j].at
+        ]
+        gap = statistics.mean(gaps) if gaps else 0.0
         args_ = (state, running_since, e.at, times, [e.request_id])
         t0 = time.perf_counter()
         floor = progress(*args_, done=k, failed=0, unqueued_models=rest)
         t1 = time.perf_counter()
-        p = progress(*args_, done=k, failed=0, unqueued_models=rest, history=history)
+        p = progress(*args_, done=k, failed=0, unqueued_models=rest, history=history, gap_s=gap)
         cost.append((t1 - t0, time.perf_counter() - t1))
         assert floor.estimated_finish_at is not None and p.estimated_finish_at is not None
         assert p.basis is not None

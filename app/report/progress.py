@@ -90,12 +90,16 @@ def progress(
     failed: int,
     unqueued_models: Collection[str] = (),
     history: LaneHistory | None = None,
+    gap_s: float = 0.0,
 ) -> Progress:
     """The progress of a run whose open jobs are `open_ids` (those not open in
     `state` are taken as ended: the caller counted them in `done`/`failed`),
     with `unqueued_models` the model of each line not queued yet. With
     `history`, the estimate adds the forecast of overtaking work and gives an
-    interval; without, it is the floor and the interval unknown."""
+    interval; without, it is the floor and the interval unknown. `gap_s`: the
+    time between one job ending and the next being queued (a chain's producer,
+    which sends a shot once the last one is done), before each line not queued
+    yet."""
     waiting = [rid for rid in open_ids if rid in state.queue]
     running = [rid for rid in open_ids if rid in state.requests and rid not in state.queue]
     total = done + failed + len(waiting) + len(running) + len(unqueued_models)
@@ -126,6 +130,7 @@ def progress(
                 finish = max(finish, start + expected.of(model, requests[rid].expected_run_ns))
             else:
                 ahead += 1
+    finish += int(len(unqueued_models) * gap_s * NS_PER_S)
     low = high = None
     overtaking = earlier_days = 0
     if history is None:
