@@ -49,6 +49,8 @@ Z80: Final = 1.2816
 """A normal's 90th percentile in standard deviations: the 80% interval's ends."""
 MIN_OBSERVED_NS: Final = 30 * 60 * NS_PER_S
 """Less log than this before now: no rate to extrapolate, the high end is unknown."""
+MAX_LEVEL: Final = 2.0
+"""Today against the earlier days moves the forecast at most to double or half."""
 HORIZON_HOURS: Final = 60 * DAY_HOURS
 """A run not done within this many hours of forecast has no finish (None)."""
 
@@ -277,6 +279,7 @@ def forecast_finish(
             expected += before.mean
             weight = max(weight, before.days)
     level = (weight * expected + seen) / ((weight + 1) * expected) if expected > 0 else 1.0
+    level = min(MAX_LEVEL, max(1 / MAX_LEVEL, level))  # a few odd hours do not swamp it
 
     def hour_of(hour: int) -> _Hour:
         h = same_hours(hour)

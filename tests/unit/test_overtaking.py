@@ -4,6 +4,8 @@ interval it gives a run's finish (app/report/progress.py), on hand-made logs."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.core import events as ev
 from app.core.overtaking import HOUR_NS, LaneHistory, forecast_finish
@@ -232,3 +234,52 @@ def test_the_one_line_of_a_run_shows_the_interval_and_the_overtaking_work() -> N
     assert "0 overtaking (no earlier day to forecast from)" in progress_text(p)
     floor = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9)
     assert "80%" not in progress_text(floor) and "overtaking" not in progress_text(floor)
+
+
+Arrival = tuple[int, str, int, int, bool]  # (minute of the log, model, priority, seconds, load)
+arrivals = st.lists(
+    st.tuples(
+        st.integers(0, 3 * 24 * 60 - 1),
+        st.sampled_from(["video", "image", "elsewhere"]),
+        st.sampled_from([-100, RUN, 0, 100]),
+        st.integers(0, 1800),
+        st.booleans(),
+    ),
+    max_size=60,
+)
+
+
+def learnt(found: list[Arrival]) -> LaneHistory:
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    for minute, model, priority, seconds, load in found:
+        add = history.add_load if load else history.add_run
+        add(MONDAY_8 + minute * MIN, model, priority, seconds * NS_PER_S)
+    return history
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    found=arrivals,
+    extra=st.tuples(st.integers(61, 23 * 60), st.integers(1, 3600)),
+    now_min=st.integers(2 * 24 * 60, 3 * 24 * 60),
+    work_s=st.integers(0, 20 * 3600),
+    own_var=st.floats(0, 1e6),
+)
+def test_the_forecast_is_never_below_the_floor_and_the_interval_holds_the_point(
+    found: list[Arrival],
+    extra: tuple[int, int],
+    now_min: int,
+    work_s: int,
+    own_var: float,
+) -> None:
+    now = MONDAY_8 + now_min * MIN
+    floor = now + work_s * NS_PER_S
+    kw = {"priority": RUN, "lane": {"video", "image"}, "run_models": {"video"}}
+    f = forecast_finish(learnt(found), now, floor, own_var_s2=own_var, **kw)  # type: ignore[arg-type]
+    assert f.finish_ns >= floor and f.low_ns <= f.finish_ns
+    assert f.high_ns is None or f.high_ns >= f.finish_ns
+    # More overtaking work today so far never brings the finish forward.
+    more = [*found, (now_min - extra[0], "image", 100, extra[1], False)]
+    g = forecast_finish(learnt(more), now, floor, own_var_s2=own_var, **kw)  # type: ignore[arg-type]
+    assert g.finish_ns >= f.finish_ns
