@@ -13,10 +13,11 @@ state as of then, the dispatch times of what runs, run and load medians learnt
 from the log so far (as `load_run_times` learns them: the last 2000 completed
 runs and 500 loads), the chain's open shot, and its shots still to come
 counted as lines not queued yet. It is compared with when the chain's last
-shot actually ended, as a share of the time left: `floor` is the queue as it
-stands (no history), `forecast` adds the overtaking work and gives the 80%
-interval. A chain whose day has no earlier day in the log gets the floor
-(docs/jobs.md, "How far off it is").
+shot actually ended, as a share of the time left: `floor` is the estimate as
+it was before the forecast (the queue as it stands), `estimated` adds the
+overtaking work and the producer's mean gap between shots so far, with the
+80% interval. A chain whose day has no earlier day in the log gets the floor
+and a wide interval (docs/jobs.md, "The finish estimate").
 """
 
 from __future__ import annotations
