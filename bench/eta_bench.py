@@ -28,7 +28,7 @@ import time
 from collections import deque
 
 from app.core import events as ev
-from app.core.overtaking import LaneHistory
+from app.core.lane_history import LaneHistory
 from app.core.scoring import NS_PER_S
 from app.core.state import SchedulerState, apply
 from app.report.progress import progress

@@ -25,7 +25,8 @@ from collections.abc import Collection, Mapping
 
 import msgspec
 
-from app.core.overtaking import LaneHistory, forecast_finish
+from app.core.lane_history import LaneHistory
+from app.core.overtaking import forecast_finish
 from app.core.priority import ALIASES
 from app.core.scoring import NS_PER_S
 from app.core.start_estimate import end_of, evicted_by

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from app.config import Config
 from app.core import events as ev
 from app.core.drain import Fate, after_grace, cancelled_at_stop
-from app.core.overtaking import LaneHistory
+from app.core.lane_history import LaneHistory
 from app.core.peers import another_peer_left
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of

@@ -65,7 +65,7 @@ class LaneSamples(NamedTuple):
 
 def lane_samples(engine: Engine, since: float, until: float) -> LaneSamples:
     """What the runs and loads of [since, until) took (unix seconds), for the
-    forecast of overtaking work (app/core/overtaking.py). Read once at start:
+    forecast of overtaking work (app/core/lane_history.py). Read once at start:
     the runs through the index on `finished_at`, the loads (a few per hour of
     work) by a scan of `swaps`."""
     with engine.connect() as conn:

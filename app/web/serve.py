@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config, ConfigError, load_config
-from app.core.overtaking import DAYS
+from app.core.lane_history import DAYS
 from app.core.scoring import NS_PER_S
 from app.jobs.batches import Batches
 from app.jobs.durable import Jobs

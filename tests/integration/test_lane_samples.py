@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.core.overtaking import LaneHistory
+from app.core.lane_history import LaneHistory
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.store.engine import open_database

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core import events as ev
-from app.core.overtaking import HOUR_NS, LaneHistory, forecast_finish
+from app.core.lane_history import HOUR_NS, LaneHistory
+from app.core.overtaking import forecast_finish
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.progress import progress
