@@ -27,8 +27,9 @@ state and the learnt run times (`Durations`, app/core/run_estimate.py):
   swap within a lane waits for the drain, as the run loop does.
 
 Requests arriving later can overtake: the estimate is for the queue as it
-stands. A peer's shared slots are counted per model (an estimate that may err
-short for a busy peer).
+stands (a run's finish adds their forecast: app/core/overtaking.py). A
+peer's shared slots are counted per model (an estimate that may err short for
+a busy peer).
 """
 
 from __future__ import annotations

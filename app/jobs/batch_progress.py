@@ -128,4 +128,5 @@ class BatchProgress:
             done=done,
             failed=failed,
             unqueued_models=unqueued,
+            history=self.scheduler.lane_history,
         )

@@ -9,24 +9,32 @@ dispatch order, each request taking its learnt run time (else its model's) on a
 slot of its model, and each load waiting for what it evicts to drain. The run ends when
 its last open job is expected to end, plus, for lines not queued yet (a batch
 still queueing, the shots of a chain still to be submitted), one median run
-each after that. Work that arrives later and overtakes it is not foreseen: the
-estimate is a floor for a run at batch priority on a busy GPU (docs/jobs.md
-measures its error on the film scenario).
+each after that: the floor. Given the log's `LaneHistory`, the work that will
+arrive later and overtake the run is forecast and added, with an 80% interval
+(app/core/overtaking.py; docs/jobs.md measures the error on the film scenario).
 
 `Basis` says what the figure rests on: how many other requests are expected to
-go first, how many model loads, and the medians used.
+go first (in the queue now, and arriving later), how many model loads, the
+medians used, and how many earlier days the forecast rests on.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping
 
 import msgspec
 
+from app.core.lane_history import LaneHistory
+from app.core.overtaking import forecast_finish
+from app.core.priority import ALIASES
 from app.core.scoring import NS_PER_S
 from app.core.start_estimate import end_of, evicted_by
 from app.core.state import SchedulerState
 from app.report.live_queue import Times, durations, estimate_starts
+
+MIN_OWN_RUNS = 10
+"""Runs of a run's own kind (model and priority) before their mean is trusted."""
 
 
 class Basis(msgspec.Struct, frozen=True):
@@ -42,6 +50,13 @@ class Basis(msgspec.Struct, frozen=True):
     """Median load time of those models."""
     unqueued: int = 0
     """Jobs not in the queue yet, counted at one median run each after the rest."""
+    overtaking: int = 0
+    """Requests expected to arrive later and go first (the forecast), before the
+    estimated finish."""
+    earlier_days: int = 0
+    """Earlier days of the log the forecast rests on (the fewest of any hour it
+    covers); 0: the log is too short, the estimate is the floor (nothing
+    overtaking) and the interval's high end today's rate going on."""
 
 
 class Progress(msgspec.Struct, frozen=True):
@@ -57,6 +72,12 @@ class Progress(msgspec.Struct, frozen=True):
     """Unix seconds when its last job is expected to end; None once nothing is open."""
     estimated_finish_in_s: float | None = None
     basis: Basis | None = None
+    estimated_finish_low_at: float | None = None
+    """The 80% interval's early end (unix seconds); None when unknown."""
+    estimated_finish_high_at: float | None = None
+    """Its late end; None when unknown (a log too short to extrapolate from)."""
+    estimated_finish_low_in_s: float | None = None
+    estimated_finish_high_in_s: float | None = None
 
 
 def progress(
@@ -69,10 +90,17 @@ def progress(
     done: int,
     failed: int,
     unqueued_models: Collection[str] = (),
+    history: LaneHistory | None = None,
+    gap_s: float = 0.0,
 ) -> Progress:
     """The progress of a run whose open jobs are `open_ids` (those not open in
     `state` are taken as ended: the caller counted them in `done`/`failed`),
-    with `unqueued_models` the model of each line not queued yet."""
+    with `unqueued_models` the model of each line not queued yet. With
+    `history`, the estimate adds the forecast of overtaking work and gives an
+    interval; without, it is the floor and the interval unknown. `gap_s`: the
+    time between one job ending and the next being queued (a chain's producer,
+    which sends a shot once the last one is done), before each line not queued
+    yet."""
     waiting = [rid for rid in open_ids if rid in state.queue]
     running = [rid for rid in open_ids if rid in state.requests and rid not in state.queue]
     total = done + failed + len(waiting) + len(running) + len(unqueued_models)
@@ -103,8 +131,46 @@ def progress(
                 finish = max(finish, start + expected.of(model, requests[rid].expected_run_ns))
             else:
                 ahead += 1
-    for model in unqueued_models:
-        finish += expected.run(model)
+    finish += int(len(unqueued_models) * gap_s * NS_PER_S)
+    low = high = None
+    overtaking = earlier_days = 0
+    if history is None:
+        for model in unqueued_models:
+            finish += expected.run(model)
+    else:
+        # The run's lowest priority: its last jobs go after whatever outranks that.
+        priority = min(
+            (state.requests[rid].priority for rid in (*waiting, *running)),
+            default=ALIASES["batch"],  # nothing queued yet: a batch's default
+        )
+        # Lines not queued yet take the mean of the run's own kind of job (its
+        # model at its priority), not the model's median, which mixes in others'.
+        # Their spread adds up over the lines, and the mean's own error (from n
+        # runs) is the same for every line: variance L·var + L²·var/n.
+        own_var = 0.0
+        for model, lines in Counter(unqueued_models).items():
+            n, mean_s, var_s2 = history.run_stats(model, priority)
+            if n >= MIN_OWN_RUNS:
+                finish += lines * int(mean_s * NS_PER_S)
+                own_var += var_s2 * lines * (1 + lines / n)
+            else:
+                finish += lines * expected.run(model)
+        lane = {
+            m
+            for m in history.models | set(state.in_use)
+            if m in models or evicted_by(state, m, models)
+        }
+        f = forecast_finish(
+            history,
+            now_ns,
+            finish,
+            priority=priority,
+            lane=lane,
+            run_models=models,
+            own_var_s2=own_var,
+        )
+        finish, low, high = f.finish_ns, f.low_ns, f.high_ns
+        overtaking, earlier_days = f.overtaking, f.earlier_days
     return Progress(
         total=total,
         done=done,
@@ -119,5 +185,11 @@ def progress(
             run_s={m: expected.run(m) / NS_PER_S for m in sorted(models)},
             swap_s={m: expected.load(m) / NS_PER_S for m in sorted(models)},
             unqueued=len(unqueued_models),
+            overtaking=overtaking,
+            earlier_days=earlier_days,
         ),
+        estimated_finish_low_at=None if low is None else low / NS_PER_S,
+        estimated_finish_high_at=None if high is None else high / NS_PER_S,
+        estimated_finish_low_in_s=None if low is None else (low - now_ns) / NS_PER_S,
+        estimated_finish_high_in_s=None if high is None else (high - now_ns) / NS_PER_S,
     )

@@ -263,17 +263,31 @@ def queue_text(q: QueueView) -> str:
 
 def progress_text(p: Progress) -> str:
     """One line: `40/174 done, 1 running, 133 waiting, 0 failed; ends ~2025-01-06
-    14:32:10.000 UTC (in 9h03m): median run wan-video 4m02s, 3 ahead, 1 load`."""
+    14:32:10.000 UTC (in 9h03m, 80% in 8h10m to 9h50m): median run wan-video
+    4m02s, 3 ahead, 120 overtaking, 1 load` (the interval and the overtaking work
+    when the estimate forecast it)."""
     head = f"{p.done}/{p.total} done, {p.running} running, {p.waiting} waiting, {p.failed} failed"
     if p.estimated_finish_at is None or p.estimated_finish_in_s is None or p.basis is None:
         return head
     b = p.basis
     runs = ", ".join(f"{m} {duration(s)}" for m, s in b.run_s.items())
     loads = f"{b.swaps} load" + ("" if b.swaps == 1 else "s")
+    ahead = f"{b.ahead} ahead"
+    if p.estimated_finish_low_in_s is not None:  # the forecast of overtaking work
+        high = p.estimated_finish_high_in_s
+        interval = (
+            f", 80% in {duration(p.estimated_finish_low_in_s)} to "
+            f"{'?' if high is None else duration(high)}"
+        )
+        ahead += f", {b.overtaking} overtaking" + (
+            "" if b.earlier_days else " (no earlier day to forecast from)"
+        )
+    else:
+        interval = ""
     return (
         f"{head}; ends ~{stamp(p.estimated_finish_at)} "
-        f"(in {duration(p.estimated_finish_in_s)}): median run {runs}, "
-        f"{b.ahead} ahead, {loads}"
+        f"(in {duration(p.estimated_finish_in_s)}{interval}): median run {runs}, "
+        f"{ahead}, {loads}"
     )
 
 

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from app.config import Config
 from app.core import events as ev
 from app.core.drain import Fate, after_grace, cancelled_at_stop
+from app.core.lane_history import LaneHistory
 from app.core.peers import another_peer_left
 from app.core.policy import ahead_of, decide, given_up
 from app.core.priority import band_of
@@ -96,6 +97,9 @@ class Scheduler:
         apply(self.state, server_started(config, 0, 0))
         self.run_estimates = RunEstimates()
         """Expected run times, recorded in each enqueue (seeded from the log by serve)."""
+        self.lane_history = LaneHistory()
+        """Lane time taken per hour, for forecasting the work that overtakes a run
+        (a batch's, a chain's finish; seeded from the log by serve)."""
         self.metrics = Metrics(lambda: self.state, clock, callers=config.caller_labels())
         self.tickets: dict[str, Ticket] = {}
         self.running_since: dict[str, int] = {}
@@ -216,6 +220,7 @@ class Scheduler:
         The returned future resolves when they are committed."""
         batch = list(events)
         for event in batch:
+            self.lane_history.observe(event, self.state)  # reads the state before it
             apply(self.state, event)
             self.metrics.observe(event, self.state)
         fut = self.store.submit(batch)

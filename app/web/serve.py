@@ -23,6 +23,8 @@ from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config, ConfigError, load_config
+from app.core.lane_history import DAYS
+from app.core.scoring import NS_PER_S
 from app.jobs.batches import Batches
 from app.jobs.chain_progress import ChainProgress
 from app.jobs.durable import Jobs
@@ -37,7 +39,7 @@ from app.store.event_store import SqliteEventStore
 from app.store.lease import Lease, acquire, this_process
 from app.store.lease import fence as lease_fence
 from app.store.queries import activity
-from app.store.samples import recent_runs, recent_samples
+from app.store.samples import lane_samples, recent_runs, recent_samples
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
 from app.web.batches import batch_routes, line_encoder
@@ -147,6 +149,11 @@ async def _serve(
     # What the short-job term and Retry-After expect, learnt from the log so far.
     _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
     scheduler.learn(recent_runs(engine, RECENT_RUNS), reversed(loads))
+    # What the forecast of overtaking work learns from: the log's last week, up
+    # to this start (what ends later, the scheduler sees).
+    started_s = now / NS_PER_S
+    history = lane_samples(engine, started_s - (DAYS + 1) * 86400.0, started_s)
+    scheduler.lane_history.learn(*history)
     forwarder = Forwarder(config, scheduler)
     scheduler.before_each_stop(forwarder.release)
     proxy = Proxy(config, scheduler, forwarder)

@@ -38,6 +38,13 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
         # What is left: the running line's rest and a median run per waiting line.
         left = seen["waiting"] * basis["run_s"]["A"]
         assert left <= seen["estimated_finish_in_s"] <= left + basis["run_s"]["A"] + 0.1
+        # A log of minutes has no earlier day to forecast from: the point is the
+        # floor, the interval's low end at most that, its high end unknown.
+        assert basis["earlier_days"] == 0 and basis["overtaking"] == 0
+        assert seen["estimated_finish_low_in_s"] <= seen["estimated_finish_in_s"]
+        assert seen["estimated_finish_low_at"] <= seen["estimated_finish_at"]
+        assert seen["estimated_finish_high_at"] is None
+        assert seen["estimated_finish_high_in_s"] is None
         queue = http.get("/api/queue").json()
         [run] = [r for r in queue["runs"] if r["id"] == batch.id] or [None]
         assert run is None or run["progress"]["total"] == 10  # it may have ended meanwhile
@@ -52,6 +59,10 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
             "estimated_finish_at": None,
             "estimated_finish_in_s": None,
             "basis": None,
+            "estimated_finish_low_at": None,
+            "estimated_finish_high_at": None,
+            "estimated_finish_low_in_s": None,
+            "estimated_finish_high_in_s": None,
         }
         assert listed[batch.id]["total"] == 10
         assert listed[batch.id]["estimated_finish_at"] or listed[batch.id]["waiting"] == 0

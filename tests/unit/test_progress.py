@@ -56,3 +56,15 @@ def test_a_run_with_nothing_open_has_no_estimate() -> None:
     p = progress(d.state, {}, d.now, TIMES, ["gone"], done=3, failed=1)
     assert (p.total, p.done, p.failed, p.running, p.waiting) == (4, 3, 1, 0, 0)
     assert p.estimated_finish_at is None and p.basis is None
+
+
+def test_a_chains_producer_gap_comes_before_each_shot_not_sent_yet() -> None:
+    d = CoreDriver(ScoringParams(), resident="a")
+    d.enqueue("shot0", "a", -100)
+    now = d.now
+    p = progress(d.state, {}, now, TIMES, ["shot0"], done=0, failed=0, unqueued_models="aaa")
+    q = progress(
+        d.state, {}, now, TIMES, ["shot0"], done=0, failed=0, unqueued_models="aaa", gap_s=2.0
+    )
+    assert p.estimated_finish_in_s == 40.0  # four runs of a
+    assert q.estimated_finish_in_s == 40.0 + 3 * 2.0  # and the producer's gap before three

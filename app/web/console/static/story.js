@@ -54,7 +54,8 @@ export async function render(main, info, id) {
   if (story.batch) {
     const b = story.batch;
     const p = b.progress;
-    const eta = p && p.estimated_finish_at !== null ? `, expected to end at ${clock(p.estimated_finish_at)}` : "";
+    const within = p && p.estimated_finish_low_at != null ? ` (80% between ${clock(p.estimated_finish_low_at)} and ${p.estimated_finish_high_at === null ? "?" : clock(p.estimated_finish_high_at)})` : "";
+    const eta = p && p.estimated_finish_at !== null ? `, expected to end at ${clock(p.estimated_finish_at)}${within}` : "";
     facts.push(["batch", [h("a", { href: "/ui/batches/" + encodeURIComponent(b.id), id: "story-batch" }, b.id), p ? ` · ${p.done + p.failed} of ${p.total} ended${eta}` : ""]]);
   }
   if (story.chain) {
