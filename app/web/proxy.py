@@ -23,6 +23,7 @@ from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import UpstreamStartError
+from app.web.access_log import note_model
 from app.web.auth import ANONYMOUS, identify
 from app.web.errors import send_error, send_refused
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
@@ -83,6 +84,7 @@ class Proxy:
                 doc, model_requested = json_model(body)
                 asked = _with_service_tier(asked, doc)
                 priority = identity.grant(asked)
+            note_model(scope, model_requested)
             model = self.config.resolve_model(model_requested)
             if model is None:
                 listed = sorted(m.id for m in self.config.models.values() if not m.unlisted)
