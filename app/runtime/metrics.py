@@ -118,6 +118,12 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
+        self.priority_ignored = Counter(
+            "gpulane_priority_ignored",
+            "Requests whose X-LlamaSwap-Priority was no priority: run as if they asked "
+            "for none, and told why (X-Gpulane-Priority-Warning)",
+            registry=r,
+        )
         self.swaps = Counter(
             "gpulane_swaps", "Model swaps, by model and outcome", ["model", "outcome"], registry=r
         )
@@ -185,17 +191,12 @@ class Metrics:
     def observe(self, event: ev.AnyEvent, state: SchedulerState) -> None:
         """Called for every event after it is applied to `state`."""
         match event:
-            case ev.RequestEnqueued() | ev.RequestRequeued() | ev.RequestRestored():
+            case ev.RequestEnqueued():
                 self._queue(event, state)
-                if (
-                    isinstance(event, ev.RequestEnqueued)
-                    and event.caller in self._callers
-                    and event.attempt == 1
-                ):
-                    self.caller_requests.labels(event.caller).inc()
-                    asked = event.requested_priority
-                    if asked is not None and asked > event.priority:
-                        self.caller_lowered.labels(event.caller).inc()
+                if event.attempt == 1:
+                    self._admitted(event)
+            case ev.RequestRequeued() | ev.RequestRestored():
+                self._queue(event, state)
             case ev.ScoresComputed():
                 band = band_of(event.winner.priority)
                 self.dispatched.labels(band).inc()
@@ -228,6 +229,16 @@ class Metrics:
                 self.stops.labels(event.model, event.reason).inc()
             case _:
                 pass
+
+    def _admitted(self, event: ev.RequestEnqueued) -> None:
+        """A request's first enqueue."""
+        if event.priority_ignored is not None:
+            self.priority_ignored.inc()
+        if event.caller in self._callers:
+            self.caller_requests.labels(event.caller).inc()
+            asked = event.requested_priority
+            if asked is not None and asked > event.priority:
+                self.caller_lowered.labels(event.caller).inc()
 
     def _queue(self, event: ev.AnyEvent, state: SchedulerState) -> None:
         if isinstance(event, ev.RequestEnqueued):
