@@ -1,0 +1,48 @@
+"""The README's Python snippet runs as pasted (issue 32): against `make run`'s model
+names (fake servers here), it prints the reply and the request id that `gpulane
+explain` takes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.e2e.gateway import REPO, Gateway, fake_model
+
+README = REPO / "README.md"
+
+
+def snippet() -> str:
+    (code,) = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
+    return str(code)
+
+
+def test_the_readmes_python_snippet_prints_the_reply_and_the_request_id(
+    gateway: Callable[[str], Gateway], tmp_path: Path
+) -> None:
+    models = "".join(fake_model(m).replace("\n", "\n  ") for m in ("smollm2", "smollm2-long"))
+    gw = gateway("models:" + models + "\n")
+    code = snippet()
+    assert '"http://127.0.0.1:8080/v1"' in code  # make run's address, replaced for the test
+    script = tmp_path / "snippet.py"
+    script.write_text(code.replace("http://127.0.0.1:8080", gw.url))
+    ran = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 0, ran.stderr
+    reply, explain = ran.stdout.splitlines()
+    assert reply  # the fake server's answer
+    assert explain.startswith("gpulane explain ")
+    request_id = explain.split()[-1]
+    gw.wait_for("SELECT 1 FROM requests WHERE id = ? AND status = 'completed'", request_id)
+    explained = subprocess.run(
+        [sys.executable, "-m", "app.cli", "explain", request_id, "--db", str(gw.db)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert explained.returncode == 0, explained.stderr
+    assert "smollm2-long" in explained.stdout and "batch" in explained.stdout
