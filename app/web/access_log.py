@@ -6,7 +6,9 @@ prints it (its proxy manager's request logger), plus what gpulane knows:
 
 client, request line, status, body bytes sent, user agent, duration (to the last
 byte sent), the model the request named (when a route read one) and the request
-id (`X-Request-Id`, when the answer carries one); `-` for what is not known.
+id (`X-Request-Id`, when the answer carries one); `-` for what is not known. A
+websocket's line is its upgrade (`GET`, 101 once accepted, the bytes of the
+messages sent to the client), written when it closes.
 
 It wraps the whole ASGI app, outside routing, so every route is logged however it
 is mounted (Litestar's handlers, raw ASGI apps beside them). Whether it logs is
@@ -20,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -51,12 +53,14 @@ def access_log(app: ASGIApp, enabled: Callable[[], bool]) -> ASGIApp:
     """Wrap the whole ASGI app; `enabled` is asked once per request."""
 
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP or not enabled():
+        if scope["type"] not in (ScopeType.HTTP, ScopeType.WEBSOCKET) or not enabled():
             await app(scope, receive, send)
             return
         start = time.perf_counter()
-        # Captured first: a mounted app may rewrite the scope's path.
-        method, path = scope["method"], scope["path"]
+        # Captured first: a mounted app may rewrite the scope's path. A websocket
+        # is its upgrade, a GET; its line comes when it closes.
+        method = scope["method"] if scope["type"] == ScopeType.HTTP else "GET"
+        path = scope["path"]
         note = _Note()
         scope[_NOTE] = note  # type: ignore[literal-required]
         status: int | None = None
@@ -83,11 +87,20 @@ def access_log(app: ASGIApp, enabled: Callable[[], bool]) -> ASGIApp:
 
         async def watch(message: Message) -> None:
             nonlocal status, sent, request_id
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                request_id = _header(message.get("headers", ()), b"x-request-id")
-            elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
+            m = cast(dict[str, Any], message)  # one union of a dozen shapes
+            kind = m["type"]
+            if kind in ("http.response.start", "websocket.http.response.start"):
+                status = m["status"]
+                request_id = _header(m.get("headers", ()), b"x-request-id")
+            elif kind == "websocket.accept":
+                status = 101
+                request_id = _header(m.get("headers", ()), b"x-request-id")
+            elif kind == "websocket.close" and status is None:
+                status = 403  # closed before it was accepted (ASGI's rule)
+            elif kind in ("http.response.body", "websocket.http.response.body"):
+                sent += len(m.get("body", b""))
+            elif kind == "websocket.send":
+                sent += len(m.get("bytes") or (m.get("text") or "").encode())
             await send(message)
             # At the last byte: what the app does after it is not the client's time.
             if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -96,7 +109,7 @@ def access_log(app: ASGIApp, enabled: Callable[[], bool]) -> ASGIApp:
         try:
             await app(scope, receive, watch)
         finally:
-            if not done:  # no complete answer: the client left, or the app failed
+            if not done:  # a websocket closed; or the client left, or the app failed
                 line()
 
     return wrapped
