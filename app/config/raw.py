@@ -235,6 +235,7 @@ class RawUpstream(_Raw, frozen=True):
 class RawConfig(_Raw, frozen=True):
     health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT
     log_level: str = "info"
+    log_requests: bool = False
     start_port: int = DEFAULT_START_PORT
     global_ttl: float = msgspec.field(default=0.0, name="globalTTL")
     unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT
@@ -271,7 +272,6 @@ IGNORED_KEYS: Final[dict[type, dict[str, str]]] = {
     RawConfig: {
         "profiles": _ONE_AT_A_TIME,
         "selectors": _ONE_AT_A_TIME,
-        "logRequests": "gpulane records every request in its event log (gpulane explain)",
         "performance": _NOT_IMPLEMENTED,
         "captureBuffer": _NOT_IMPLEMENTED,
         "logToStdout": _NOT_IMPLEMENTED,

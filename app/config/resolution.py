@@ -141,6 +141,7 @@ class Resolver:
             start_port=start_port,
             # Any case, as llama-swap reads it.
             log_level=choice(issues, raw.log_level.strip().lower(), "logLevel", LOG_LEVELS),
+            log_requests=raw.log_requests,
             api_keys=resolve_api_keys(raw, issues, self.environ, self.global_origins),
             preload=_preload(raw, issues, index, choices),
             router=router,

@@ -118,6 +118,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     health_check_timeout: float
     start_port: int
     log_level: str
+    log_requests: bool = False
+    """`logRequests`: an access line per HTTP request at info (app/web/access_log.py);
+    read per request, so a reload turns it on or off."""
     api_keys: tuple[ApiKey, ...]
     preload: tuple[str, ...]  # resolved model ids
     router: Router | None = None
@@ -201,6 +204,8 @@ def config_hash(config: Config) -> str:
         data.pop("router", None)  # a config without a router hashes as before
     if not data.get("include_aliases_in_list"):
         data.pop("include_aliases_in_list", None)  # listing only; hashes as before
+    if not data.get("log_requests"):
+        data.pop("log_requests", None)  # logging only; hashes as before
     for key, default in _HASHED_AS_BEFORE.items():
         if data.get(key) == default:
             data.pop(key, None)  # a config that leaves them unset hashes as before

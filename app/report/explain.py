@@ -42,6 +42,7 @@ from app.core.priority import band_of
 from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL, SchedulerState, apply
+from app.core.wait import wait_ns
 from app.report.live_queue import position_of
 from app.report.run_times import RunTimes, load_run_times
 from app.report.story import (
@@ -565,17 +566,12 @@ class _Story:
 
     def finish(self, row: Any, as_of_ns: int, times: RunTimes) -> Explanation:
         position: Position | None = None
+        until = self.last_t  # its end, when it ended while waiting
         if self.phase == "waiting":
-            end = max(as_of_ns, self.last_t)
-            self._charge(end)
-            position = self._position(end, times)
-            wait_end = end
-        elif self.dispatched_ns is not None:
-            wait_end = self.dispatched_ns
-        else:  # ended while waiting
-            assert self.outcome is not None
-            wait_end = self.last_t
-        wait_ns = wait_end - self.enqueued_ns
+            until = max(as_of_ns, self.last_t)
+            self._charge(until)
+            position = self._position(until, times)
+        wait = wait_ns(self.enqueued_ns, self.dispatched_ns, until)
         end_ns = max(as_of_ns, self.last_t) if self.outcome is None else self.last_event_ns
         status = {"waiting": "queued", "running": "running"}.get(self.phase)
         if status is None:
@@ -623,9 +619,9 @@ class _Story:
             ],
             swaps=[s.value() for s in self.swaps],
             dispatched_at=None if self.dispatched_ns is None else self.dispatched_ns / NS_PER_S,
-            wait_s=wait_ns / NS_PER_S,
+            wait_s=wait / NS_PER_S,
             wait=[
-                Part(cause, ns / NS_PER_S, 100.0 * ns / wait_ns if wait_ns else 0.0)
+                Part(cause, ns / NS_PER_S, 100.0 * ns / wait if wait else 0.0)
                 for cause, ns in self.parts.items()
                 if ns
             ],

@@ -35,6 +35,7 @@ from app.core.run_estimate import Durations
 from app.core.scoring import NS_PER_S, Breakdown
 from app.core.start_estimate import end_of, start_steps
 from app.core.state import SchedulerState
+from app.core.wait import wait_ns
 from app.report.run_times import RunTimes
 from app.report.waits import WaitsFor, waits_for
 
@@ -207,7 +208,7 @@ def queue_view_steps(
                 band=band_of(header_priority),
                 score=state.score(item, now_ns, fair),
                 enqueued_at=item.enqueued_ns / NS_PER_S,
-                waited_s=(now_ns - item.enqueued_ns) / NS_PER_S,
+                waited_s=wait_ns(item.enqueued_ns, None, now_ns) / NS_PER_S,
                 estimated_start_at=start / NS_PER_S,
                 estimated_start_in_s=(start - now_ns) / NS_PER_S,
                 caller=request.caller,

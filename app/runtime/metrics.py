@@ -20,6 +20,7 @@ from app.core.policy import reorder_reasons
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S
 from app.core.state import SchedulerState
+from app.core.wait import wait_ns
 
 BANDS = ("interactive", "normal", "batch")
 _WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
@@ -46,7 +47,7 @@ class _QueueCollector(Collector):
             request = state.requests[q.request_id]
             band = band_of(request.priority)
             depth[band] += 1
-            oldest[band] = max(oldest[band], (now - q.enqueued_ns) / NS_PER_S)
+            oldest[band] = max(oldest[band], wait_ns(q.enqueued_ns, None, now) / NS_PER_S)
             if request.caller in by_caller:
                 by_caller[request.caller] += 1
         g_depth = GaugeMetricFamily(
@@ -111,9 +112,16 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "gpulane_queue_wait_seconds",
-            "Time from enqueue to dispatch, by band",
+            "Wait of each request once it is over (app/core/wait.py): arrival to "
+            "dispatch, or to its end for one never dispatched, by band",
             ["band"],
             buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.priority_ignored = Counter(
+            "gpulane_priority_ignored",
+            "Requests whose X-LlamaSwap-Priority was no priority: run as if they asked "
+            "for none, and told why (X-Gpulane-Priority-Warning)",
             registry=r,
         )
         self.swaps = Counter(
@@ -176,29 +184,36 @@ class Metrics:
             self.caller_requests.labels(caller)
             self.caller_lowered.labels(caller)
         r.register(_QueueCollector(state, clock, callers))
+        self._queued: dict[str, tuple[str, int]] = {}
+        """request id -> (band, arrival ns) while its attempt waits: a request that
+        ends without a dispatch has its wait observed at its end."""
 
     def observe(self, event: ev.AnyEvent, state: SchedulerState) -> None:
         """Called for every event after it is applied to `state`."""
         match event:
-            case ev.RequestEnqueued() if event.caller in self._callers and event.attempt == 1:
-                self.caller_requests.labels(event.caller).inc()
-                asked = event.requested_priority
-                if asked is not None and asked > event.priority:
-                    self.caller_lowered.labels(event.caller).inc()
+            case ev.RequestEnqueued():
+                self._queue(event, state)
+                if event.attempt == 1:
+                    self._admitted(event)
+            case ev.RequestRequeued() | ev.RequestRestored():
+                self._queue(event, state)
             case ev.ScoresComputed():
                 band = band_of(event.winner.priority)
                 self.dispatched.labels(band).inc()
                 for reason in reorder_reasons(event):
                     self.reorders.labels(band, reason).inc()
-                request = state.requests.get(event.request_id)
-                if request is not None:
-                    self.queue_wait.labels(band).observe(
-                        max(0, event.at - request.enqueued_ns) / NS_PER_S
-                    )
+            case ev.RequestDispatched():
+                queued = self._queued.pop(event.request_id, None)
+                if queued is not None:
+                    self._observe_wait(queued, event.at, event.at)
+            case ev.RequestCompleted() | ev.RequestFailed() | ev.RequestAbandoned():
+                self._ended_queued(event.request_id, event.at)
+            case ev.RequestCancelled():
+                self._ended_queued(event.request_id, event.at)
+                if event.reason == "deadline":
+                    self.rejected.labels("deadline").inc()
             case ev.RequestRejected():
                 self.rejected.labels(event.reason or "invalid_request").inc()
-            case ev.RequestCancelled() if event.reason == "deadline":
-                self.rejected.labels("deadline").inc()
             case ev.SwapFinished():
                 self.swaps.labels(event.model, "ok").inc()
                 self.swap_seconds.labels(event.model).observe(event.duration_ms / 1000)
@@ -214,6 +229,35 @@ class Metrics:
                 self.stops.labels(event.model, event.reason).inc()
             case _:
                 pass
+
+    def _admitted(self, event: ev.RequestEnqueued) -> None:
+        """A request's first enqueue."""
+        if event.priority_ignored is not None:
+            self.priority_ignored.inc()
+        if event.caller in self._callers:
+            self.caller_requests.labels(event.caller).inc()
+            asked = event.requested_priority
+            if asked is not None and asked > event.priority:
+                self.caller_lowered.labels(event.caller).inc()
+
+    def _queue(self, event: ev.AnyEvent, state: SchedulerState) -> None:
+        if isinstance(event, ev.RequestEnqueued):
+            arrived = event.enqueued_at if event.enqueued_at is not None else event.at
+            self._queued[event.request_id] = (band_of(event.priority), arrived)
+            return
+        request_id = ev.request_id_of(event)
+        request = None if request_id is None else state.requests.get(request_id)
+        if request is not None:
+            self._queued[request.request_id] = (band_of(request.priority), request.enqueued_ns)
+
+    def _ended_queued(self, request_id: str, at: int) -> None:
+        queued = self._queued.pop(request_id, None)
+        if queued is not None:  # never dispatched: it waited until its end
+            self._observe_wait(queued, None, at)
+
+    def _observe_wait(self, queued: tuple[str, int], dispatched: int | None, until: int) -> None:
+        band, arrived = queued
+        self.queue_wait.labels(band).observe(max(0, wait_ns(arrived, dispatched, until)) / NS_PER_S)
 
     def observe_finish(self, band: str, status: str) -> None:
         self.finished.labels(band, status).inc()

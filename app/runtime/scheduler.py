@@ -41,6 +41,7 @@ from app.core.priority import band_of
 from app.core.reload import plan_reload
 from app.core.run_estimate import Durations, RunEstimates
 from app.core.state import SchedulerState, apply
+from app.core.wait import wait_ns
 from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds
 from app.runtime.api import (
     SHUTTING_DOWN,
@@ -583,7 +584,7 @@ class Scheduler:
             ticket = self.tickets.get(dispatched.request_id)
             if ticket is not None:
                 ticket.score = decision.scores.winner.total
-                ticket.queue_wait_ms = (now - enqueued) / 1e6
+                ticket.queue_wait_ms = wait_ns(enqueued, now, now) / 1e6
             if decision.action == "swap":
                 self.swaps.begin(dispatched.model, dispatched.request_id, decision.evicted)
             elif decision.action == "run":

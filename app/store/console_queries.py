@@ -137,7 +137,8 @@ def wait_samples(
     status: str | None = None,
     limit: int = 200_000,
 ) -> list[tuple[str, float]]:
-    """(band, queue wait ms) of finished requests that were dispatched, newest first."""
+    """(band, wait ms) of finished requests that queued (app/core/wait.py: one never
+    dispatched waited until its end), newest first."""
     where = and_(
         _finished_filter(since, until, model, band, caller, status),
         requests.c.queue_wait_ms.is_not(None),

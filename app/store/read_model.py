@@ -142,10 +142,15 @@ def _scores_computed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute("UPDATE requests SET score = ? WHERE id = ?", (e.winner.total, e.request_id))
 
 
+# The wait (app/core/wait.py): arrival to the dispatch of the last attempt, or to
+# the end of one never dispatched (a new attempt clears it, _RESET_ATTEMPT).
+_WAIT_UNTIL_AT = "queue_wait_ms = COALESCE(queue_wait_ms, (:at - enqueued_at) * 1000.0)"
+
+
 def _dispatched(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute(
         "UPDATE requests SET status = 'running', attempt = :attempt, dispatched_at = :at, "
-        "queue_wait_ms = (:at - enqueued_at) * 1000.0 WHERE id = :id",
+        f"{_WAIT_UNTIL_AT} WHERE id = :id",
         {"id": e.request_id, "at": seconds(e.at), "attempt": e.attempt},
     )
 
@@ -154,10 +159,11 @@ def _started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute("UPDATE requests SET started_at = ? WHERE id = ?", (seconds(e.at), e.request_id))
 
 
-# Common to every terminal event; run_ms falls back to the time since started.
+# Common to every terminal event; run_ms falls back to the time since started, and
+# a request never dispatched waited until its end.
 _FINISH = (
     "UPDATE requests SET status = :status, finished_at = :at, "
-    "run_ms = COALESCE(:run_ms, (:at - started_at) * 1000.0)"
+    f"run_ms = COALESCE(:run_ms, (:at - started_at) * 1000.0), {_WAIT_UNTIL_AT}"
 )
 # A durable job's body (app/store/job_bodies.py) is needed until its job ends,
 # and goes in the transaction that records the end: never kept, never missing.

@@ -18,6 +18,7 @@ from app.config import Config
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.web.access import ACCESS_HANDLERS, admin_only, identity, only_caller
+from app.web.access_log import note_model
 from app.web.auth import api_key_middleware
 from app.web.console import Live, console_routes, open_console_assets
 from app.web.console.security import add_security_headers
@@ -216,6 +217,7 @@ def _upstream_mount(proxy: Proxy, sockets: Upgrades) -> Callable[..., Any]:
             )
             return
         scope["path_params"] = {"model": model, "path": path}
+        note_model(scope, model)
         await proxy.upstream(scope, receive, send)
 
     return upstream

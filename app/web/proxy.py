@@ -23,6 +23,7 @@ from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.upstream import UpstreamStartError
+from app.web.access_log import note_model
 from app.web.auth import ANONYMOUS, identify
 from app.web.chain_headers import read_chain
 from app.web.errors import send_error, send_refused
@@ -85,6 +86,7 @@ class Proxy:
                 doc, model_requested = json_model(body)
                 asked = _with_service_tier(asked, doc)
                 priority = identity.grant(asked)
+            note_model(scope, model_requested)
             model = self.config.resolve_model(model_requested)
             if model is None:
                 listed = sorted(m.id for m in self.config.models.values() if not m.unlisted)

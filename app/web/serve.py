@@ -40,6 +40,7 @@ from app.store.lease import Lease, acquire, this_process
 from app.store.lease import fence as lease_fence
 from app.store.queries import activity
 from app.store.samples import lane_samples, recent_runs, recent_samples
+from app.web.access_log import access_log
 from app.web.admin_routes import admin_routes
 from app.web.app import create_app
 from app.web.batches import batch_routes, line_encoder
@@ -221,7 +222,8 @@ async def _serve(
     server = _Server(
         partial(scheduler.drain, config.shutdown_grace),
         uvicorn.Config(
-            app,
+            # Outermost: an access line for every route, however it is mounted.
+            access_log(app, lambda: config.log_requests),
             host=host,
             port=port,
             **server_options(),  # httptools, with limits on the request head

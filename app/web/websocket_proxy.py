@@ -40,6 +40,7 @@ from app.core.priority import HEADER, ignored_priority, read_priority
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
+from app.web.access_log import note_model
 from app.web.auth import Identity, identify
 from app.web.errors import retry_after, send_websocket_error, send_websocket_refusal
 from app.web.forward import HOP_BY_HOP, outgoing_headers, ticket_headers
@@ -100,6 +101,7 @@ class WebsocketProxy:
             challenge = [(b"www-authenticate", b'Bearer realm="gpulane"')]
             await deny(exc.status, exc.message, exc.code, challenge if exc.status == 401 else [])
             return
+        note_model(scope, requested)
         model = self.config.resolve_model(requested) if requested else None
         if model is None:
             await deny(404, f"model {requested!r} is not configured", "model_not_found")

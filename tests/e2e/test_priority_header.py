@@ -33,6 +33,9 @@ def test_a_value_that_is_no_priority_runs_at_0_and_the_answer_says_why(
         assert "interactive" in warning and "64-bit integer" in warning  # what is allowed
     (row,) = gw.wait_for("SELECT data FROM events WHERE type = 'request_enqueued'")
     assert value in json.loads(row["data"])["priority_ignored"]
+    with gw.client() as client:  # counted, and only the unreadable one
+        client.post("/v1/chat/completions", json=CHAT, headers={"X-LlamaSwap-Priority": "batch"})
+        assert "\ngpulane_priority_ignored_total 1.0\n" in client.get("/metrics").text
     gw.wait_for("SELECT 1 FROM events WHERE type = 'request_completed'")
     explained = subprocess.run(
         [sys.executable, "-m", "app.cli", "explain", r.headers["x-request-id"], "--db", str(gw.db)],

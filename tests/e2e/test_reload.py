@@ -138,6 +138,23 @@ def test_the_server_log_says_what_happens_at_info(tmp_path: Path) -> None:
     assert "gpulane stopped" in text
 
 
+def test_the_server_log_names_each_swap_and_each_failed_load(tmp_path: Path) -> None:
+    # Issue 32: at info, each swap (from, to, why) and each failed load.
+    gw = start(
+        tmp_path, config(fake_model("A"), fake_model("B"), fake_model("C", "--exit-at-start"))
+    )
+    with gw.client() as client:
+        a = client.post("/v1/chat/completions", json=chat("A"))
+        b = client.post("/v1/chat/completions", json=chat("B"))
+        assert (a.status_code, b.status_code) == (200, 200)
+        assert client.post("/v1/chat/completions", json=chat("C")).status_code == 502
+    gw.stop()
+    text = gw.log.read_text()
+    assert f"loading B for request {b.headers['x-request-id']}, evicting A" in text
+    assert "loading C for request" in text
+    assert "WARNING gpulane.scheduler: loading C failed: upstream C: exited with code 3" in text
+
+
 def test_api_keys_added_by_a_reload_apply_to_the_next_request(tmp_path: Path) -> None:
     gw = start(tmp_path, config(fake_model("A")))
     base = port_of(gw)

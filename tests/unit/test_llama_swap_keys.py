@@ -19,13 +19,12 @@ def test_strip_params_spelled_both_ways_takes_the_current_one() -> None:
     assert parse_config(MODEL + both).models["m"].strip_params == ("top_p",)
 
 
-def test_log_requests_and_a_models_health_check_timeout_warn() -> None:
+def test_log_requests_is_honoured_and_a_models_health_check_timeout_warns() -> None:
     config = parse_config("logRequests: true\n" + MODEL + "    healthCheckTimeout: 30\n")
-    assert [w.split(":")[0] for w in config.warnings] == [
-        "logRequests",
-        "models.m.healthCheckTimeout",
-    ]
-    assert "the top-level healthCheckTimeout applies" in config.warnings[1]
+    assert config.log_requests is True  # app/web/access_log.py; tests/e2e/test_access_log.py
+    assert parse_config(MODEL).log_requests is False
+    assert [w.split(":")[0] for w in config.warnings] == ["models.m.healthCheckTimeout"]
+    assert "the top-level healthCheckTimeout applies" in config.warnings[0]
 
 
 def test_peers_load_and_serve_their_models() -> None:

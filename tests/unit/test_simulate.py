@@ -91,7 +91,10 @@ def test_swaps_busy_and_idle_time_add_up() -> None:
     assert result.start_ns == [T0 + 3 * S, T0 + 105 * S]
     f = figures(w, result, label="x", kind="simulated", params=ScoringParams(), scheduler="serial")
     assert f["idle_s"] == 87.0
-    assert f["bands"]["normal"]["wait_max_s"] == 5.0  # b's own swap counts as waiting
+    # b is dispatched on arrival: its own swap is not wait (app/core/wait.py) ...
+    assert f["bands"]["normal"]["wait_max_s"] == 0.0
+    # ... but slowdown counts it: a (3 s + 10 s) / 10 s, b (5 s + 20 s) / 20 s.
+    assert f["bands"]["normal"]["slowdown"] == 1.275
 
 
 def test_a_client_that_gives_up_leaves_the_queue_at_its_patience() -> None:

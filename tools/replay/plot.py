@@ -53,7 +53,7 @@ def plot(
                 {"linewidth": 2.5} if r["best"] or r["kind"] == "recorded" else {}
             )
             ax.plot(minutes, percentiles, label=("* " if r["best"] else "") + r["label"], **style)
-        ax.set_title(f"{band}: wait (arrival to start), cumulative")
+        ax.set_title(f"{band}: wait (arrival to dispatch, or to leaving), cumulative")
         ax.set_xlabel("minutes")
         ax.set_ylabel("percentile")
         ax.grid(alpha=0.3)

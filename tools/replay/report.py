@@ -1,10 +1,11 @@
 """Figures of a run, how far the simulation is from the log, and the table / JSON /
 CSV that compare runs side by side.
 
-Wait is from arrival to the moment the request starts on a loaded model (its queue
-wait plus the swap it caused, if any). Per band: count, clients that left while
-waiting, wait p50/p95/p99/max (nearest rank), mean bounded slowdown
-(wait + run) / max(run, 10 s) over the requests that ran, and fairness: Jain's index
+Wait is the one definition (app/core/wait.py): from arrival to dispatch (its own
+swap comes after), or, for a client that left, until it left. Per band: count,
+clients that left (never started), wait p50/p95/p99/max (nearest rank) over the
+requests that ran, mean bounded slowdown (time to start + run) / max(run, 10 s)
+over the requests that ran, and fairness: Jain's index
 of the per-caller mean slowdowns, (sum x)^2 / (n sum x^2), 1 when every caller of
 the band is slowed down alike, 1/n when one caller takes all of it. Per caller and
 per model: count, left, wait p50/p95/max; per caller also its first start and last
@@ -113,15 +114,20 @@ def figures(
     end = result.end_ns
     arrival = result.arrival_ns
     g = _groups(workload)
-    wait = [s - a if s >= 0 else -1 for s, a in zip(start, arrival, strict=True)]
+    # The figures are over the requests that ran: a leaver's wait is its patience.
+    wait = [w if s >= 0 else -1 for w, s in zip(result.wait_ns, start, strict=True)]
+    # Response time over run: from arrival to the start on a loaded model, then the run.
     slow = [
-        (w + run) / floor if w >= 0 else -1.0
-        for w, run, floor in zip(wait, g.run_ns, g.slowdown_floor, strict=True)
+        (s - a + run) / floor if s >= 0 else -1.0
+        for s, a, run, floor in zip(start, arrival, g.run_ns, g.slowdown_floor, strict=True)
     ]
 
     def waits_of(members: list[int]) -> list[int]:
         ws = sorted(_at(wait, members))
-        return ws[bisect.bisect_left(ws, 0) :]  # those who left have wait -1
+        return ws[bisect.bisect_left(ws, 0) :]  # -1: still waiting at the end
+
+    def left_of(members: list[int]) -> int:
+        return sum(1 for s in _at(start, members) if s < 0)
 
     def mean_slowdown(members: list[int]) -> float | None:
         xs = _at(slow, members)
@@ -140,7 +146,7 @@ def figures(
         per_caller = [mean_slowdown(m) for m in g.band_callers[band].values()]
         bands[band] = {
             "count": len(members),
-            "left": len(members) - len(ws),
+            "left": left_of(members),
             **_wait_figures(ws, p99=True),
             "slowdown": None if sd is None else round(sd, 3),
             "fairness": _jain([x for x in per_caller if x is not None]),
@@ -156,7 +162,7 @@ def figures(
         sd = mean_slowdown(members)
         callers[caller] = {
             "count": len(members),
-            "left": len(members) - len(ws),
+            "left": left_of(members),
             **_wait_figures(ws),
             "slowdown": None if sd is None else round(sd, 3),
             "first_start_s": _s(None if first_start is None else first_start - first),
@@ -165,7 +171,7 @@ def figures(
     models: dict[str, Any] = {}
     for model, members in sorted(g.models.items()):
         ws = waits_of(members)
-        models[model] = {"count": len(members), "left": len(members) - len(ws), **_wait_figures(ws)}
+        models[model] = {"count": len(members), "left": left_of(members), **_wait_figures(ws)}
     took = sorted(
         max(ends) - arrival[chain[0]]
         for chain in g.chains
@@ -463,7 +469,7 @@ def table(
         out.write(header + "\n\n")
     name_w = max([len(r["label"]) + 2 for r in rows] + [10])
     out.write(
-        "wait = arrival to start on a loaded model; left = clients that gave up waiting or "
+        "wait = arrival to dispatch, or to leaving; left = clients that gave up waiting or "
         "reached their deadline; fair = Jain's index of per-caller mean slowdown (1 = even)\n"
     )
     cols = ("count", "left", "p50", "p95", "p99", "max", "slowdown", "fair")

@@ -50,6 +50,7 @@ from app.core.residency import Router, one_at_a_time
 from app.core.run_estimate import RunEstimates
 from app.core.scoring import ScoringParams
 from app.core.state import FIFO, SERIAL, SchedulerState, apply, fold_for
+from app.core.wait import wait_ns
 from tools.replay.workload import Request, RunResult, Workload
 
 SwapCost = Callable[[str | None, str], tuple[int, int]]
@@ -182,6 +183,7 @@ class _Sim:
         n = len(self.reqs)
         self.result = RunResult(
             start_ns=[-1] * n,
+            wait_ns=[-1] * n,
             end_ns=[-1] * n,
             arrival_ns=[r.arrival_ns for r in self.reqs],
             order=[],
@@ -568,6 +570,8 @@ class _Sim:
             self.record.append(dispatched)
         _fold_dispatched(self.state, dispatched)
         i = self.index[dispatched.request_id]
+        res = self.result
+        res.wait_ns[i] = wait_ns(res.arrival_ns[i], dispatched.at, dispatched.at)
         self.gone[i] = 1
         self.result.order.append(i)
         return i
@@ -622,6 +626,8 @@ class _Sim:
         reason: ev.CancelReason = "deadline" if kind == _DEADLINE else "client_gone"
         event = ev.RequestCancelled(at=now, request_id=r.request_id, reason=reason)
         apply(self.state, event)
+        res = self.result
+        res.wait_ns[i] = wait_ns(res.arrival_ns[i], None, now)  # never dispatched: until it left
         if self.record is not None:
             self.record.append(event)
         self._chain(i, now)

@@ -33,6 +33,7 @@ from app.core.policy import REORDER_REASONS, reorder_reasons
 from app.core.residency import Router
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL
+from app.core.wait import wait_ns
 from app.store.engine import open_readonly
 from app.store.event_store import read_events
 
@@ -127,6 +128,9 @@ class RunResult:
 
     start_ns: list[int]
     """Per request index: when it started on a loaded model; -1 if it never did."""
+    wait_ns: list[int]
+    """Per request index: its wait (app/core/wait.py: arrival to dispatch, or to
+    the end of one never dispatched, as when it left); -1 while it still waits."""
     end_ns: list[int]
     """Per request index: when it ended after starting; -1 if it never started."""
     arrival_ns: list[int]
@@ -201,6 +205,9 @@ class _Seen:
     index: int
     arrival_ns: int
     dispatched_ns: int = -1
+    """Its first dispatch (the order, and what its client waited at least)."""
+    last_dispatched_ns: int = -1
+    """Its last attempt's dispatch; -1 when that attempt was not dispatched."""
     started_ns: int = -1
     ended_ns: int = -1
     run_ns: int | None = None
@@ -277,9 +284,15 @@ def extract_events(
                     reorders[reason] += 1
             case ev.RequestDispatched():
                 s = seen.get(e.request_id)
+                if s is not None:
+                    s.last_dispatched_ns = e.at
                 if s is not None and s.dispatched_ns < 0:
                     s.dispatched_ns = e.at
                     order.append(s.index)
+            case ev.RequestRequeued():
+                s = seen.get(e.request_id)
+                if s is not None:
+                    s.last_dispatched_ns = -1
             case ev.SwapStarted():
                 swaps += 1
                 open_swap[e.to_model] = (e.at, e.from_model, 0)
@@ -331,6 +344,7 @@ def extract_events(
                 pass
 
     start_ns = [-1] * len(requests)
+    waits = [-1] * len(requests)
     end_ns = [-1] * len(requests)
     busy: list[tuple[int, int]] = [(a, b) for a, b, _, _ in spans]
     for s in seen.values():
@@ -341,6 +355,9 @@ def extract_events(
             end_ns[s.index] = s.ended_ns
         if s.run_ns is not None:
             r.run_ns = s.run_ns
+        if s.last_dispatched_ns >= 0 or s.ended_ns >= 0:
+            dispatched = s.last_dispatched_ns if s.last_dispatched_ns >= 0 else None
+            waits[s.index] = wait_ns(r.arrival_ns, dispatched, s.ended_ns)
         if s.dispatched_ns >= 0:
             r.waited_ns = s.dispatched_ns - r.arrival_ns
         elif s.ended_ns >= 0:
@@ -358,6 +375,7 @@ def extract_events(
         _link_chains(requests, seen, chain_gap_ns)
     recorded = RunResult(
         start_ns=start_ns,
+        wait_ns=waits,
         end_ns=end_ns,
         arrival_ns=[r.arrival_ns for r in requests],
         order=order,
