@@ -153,6 +153,7 @@ async def _serve(
     scheduler.before_each_stop(forwarder.release)
     proxy = Proxy(config, scheduler, forwarder)
     jobs = JobRunner(config, scheduler, forwarder, engine)
+    jobs.fence = leadership.fence
     proxy.jobs = JobDoor(jobs)
     batches = Batches(jobs, line_encoder(config))
     background: list[asyncio.Task[None]] = []
