@@ -489,7 +489,8 @@ class Scheduler:
         (a crash racing this dispatch), load it again for this request and say
         True; False when the process is alive, so the error is real."""
         model = self.state.running.get(request_id)
-        if model is None or self.draining:
+        # A leader that may not trust its lease starts no process (may_dispatch).
+        if model is None or self.draining or not self.may_dispatch():
             return False
         proc = self.processes.get(model)
         if proc is not None:
