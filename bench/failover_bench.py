@@ -131,7 +131,8 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=15.0, help="database.leaseSeconds")
     args = parser.parse_args()
     times = run(args.rounds, args.how, args.lease)
-    print(f"failover ({args.how}, leaseSeconds {args.lease:g}, {args.rounds} rounds), from the kill:")
+    what = f"{args.how}, leaseSeconds {args.lease:g}, {args.rounds} rounds"
+    print(f"failover ({what}), from the kill:")
     for i, step in enumerate(STEPS):
         ms = sorted(t[i] * 1000 for t in times)
         print(

@@ -165,7 +165,9 @@ def test_snake_case_key_suggests_camel_case() -> None:
 def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
     # gpulane's own sections stay strict.
     (error,) = errors_of(one_model() + "database:\n  zzz: 1\n")
-    assert error.startswith("database.zzz: unknown key; allowed keys: leaseSeconds, path, synchronous")
+    assert error.startswith(
+        "database.zzz: unknown key; allowed keys: leaseSeconds, path, synchronous"
+    )
 
 
 def test_unknown_key_in_a_llama_swap_section_loads_with_a_warning_naming_it() -> None:
