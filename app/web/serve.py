@@ -158,6 +158,7 @@ async def _serve(
     batches = Batches(jobs, line_encoder(config))
     background: list[asyncio.Task[None]] = []
     gate = StandbyGate(leadership)
+    failed: list[BaseException] = []
 
     async def lead() -> None:
         """Lead: wait for the lease as a standby if another holds it, then
@@ -203,7 +204,7 @@ async def _serve(
 
     def took_over(task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.error("standby: the takeover failed", exc_info=task.exception())
+            failed.append(task.exception())  # type: ignore[arg-type]
             server.should_exit = True
 
     async def startup() -> None:
@@ -213,7 +214,11 @@ async def _serve(
         for sig in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
             loop.add_signal_handler(sig, server.handle_exit, signal.SIGTERM, None)
         if leadership.lease is not None:
-            await lead()  # recovered before the first request is accepted
+            try:
+                await lead()  # recovered before the first request is accepted
+            except BaseException as exc:
+                failed.append(exc)
+                raise
             return
         # A standby listens at once (/health says who leads) and leads once it can;
         # a reload waits until then (it would be an event).
@@ -271,7 +276,15 @@ async def _serve(
             timeout_graceful_shutdown=math.ceil(config.shutdown_grace) + 5,
         ),
     )
-    await server.serve()
+    try:
+        await server.serve()
+    except SystemExit:
+        # uvicorn exits 3 when the start-up fails, which is FENCED_EXIT: raise
+        # what failed instead, as a failed start always did (cli: exit 1).
+        if not failed:
+            raise
+    if failed:
+        raise failed[0]
 
 
 def extra_routes(
