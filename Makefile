@@ -51,6 +51,7 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.live_queue_bench
 	$(PY) -m bench.job_body_bench
 	$(PY) -m bench.batch_bench
+	$(PY) -m bench.failover_bench
 
 screenshots: $(STAMP) chromium ## PNGs of every console page from a real run, into docs/ui/
 	$(PY) -m tests.browser.screenshots docs/ui

@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="reload the config when its file changes (SIGHUP always reloads it)",
     )
+    serve.add_argument(
+        "--standby",
+        action="store_true",
+        help="if another gpulane serves the database, wait beside it (503 `standby`) and "
+        "take over when its lease lapses (database.leaseSeconds), instead of exiting",
+    )
 
     check = commands.add_parser("check-config", help="validate a config file and print it resolved")
     check.add_argument("file", help="path to the YAML config")
@@ -164,6 +170,7 @@ def _run(args: argparse.Namespace) -> int:
             args.db,
             tls=(args.tls_cert_file, args.tls_key_file),
             watch=args.watch_config,
+            standby=args.standby,
         )
     return 2  # unreachable: argparse rejects unknown commands
 

@@ -23,6 +23,12 @@ DEFAULT_UNLOAD_TIMEOUT: Final = 10.0
 # The scoring defaults belong to the core; the file states them in seconds.
 DEFAULT_AGING_DIVISOR: Final = DEFAULT_AGING_DIVISOR_NS / NS_PER_S
 DEFAULT_DATABASE_PATH: Final = "gpulane.db"
+# How long the server lease lasts unrenewed: a standby takes over a leader that
+# hangs or loses its host this long after its last renewal (a killed leader on
+# the standby's own host at once). Renewed every third of it.
+DEFAULT_LEASE_SECONDS: Final = 15.0
+MIN_LEASE_SECONDS: Final = 1.0
+MAX_LEASE_SECONDS: Final = 3600.0
 DEFAULT_RESULT_RETENTION_S: Final = 7 * 24 * 3600.0
 DEFAULT_MAX_ATTEMPTS: Final = 3
 # Disk space a durable job's body may not take (507 instead): the log needs room.
@@ -214,6 +220,7 @@ class RawRouting(_Raw, frozen=True):
 class RawDatabase(_Raw, frozen=True):
     path: str = DEFAULT_DATABASE_PATH
     synchronous: str = "full"
+    lease_seconds: float | str = DEFAULT_LEASE_SECONDS
 
 
 class RawJobs(_Raw, frozen=True):

@@ -23,6 +23,7 @@ from app.config.models import ModelScope, name_index, resolve_model
 from app.config.peers import PeerResolver
 from app.config.raw import (
     DEFAULT_IGNORE_PATHS,
+    DEFAULT_LEASE_SECONDS,
     DEFAULT_LOAD_BACKOFF,
     DEFAULT_LOAD_BACKOFF_MAX,
     DEFAULT_MAX_RUN_TIME,
@@ -30,6 +31,8 @@ from app.config.raw import (
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STREAM_IDLE_TIMEOUT,
     DEFAULT_UNLOAD_TIMEOUT,
+    MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
     RawConfig,
 )
 from app.config.resolved import Config, ModelConfig
@@ -159,6 +162,7 @@ class Resolver:
             database_synchronous=choice(
                 issues, raw.database.synchronous, "database.synchronous", SYNCHRONOUS
             ),
+            database_lease_s=_lease_seconds(raw, issues),
             result_retention_s=_retention(issues, raw.jobs.result_retention),
             max_attempts=_max_attempts(raw, issues),
             min_free_disk=_min_free_disk(raw, issues),
@@ -230,6 +234,20 @@ def _shutdown_grace(raw: RawConfig, issues: Issues) -> float:
     allowed = f"seconds >= 0 (0 = stop upstreams at once), or {DURATION_FORMS}"
     total = seconds(issues, raw.shutdown_grace, "shutdownGrace", allowed)
     return DEFAULT_SHUTDOWN_GRACE if total is None else total
+
+
+def _lease_seconds(raw: RawConfig, issues: Issues) -> float:
+    # Under a second the renewals (a write each, every third of it) would crowd
+    # the log's writer; past an hour a dead leader's standby would wait that long.
+    allowed = f"seconds from {MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g}, or {DURATION_FORMS}"
+    total = seconds(issues, raw.database.lease_seconds, "database.leaseSeconds", allowed)
+    if total is not None and not MIN_LEASE_SECONDS <= total <= MAX_LEASE_SECONDS:
+        issues.error(
+            "database.leaseSeconds",
+            f"{show_number(raw.database.lease_seconds)} is out of range; expected {allowed}",
+        )
+        total = None
+    return DEFAULT_LEASE_SECONDS if total is None else total
 
 
 def _load_backoff(raw: RawConfig, issues: Issues) -> dict[str, Any]:

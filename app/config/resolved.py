@@ -10,6 +10,7 @@ import msgspec
 
 from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LEASE_SECONDS,
     DEFAULT_LOAD_BACKOFF,
     DEFAULT_LOAD_BACKOFF_MAX,
     DEFAULT_LOAD_FAILURE_LIMIT,
@@ -144,6 +145,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
     """The same for one caller, unless its key sets its own `maxQueued`."""
     database_synchronous: str  # "full" | "normal"
+    database_lease_s: float = DEFAULT_LEASE_SECONDS
+    """`database.leaseSeconds`: how long the server lease lasts unrenewed; a
+    standby takes over a leader silent this long (app/runtime/leadership.py)."""
     result_retention_s: float
     max_attempts: int
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
@@ -185,6 +189,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _HASHED_AS_BEFORE: dict[str, object] = {
+    "database_lease_s": DEFAULT_LEASE_SECONDS,
     "load_backoff": DEFAULT_LOAD_BACKOFF,
     "load_backoff_max": DEFAULT_LOAD_BACKOFF_MAX,
     "load_failure_limit": DEFAULT_LOAD_FAILURE_LIMIT,

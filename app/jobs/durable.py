@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
@@ -115,6 +115,9 @@ class Jobs:
         self._started_at = time.time()
         """Bodies without a request stored before this are left over by an
         earlier process (its enqueue never reached the disk): pruned."""
+        self.fence: Callable[[Connection], None] | None = None
+        """Checks the server lease in a result's transaction (serve sets it): a
+        leader that was taken over stores no result (app/runtime/leadership.py)."""
         self._credentials: dict[str, dict[str, str]] = {}
         """Credential headers a job's model passes (`passCredentials`), kept in
         memory only until the job runs: never in the log, so a job run after a
@@ -286,7 +289,9 @@ class Jobs:
 
         async def keep(status: int, headers: list[tuple[str, str]], answer: bytes) -> None:
             await write_until_accepted(
-                lambda: store_result(self.engine, ticket.request_id, status, headers, answer),
+                lambda: store_result(
+                    self.engine, ticket.request_id, status, headers, answer, self.fence
+                ),
                 f"the result of job {ticket.request_id}",
             )
 

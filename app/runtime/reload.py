@@ -24,7 +24,7 @@ from app.config import Config, ConfigError, load_config
 
 log = logging.getLogger("gpulane.reload")
 
-NEEDS_RESTART: Final = ("database_path", "database_synchronous", "log_level")
+NEEDS_RESTART: Final = ("database_path", "database_synchronous", "database_lease_s", "log_level")
 """Settings read once at start: a reload keeps them, and says so."""
 
 WATCH_INTERVAL_S: Final = 2.0

@@ -116,6 +116,9 @@ class Scheduler:
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
+        self.may_dispatch: Callable[[], bool] = lambda: True
+        """False while this server may not trust its lease (serve sets it: a
+        leader paused or cut off past its lease dispatches nothing; leadership.py)."""
         self._idle: asyncio.Future[None] | None = None
         self._last_commit: asyncio.Future[list[int]] | None = None
         """The newest emit's commit: `recorded` waits for it."""
@@ -492,7 +495,8 @@ class Scheduler:
         (a crash racing this dispatch), load it again for this request and say
         True; False when the process is alive, so the error is real."""
         model = self.state.running.get(request_id)
-        if model is None or self.draining:
+        # A leader that may not trust its lease starts no process (may_dispatch).
+        if model is None or self.draining or not self.may_dispatch():
             return False
         proc = self.processes.get(model)
         if proc is not None:
@@ -569,8 +573,9 @@ class Scheduler:
 
     def pump(self) -> None:
         """Dispatch until the policy says nothing more can run now. Nothing
-        starts while the log refuses writes (`store.failure`)."""
-        while not self.draining and self.store.failure is None:
+        starts while the log refuses writes (`store.failure`), nor while the
+        lease is not to be trusted (`may_dispatch`)."""
+        while not self.draining and self.store.failure is None and self.may_dispatch():
             now = self.clock()
             decision = decide(self.state, now)
             if decision is None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, RowMapping, select
+from sqlalchemy import Connection, Engine, RowMapping, select
 from sqlalchemy import delete as sql_delete
 
 from app.store.tables import job_results, requests
@@ -37,8 +37,15 @@ def find_idempotency_key(engine: Engine, key: str, caller: str | None) -> tuple[
 
 
 def store_result(
-    engine: Engine, request_id: str, status: int, headers: Sequence[tuple[str, str]], body: bytes
+    engine: Engine,
+    request_id: str,
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    fence: Callable[[Connection], None] | None = None,
 ) -> None:
+    """Keep a job's answer. `fence` runs first in the same transaction (the server
+    lease, app/store/lease.py): a leader taken over stores nothing more."""
     row = {
         "request_id": request_id,
         "http_status": status,
@@ -47,6 +54,8 @@ def store_result(
         "stored_at": time.time(),
     }
     with engine.begin() as conn:
+        if fence is not None:
+            fence(conn)
         # A job re-run after a crash overwrites the result of the run that never completed.
         conn.execute(sql_delete(job_results).where(job_results.c.request_id == request_id))
         conn.execute(job_results.insert().values(row))

@@ -37,6 +37,7 @@ import sqlalchemy
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.engine import Engine
 
+from app.config.raw import DEFAULT_LEASE_SECONDS
 from app.core import events as ev
 from app.store.engine import DatabaseError, describe
 from app.store.tables import server_lease
@@ -44,19 +45,25 @@ from app.store.tables import server_lease
 NAME: Final = "leader"
 """The one row's name."""
 
-LEASE_TTL_S: Final = 15.0
-"""How long a lease lasts without renewal. A server that stops renewing (hung,
-stopped, or its database unwritable) can be taken over this long after its
-last renewal; a killed one at once, from the same host."""
+LEASE_TTL_S: Final = DEFAULT_LEASE_SECONDS
+"""How long a lease lasts without renewal (`database.leaseSeconds`'s default). A
+server that stops renewing (hung, stopped, or its database unwritable) can be
+taken over this long after its last renewal; a killed one at once, from the
+same host."""
 
-RENEW_EVERY_S: Final = 5.0
-"""How often a serving gpulane renews its lease: three tries per LEASE_TTL_S."""
+RENEW_EVERY_S: Final = LEASE_TTL_S / 3
+"""How often a serving gpulane renews its lease: three tries per TTL."""
 
 _PROC: Final = Path("/proc")
 
 
 class LeaseHeld(DatabaseError):
     """Another live gpulane holds the lease; the message names it and what to do."""
+
+    def __init__(self, message: str, row: LeaseRow | None = None) -> None:
+        super().__init__(message)
+        self.row = row
+        """The lease as it was read: who holds it, until when."""
 
 
 class LeaseLost(Exception):
@@ -212,6 +219,24 @@ def read(conn: Connection, *, lock: bool = False) -> LeaseRow | None:
     return None if row is None else LeaseRow(*row)
 
 
+def peek(engine: Engine) -> LeaseRow | None:
+    """The lease row read without a write lock (what a standby polls)."""
+    with engine.connect() as conn:
+        return read(conn)
+
+
+def ended_by(
+    row: LeaseRow, now: float, alive: Callable[[LeaseRow], bool | None]
+) -> ev.LeaseEnd | None:
+    """How `row`'s term has ended by `now`, so that another may take the lease;
+    None while it is live."""
+    if row.expires_at <= now:
+        return "released" if row.released else "expired"
+    if alive(row) is False:
+        return "gone"
+    return None
+
+
 def holds(conn: Connection, term: int) -> bool:
     """Whether `term` is still the lease's term, read in `conn`'s transaction: a
     write that checks it in the transaction that writes is fenced."""
@@ -283,13 +308,9 @@ def _acquire(
     if row is None:
         conn.execute(insert(server_lease).values(name=NAME, term=1, **values))
         return Lease(term=1, holder=holder, acquired_at=now, expires_at=now + ttl)
-    ended: ev.LeaseEnd
-    if row.expires_at <= now:
-        ended = "released" if row.released else "expired"
-    elif alive(row) is False:
-        ended = "gone"
-    else:
-        raise LeaseHeld(_where(engine) + held_message(row, now))
+    ended = ended_by(row, now, alive)
+    if ended is None:
+        raise LeaseHeld(_where(engine) + held_message(row, now, ttl), row)
     term = row.term + 1
     taken = conn.execute(
         update(server_lease)
@@ -345,7 +366,7 @@ def release(engine: Engine, lease: Lease, now: float) -> bool:
 # -- messages -----------------------------------------------------------------
 
 
-def held_message(row: LeaseRow, now: float) -> str:
+def held_message(row: LeaseRow, now: float, ttl: float = LEASE_TTL_S) -> str:
     """Why a second server refuses to start, and what to do."""
     here = row.host == socket.gethostname()
     where = f"host {row.host}" + (" (this host)" if here else "")
@@ -355,8 +376,9 @@ def held_message(row: LeaseRow, now: float) -> str:
         f"{row.listen} (lease term {row.term}, renewed {max(0.0, now - row.renewed_at):.0f} s "
         f"ago). One database has one server: send requests to {row.listen}, or stop "
         f"that server first ({stop}, or its service manager) and start this one again; "
-        f"to run a second server, give it its own database (--db). A killed server does "
-        f"not block a restart, and a lease not renewed for {LEASE_TTL_S:g} s lapses."
+        f"to keep this one waiting to take over, start it with --standby; to run a "
+        f"second server, give it its own database (--db). A killed server does not "
+        f"block a restart, and a lease not renewed for {ttl:g} s lapses."
     )
 
 

@@ -1,4 +1,5 @@
-"""`gpulane serve`: open the log, recover, start the run loop and the HTTP server."""
+"""`gpulane serve`: open the log, take the lease (or wait for it as a standby),
+recover, start the run loop and the HTTP server."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from types import FrameType
@@ -36,8 +36,7 @@ from app.runtime.reload import ConfigSource
 from app.runtime.scheduler import Scheduler
 from app.store.engine import DatabaseError, open_database
 from app.store.event_store import SqliteEventStore
-from app.store.lease import Lease, acquire, this_process
-from app.store.lease import fence as lease_fence
+from app.store.lease import LeaseHeld, this_process
 from app.store.queries import activity
 from app.store.samples import lane_samples, recent_runs, recent_samples
 from app.web.access_log import access_log
@@ -53,6 +52,7 @@ from app.web.limits import server_options
 from app.web.proxy import Proxy
 from app.web.report_routes import report_routes
 from app.web.responses import response_routes
+from app.web.standby import StandbyGate, standby_text
 
 log = logging.getLogger("gpulane")
 
@@ -72,6 +72,7 @@ def serve_command(
     tls: tuple[str | None, str | None] = (None, None),
     *,
     watch: bool = False,
+    standby: bool = False,
 ) -> int:
     try:
         config = load_config(config_path)
@@ -109,15 +110,22 @@ def serve_command(
     except DatabaseError as exc:
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
-    # One log, one server: before recovery touches anything (app/store/lease.py).
+    # One log, one leader: before recovery touches anything (app/store/lease.py).
+    leadership = Leadership(engine, this_process(engine, listen), ttl=config.database_lease_s)
     try:
-        lease = acquire(engine, this_process(engine, listen), time.time())
+        leadership.take()
+    except LeaseHeld as exc:
+        if not standby:
+            engine.dispose()
+            print(f"gpulane: {exc}", file=sys.stderr)
+            return 1
+        log.info("%s", standby_text(leadership))
     except DatabaseError as exc:
         engine.dispose()
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
     try:
-        uvloop.run(_serve(config, engine, host, int(port), lease, tls, watch=watch))
+        uvloop.run(_serve(config, engine, host, int(port), leadership, tls, watch=watch))
     except KeyboardInterrupt:
         pass
     return 0
@@ -128,42 +136,54 @@ async def _serve(
     engine: Engine,
     host: str,
     port: int,
-    lease: Lease,
+    leadership: Leadership,
     tls: tuple[str | None, str | None] = (None, None),
     *,
     watch: bool = False,
 ) -> None:
     logs = LogBuffer()
     _capture_logs(logs)
-    store = SqliteEventStore(engine, fence=partial(lease_fence, lease.term))
+    # Every append is fenced by this process's term; a standby's by none.
+    store = SqliteEventStore(engine, fence=leadership.fence)
     store.start()
     # Names this database in the upstreams' environment, so the next start's
     # recovery finds what they left, and never another server's.
     owner = hashlib.sha256(os.fsencode(os.path.abspath(engine.url.database or ""))).hexdigest()
     scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
-    leadership = Leadership(engine, lease, partial(_fenced, scheduler))
-    store.on_fenced = partial(_fenced, scheduler)
-    keeping = asyncio.get_running_loop().create_task(leadership.keep(), name="lease")
-    now = scheduler.clock()
-    scheduler.emit([lease.event(now), server_started(config, now, os.getpid())])
-    recovered = await recover(scheduler, engine, config.max_attempts)
-    # What the short-job term and Retry-After expect, learnt from the log so far.
-    _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
-    scheduler.learn(recent_runs(engine, RECENT_RUNS), reversed(loads))
-    # What the forecast of overtaking work learns from: the log's last week, up
-    # to this start (what ends later, the scheduler sees).
-    started_s = now / NS_PER_S
-    history = lane_samples(engine, started_s - (DAYS + 1) * 86400.0, started_s)
-    scheduler.lane_history.learn(*history)
+    # A leader whose lease may have lapsed (paused, cut off) dispatches nothing.
+    scheduler.may_dispatch = leadership.trusted
+    leadership.on_lost = store.on_fenced = partial(_fenced, scheduler)
+    leadership.on_renewed = scheduler.pump
     forwarder = Forwarder(config, scheduler)
     scheduler.before_each_stop(forwarder.release)
     proxy = Proxy(config, scheduler, forwarder)
     jobs = JobRunner(config, scheduler, forwarder, engine)
+    jobs.fence = leadership.fence
     proxy.jobs = JobDoor(jobs)
     batches = Batches(jobs, line_encoder(config))
     background: list[asyncio.Task[None]] = []
+    gate = StandbyGate(leadership)
+    failed: list[BaseException] = []
 
-    async def startup() -> None:
+    async def lead() -> None:
+        """Lead: wait for the lease as a standby if another holds it, then
+        record it and recover exactly as after a crash, and open the doors."""
+        lease = leadership.lease
+        if lease is None:
+            lease = await leadership.wait_to_lead()
+            log.info("standby: took over the lease (term %d); recovering", lease.term)
+        background.append(asyncio.get_running_loop().create_task(leadership.keep(), name="lease"))
+        now = scheduler.clock()
+        scheduler.emit([lease.event(now), server_started(config, now, os.getpid())])
+        recovered = await recover(scheduler, engine, config.max_attempts)
+        # What the short-job term and Retry-After expect, learnt from the log so far.
+        _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
+        scheduler.learn(recent_runs(engine, RECENT_RUNS), reversed(loads))
+        # What the forecast of overtaking work learns from: the log's last week, up
+        # to this start (what ends later, the scheduler sees).
+        started_s = now / NS_PER_S
+        history = lane_samples(engine, started_s - (DAYS + 1) * 86400.0, started_s)
+        scheduler.lane_history.learn(*history)
         for ticket, job in recovered.jobs:
             jobs.run(ticket, job)
         background.append(asyncio.get_running_loop().create_task(jobs.prune_forever()))
@@ -178,14 +198,11 @@ async def _serve(
         loop.add_signal_handler(signal.SIGHUP, source.reload)
         if watch:
             background.append(loop.create_task(source.watch()))
-        # Any other signal that would end the process stops it as SIGTERM does,
-        # so no upstream outlives it.
-        for sig in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-            loop.add_signal_handler(sig, server.handle_exit, signal.SIGTERM, None)
         # What exists after start-up lives as long as the server: keep the collector
         # from re-walking it in full collections that stall the proxy path.
         gc.collect()
         gc.freeze()
+        gate.open = True
         base = f"{'https' if tls[0] else 'http'}://{host}:{port}"
         log.info(
             "gpulane %s listening on %s (db %s); console at %s/ui/",
@@ -195,13 +212,45 @@ async def _serve(
             base.replace("://0.0.0.0:", "://127.0.0.1:"),
         )
 
+    def took_over(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            failed.append(task.exception())  # type: ignore[arg-type]
+            server.should_exit = True
+
+    async def startup() -> None:
+        loop = asyncio.get_running_loop()
+        # Any other signal that would end the process stops it as SIGTERM does,
+        # so no upstream outlives it.
+        for sig in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            loop.add_signal_handler(sig, server.handle_exit, signal.SIGTERM, None)
+        if leadership.lease is not None:
+            try:
+                await lead()  # recovered before the first request is accepted
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+            return
+        # A standby listens at once (/health says who leads) and leads once it can;
+        # a reload waits until then (it would be an event).
+        loop.add_signal_handler(signal.SIGHUP, log.info, "standby: SIGHUP ignored until it leads")
+        leading = loop.create_task(lead(), name="standby")
+        leading.add_done_callback(took_over)
+        background.append(leading)
+        log.info(
+            "gpulane %s standby on %s:%d (db %s): %s",
+            __version__,
+            host,
+            port,
+            engine.url.database,
+            standby_text(leadership),
+        )
+
     async def shutdown() -> None:
         for task in background:
             task.cancel()
         await scheduler.shutdown()
         await forwarder.close()
         await store.close()
-        keeping.cancel()
         await leadership.release()
         # The release is the last write: closing the last connection checkpoints it
         # too, so the .db file alone is still complete after a clean stop.
@@ -219,11 +268,12 @@ async def _serve(
         on_startup=[startup],
         on_shutdown=[shutdown],
     )
+    gate.app = app
     server = _Server(
         partial(scheduler.drain, config.shutdown_grace),
         uvicorn.Config(
             # Outermost: an access line for every route, however it is mounted.
-            access_log(app, lambda: config.log_requests),
+            access_log(gate, lambda: config.log_requests),
             host=host,
             port=port,
             **server_options(),  # httptools, with limits on the request head
@@ -237,7 +287,15 @@ async def _serve(
             timeout_graceful_shutdown=math.ceil(config.shutdown_grace) + 5,
         ),
     )
-    await server.serve()
+    try:
+        await server.serve()
+    except SystemExit:
+        # uvicorn exits 3 when the start-up fails, which is FENCED_EXIT: raise
+        # what failed instead, as a failed start always did (cli: exit 1).
+        if not failed:
+            raise
+    if failed:
+        raise failed[0]
 
 
 def extra_routes(

@@ -124,7 +124,11 @@ class Gateway:
                         f"gpulane exited with {self.proc.returncode}:\n{self.log.read_text()}"
                     )
                 try:
-                    if client.get(self.url + "/health").text == "OK":
+                    health = client.get(self.url + "/health").text
+                    # A standby is up once it says so (tests/e2e/test_standby.py).
+                    if health == "OK" or (
+                        "--standby" in self.args and health.startswith("standby")
+                    ):
                         return self
                 except httpx.HTTPError:
                     pass

@@ -271,11 +271,13 @@ def test_a_holder_whose_lease_was_taken_over_is_fenced(engine: Engine) -> None:
 
 async def test_leadership_stops_at_the_first_renewal_after_a_take_over(engine: Engine) -> None:
     clock = [NOW]
-    lease = acquire(engine, holder(1), NOW, alive=always(True))
     lost: list[str] = []
-    leadership = Leadership(engine, lease, lost.append, clock=lambda: clock[0])
+    leadership = Leadership(engine, holder(1), clock=lambda: clock[0], alive=always(True))
+    leadership.on_lost = lost.append
+    leadership.take()
     clock[0] += 5
     assert await leadership.renew_once()
+    assert leadership.lease is not None
     assert leadership.lease.expires_at == NOW + 5 + LEASE_TTL_S
     acquire(engine, holder(2), NOW + 5 + LEASE_TTL_S, alive=always(True))
     clock[0] += 5
@@ -288,8 +290,11 @@ async def test_leadership_stops_at_the_first_renewal_after_a_take_over(engine: E
 
 
 async def test_leadership_releases_on_a_clean_stop(engine: Engine) -> None:
-    lease = acquire(engine, holder(1), NOW, alive=always(True))
-    leadership = Leadership(engine, lease, lambda reason: None, clock=lambda: NOW + 1, every=0.01)
+    clock = [NOW]
+    leadership = Leadership(engine, holder(1), clock=lambda: clock[0], alive=always(True))
+    leadership.take()
+    clock[0] = NOW + 1
+    leadership.ttl = 0.03  # renewals every 0.01 s
     keeping = asyncio.create_task(leadership.keep())
     while (renewed := row(engine)) is None or renewed.renewed_at != NOW + 1:
         await asyncio.sleep(0.01)  # polls until the first renewal is on disk

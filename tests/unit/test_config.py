@@ -165,7 +165,9 @@ def test_snake_case_key_suggests_camel_case() -> None:
 def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
     # gpulane's own sections stay strict.
     (error,) = errors_of(one_model() + "database:\n  zzz: 1\n")
-    assert error.startswith("database.zzz: unknown key; allowed keys: path, synchronous")
+    assert error.startswith(
+        "database.zzz: unknown key; allowed keys: leaseSeconds, path, synchronous"
+    )
 
 
 def test_unknown_key_in_a_llama_swap_section_loads_with_a_warning_naming_it() -> None:
@@ -1056,3 +1058,19 @@ def test_pass_credentials_names_only_credential_headers() -> None:
         f"models.m.passCredentials[1]: 'proxy-authorization' is not a credential header "
         f"gpulane can pass; expected one of {allowed} ({why})",
     ]
+
+
+def test_database_lease_seconds_defaults_to_15_takes_durations_and_hashes_as_before() -> None:
+    default = parse(one_model())
+    assert default.database_lease_s == 15
+    assert parse(one_model() + "database: {leaseSeconds: 1m}\n").database_lease_s == 60
+    assert parse(one_model() + "database: {leaseSeconds: 2.5}\n").database_lease_s == 2.5
+    # A config that leaves it unset hashes as one written before the key existed.
+    assert default.config_hash == parse(one_model() + "database: {leaseSeconds: 15}\n").config_hash
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "-3", "2h", "soon"])
+def test_database_lease_seconds_out_of_range_is_an_error_naming_the_key(value: str) -> None:
+    (error,) = errors_of(one_model() + f"database: {{leaseSeconds: {value}}}\n")
+    assert error.startswith("database.leaseSeconds: ")
+    assert "expected seconds from 1 to 3600" in error
