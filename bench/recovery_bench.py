@@ -66,8 +66,9 @@ from app.core import events as ev
 from app.core.priority import band_of
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.store import migrate, tables
+from app.store.cursor import driver_cursor
 from app.store.engine import open_database
-from app.store.event_store import driver_cursor, next_seq, write_events
+from app.store.event_store import next_seq, write_events
 from app.store.read_model import POSITION_NAME, seconds
 
 REPO = Path(__file__).resolve().parents[1]

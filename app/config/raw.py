@@ -213,6 +213,7 @@ class RawRouting(_Raw, frozen=True):
 
 class RawDatabase(_Raw, frozen=True):
     path: str = DEFAULT_DATABASE_PATH
+    url: str | None = None
     synchronous: str = "full"
 
 

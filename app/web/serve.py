@@ -31,8 +31,8 @@ from app.runtime.parameters import server_started
 from app.runtime.recovery import recover
 from app.runtime.reload import ConfigSource
 from app.runtime.scheduler import Scheduler
-from app.store.engine import DatabaseError, open_database
-from app.store.event_store import SqliteEventStore
+from app.store.engine import DatabaseError, open_database, shown
+from app.store.event_store import SqlEventStore
 from app.store.lease import Lease, acquire, this_process
 from app.store.lease import fence as lease_fence
 from app.store.queries import activity
@@ -118,6 +118,14 @@ def serve_command(
     return 0
 
 
+def _database_name(engine: Engine) -> str:
+    """The database, named the same by every server of it: a file's absolute
+    path, or a server's URL without the password."""
+    if engine.dialect.name == "sqlite":
+        return os.path.abspath(engine.url.database or "")
+    return shown(engine.url)
+
+
 async def _serve(
     config: Config,
     engine: Engine,
@@ -130,11 +138,11 @@ async def _serve(
 ) -> None:
     logs = LogBuffer()
     _capture_logs(logs)
-    store = SqliteEventStore(engine, fence=partial(lease_fence, lease.term))
+    store = SqlEventStore(engine, fence=partial(lease_fence, lease.term))
     store.start()
     # Names this database in the upstreams' environment, so the next start's
     # recovery finds what they left, and never another server's.
-    owner = hashlib.sha256(os.fsencode(os.path.abspath(engine.url.database or ""))).hexdigest()
+    owner = hashlib.sha256(os.fsencode(_database_name(engine))).hexdigest()
     scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
     leadership = Leadership(engine, lease, partial(_fenced, scheduler))
     store.on_fenced = partial(_fenced, scheduler)
@@ -181,7 +189,7 @@ async def _serve(
             "gpulane %s listening on %s (db %s); console at %s/ui/",
             __version__,
             base,
-            engine.url.database,
+            shown(engine.url),
             base.replace("://0.0.0.0:", "://127.0.0.1:"),
         )
 
