@@ -26,7 +26,7 @@ SELECT min(enqueue_seq) FROM (
     SELECT r.enqueue_seq FROM requests AS r
     WHERE r.finished_at >= :since AND r.enqueue_seq < :seq
       AND EXISTS (SELECT 1 FROM events AS e WHERE e.request_id = r.id AND e.seq > :seq)
-)
+) AS open_at
 """
 # The `at` bound lets ix_events_type_at skip the older history.
 _RESIDENCY = (

@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy
 from sqlalchemy import JSON, Text, cast, column, func, select, table
 from sqlalchemy.engine import Engine
+from sqlalchemy.types import NullType
 
 from app.store.tables import events, metadata, server_lease
 
@@ -63,11 +64,15 @@ def copy_log(source: Engine, target: Engine) -> Copied:
 
 
 def _copy_table(src: sqlalchemy.Connection, dst: sqlalchemy.Connection, source: Any) -> int:
-    # JSON as its text both ways: SQLAlchemy's JSON type would turn SQL NULL into 'null'.
+    # JSON as its text both ways, bound untyped (no cast to VARCHAR, which PostgreSQL
+    # will not put in a json column): SQLAlchemy's JSON would turn SQL NULL into 'null'.
     read = [cast(c, Text).label(c.name) if isinstance(c.type, JSON) else c for c in source.columns]
     write = table(
         source.name,
-        *(column(c.name, Text if isinstance(c.type, JSON) else c.type) for c in source.columns),
+        *(
+            column(c.name, NullType() if isinstance(c.type, JSON) else c.type)
+            for c in source.columns
+        ),
     )
     options = {"yield_per": COPY_BATCH} if src.dialect.name != "sqlite" else {}
     result = src.execute(
