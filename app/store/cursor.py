@@ -9,6 +9,7 @@ rewrites them to psycopg's (`%s`, `%(name)s`) once per statement text.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sqlite3
@@ -81,6 +82,18 @@ class PostgresCursor:
 
     def close(self) -> None:
         self._cursor.close()
+
+    def pipeline(self) -> contextlib.AbstractContextManager[Any]:
+        return self._cursor.connection.pipeline()
+
+
+def pipelined(cur: Cursor) -> contextlib.AbstractContextManager[Any]:
+    """Statements sent without waiting for each one's answer (PostgreSQL's pipeline
+    mode; an error is raised when the block ends). For statements whose results
+    nobody reads: a round trip per statement would cost more than the statement."""
+    if isinstance(cur, PostgresCursor):
+        return cur.pipeline()
+    return contextlib.nullcontext()
 
 
 def driver_cursor(conn: sqlalchemy.Connection, stream: str | None = None) -> Cursor:

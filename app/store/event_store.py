@@ -48,7 +48,7 @@ from sqlalchemy.engine import Engine
 
 from app.core.events import AnyEvent, decode, encode, model_of, request_id_of, type_name
 from app.store import read_model
-from app.store.cursor import Cursor, driver_cursor, is_storage_fault, on_sqlite
+from app.store.cursor import Cursor, driver_cursor, is_storage_fault, on_sqlite, pipelined
 from app.store.engine import describe
 from app.store.lease import LeaseLost
 from app.store.port import StoreError
@@ -90,6 +90,11 @@ def next_seq(cur: Cursor) -> int:
 
 def write_events(cur: Cursor, first: int, events: Sequence[AnyEvent]) -> None:
     """Insert events as seqs first, first + 1, ... and project them, in the caller's transaction."""
+    with pipelined(cur):
+        _write_events(cur, first, events)
+
+
+def _write_events(cur: Cursor, first: int, events: Sequence[AnyEvent]) -> None:
     cur.executemany(
         _INSERT,
         [
