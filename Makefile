@@ -43,6 +43,7 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.proxy_bench
 	$(PY) -m bench.peer_bench
 	$(PY) -m bench.recovery_bench
+	$(PY) -m bench.pg_bench
 	$(PY) -m bench.replay_bench
 	$(PY) -m bench.replay_lanes_bench
 	if command -v valgrind >/dev/null; then $(PY) -m bench.replay_instructions --lanes; \

@@ -3,8 +3,9 @@
 `events` is the source of truth. Everything else is a read model that only
 `read_model.project` writes, in the same transaction as the events it derives
 from, so `gpulane db rebuild` can recompute it at any time. Times are REAL unix
-seconds so `datetime(x, 'unixepoch')` works in ad-hoc SQL; the events keep
-exact nanoseconds in `data`. Documented column by column in docs/events.md.
+seconds (double precision on PostgreSQL) so `datetime(x, 'unixepoch')` works in
+ad-hoc SQL; the events keep exact nanoseconds in `data`. Integers are 64-bit
+(`INTEGER`) on both databases. Documented column by column in docs/events.md.
 """
 
 from __future__ import annotations
