@@ -165,7 +165,7 @@ def test_snake_case_key_suggests_camel_case() -> None:
 def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
     # gpulane's own sections stay strict.
     (error,) = errors_of(one_model() + "database:\n  zzz: 1\n")
-    assert error.startswith("database.zzz: unknown key; allowed keys: path, synchronous")
+    assert error.startswith("database.zzz: unknown key; allowed keys: path, synchronous, url")
 
 
 def test_unknown_key_in_a_llama_swap_section_loads_with_a_warning_naming_it() -> None:
@@ -1056,3 +1056,18 @@ def test_pass_credentials_names_only_credential_headers() -> None:
         f"models.m.passCredentials[1]: 'proxy-authorization' is not a credential header "
         f"gpulane can pass; expected one of {allowed} ({why})",
     ]
+
+
+def test_database_url_names_the_database_instead_of_the_path() -> None:
+    url = "postgresql+psycopg://gpulane@db.internal:5432/gpulane"
+    assert parse(one_model() + f"database:\n  url: {url}\n").database_path == url
+    assert (
+        parse(one_model() + "database:\n  url: sqlite:///x.db\n").database_path == "sqlite:///x.db"
+    )
+    errors = errors_of(one_model() + f"database:\n  url: {url}\n  path: other.db\n")
+    assert errors == [
+        "database.url: give database.url or database.path, not both (a path is a URL too)"
+    ]
+    (error,) = errors_of(one_model() + "database:\n  url: mysql://u@h/db\n")
+    assert error.startswith("database.url: 'mysql' is not a database gpulane runs on")
+    assert "postgresql+psycopg://" in error
