@@ -157,7 +157,8 @@ def _postgres_problem(db: str | Path, cause: psycopg.Error) -> DatabaseError | N
     if isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         return DatabaseError(
             f"{shown(db)}: its schema is not what this gpulane reads (PostgreSQL: {cause}). "
-            f"`gpulane db upgrade --db URL` brings a database of an older gpulane up to date."
+            f"`gpulane db upgrade --db {shown(db)}` brings a database of an older gpulane up "
+            "to date."
         )
     if isinstance(
         cause, psycopg.errors.InsufficientPrivilege | psycopg.errors.ReadOnlySqlTransaction

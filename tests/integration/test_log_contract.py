@@ -19,7 +19,7 @@ from app.core import events as ev
 from app.report.explain import explain
 from app.store import commands, console_queries, migrate
 from app.store.batches import create_batch, line_summary
-from app.store.engine import open_database
+from app.store.engine import DatabaseError, open_database
 from app.store.files import file_content, file_row, list_files, store_file
 from app.store.job_bodies import load_body, store_body
 from app.store.job_results import job_result, store_result
@@ -247,3 +247,33 @@ def test_db_copy_sqlite_to_postgres_and_back_is_the_same_log(
     assert commands.copy(back, postgres_url) == 1
     assert "holds a log already" in capsys.readouterr().err
     assert commands.copy(source, source) == 1
+
+
+# -- databases gpulane cannot use ----------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_an_unusable_postgresql_gives_a_database_error_naming_it_without_its_password(
+    postgres_url: str,
+) -> None:
+    base, query = postgres_url.split("?")
+    missing = base.replace("gpulane@", "gpulane:s3cret@").rsplit("/", 1)[0] + "/nowhere?" + query
+    with pytest.raises(DatabaseError) as info:
+        open_database(missing)
+    assert "s3cret" not in str(info.value) and "***" in str(info.value)
+    assert "nowhere" in str(info.value) and "does not exist" in str(info.value)
+
+    engine = sqlalchemy.create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE invoices (id integer PRIMARY KEY, total real)"))
+    engine.dispose()
+    with pytest.raises(DatabaseError, match="not a gpulane database .* invoices"):
+        open_database(postgres_url)
+
+
+def test_a_url_of_another_database_is_refused_naming_what_is_supported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert commands.check("mysql://u:pw@host/db") == 1
+    err = capsys.readouterr().err
+    assert "not mysql" in err and "postgresql+psycopg://" in err and "pw" not in err
