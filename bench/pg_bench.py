@@ -6,7 +6,8 @@
 A throwaway PostgreSQL cluster on this machine (tests/postgres.py, fsync on, so
 a commit is as durable as SQLite's `synchronous: full`), reached over its unix
 socket; SQLite files in a temp dir on the same disk. Each part runs on both,
-interleaved per round; medians over --rounds, and the ratio PostgreSQL / SQLite.
+interleaved per round; medians over --rounds, and the median of the rounds'
+ratios PostgreSQL / SQLite.
 
 1. events: bench/event_store_bench.py's load on a new database (64 producers
    as fast as commits allow): events/s.
@@ -46,7 +47,8 @@ def _admin(cluster: Cluster, sql: str) -> None:
 
 
 def _ratio(pg: list[float], sqlite: list[float]) -> str:
-    return f"{statistics.median(pg) / statistics.median(sqlite):.2f}"
+    """The median of the rounds' ratios: each round ran both side by side."""
+    return f"{statistics.median(p / s for p, s in zip(pg, sqlite, strict=True)):.2f}"
 
 
 def events_per_second(cluster: Cluster, tmp: Path, seconds: float) -> list[float]:
@@ -156,14 +158,17 @@ def main() -> int:
                 results.setdefault("recovery s", []).append(
                     recovery(cluster, source, template, work, config)
                 )
-        print(f"\n{'figure':28} {'sqlite':>10} {'postgres':>10} {'pg/sqlite':>10}")
+        print(
+            f"\nmedians; pg/sqlite: the median of each round's ratio\n"
+            f"{'figure':32} {'sqlite':>10} {'postgres':>10} {'pg/sqlite':>10}"
+        )
         for name, rounds in results.items():
             sqlite = [r[0] for r in rounds]
             pg = [r[1] for r in rounds]
             if name == "recovery s":
-                name = f"recovery {args.jobs // 1000}k open, first req s"
+                name = f"recovery {args.jobs // 1000}k open: first req s"
             print(
-                f"{name:28} {statistics.median(sqlite):10.3f} {statistics.median(pg):10.3f} "
+                f"{name:32} {statistics.median(sqlite):10.3f} {statistics.median(pg):10.3f} "
                 f"{_ratio(pg, sqlite):>10}"
             )
     return 0

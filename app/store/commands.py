@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from app.core.events import AnyEvent, decode
 from app.store import migrate, read_model
-from app.store.cursor import driver_cursor
+from app.store.cursor import driver_cursor, pipelined
 from app.store.engine import (
     QUICK_CHECK_ROWS,
     DatabaseError,
@@ -71,7 +71,8 @@ def rebuild(path: str) -> int:
                 read_model.clear(cur)
                 rows = event_rows(conn)
                 while batch := list(islice(rows, REBUILD_BATCH)):
-                    count += read_model.project_all(cur, map(_decoded, batch))
+                    with pipelined(cur):
+                        count += read_model.project_all(cur, map(_decoded, batch))
         n_requests = _count(engine, requests)
         n_processes = _count(engine, processes)
     except _Undecodable as exc:
