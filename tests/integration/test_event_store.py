@@ -209,16 +209,27 @@ async def test_read_models_commit_with_their_events(database: str) -> None:
             ev.ProcessStarted(at=T0 + 3, model="qwen", pid=41, cmdline=["llama-server", "-m", "q"]),
         ]
     )
-    seqs = await store.append([ev.ProcessStarted(at=T0 + 4, model="x", pid=42, cmdline=["x"])])
+    rejected = ev.RequestRejected(
+        at=T0 + 4, request_id="bad", endpoint="/v1/chat/completions", http_status=400,
+        error="no model", priority=2**62,
+    )  # fmt: skip
+    seqs = await store.append(
+        [rejected, ev.ProcessStarted(at=T0 + 4, model="x", pid=42, cmdline=["x"])]
+    )
     await store.close()
     assert [(r.id, r.status) for r in open_requests(engine)] == [("a", "running"), ("b", "queued")]
+    with engine.connect() as conn:
+        row = conn.exec_driver_sql(
+            "SELECT status, durable, priority, http_status FROM requests WHERE id = 'bad'"
+        ).one()
+    assert tuple(row) == ("failed", False, 2**62, 400)
     assert [(p.pid, p.cmdline) for p in open_processes(engine)] == [
         (41, ["llama-server", "-m", "q"]),
         (42, ["x"]),
     ]
     with engine.connect() as conn:
         position = conn.exec_driver_sql("SELECT seq FROM projection_position").scalar()
-    assert position == seqs[0] == last_seq(engine)
+    assert position == seqs[1] == last_seq(engine)
     engine.dispose()
 
 

@@ -20,6 +20,7 @@ from app.report.explain import explain
 from app.store import commands, console_queries, migrate
 from app.store.batches import create_batch, line_summary
 from app.store.engine import DatabaseError, open_database
+from app.store.explain_queries import last_dispatches
 from app.store.files import file_content, file_row, list_files, store_file
 from app.store.job_bodies import load_body, store_body
 from app.store.job_results import job_result, store_result
@@ -277,3 +278,23 @@ def test_a_url_of_another_database_is_refused_naming_what_is_supported(
     assert commands.check("mysql://u:pw@host/db") == 1
     err = capsys.readouterr().err
     assert "not mysql" in err and "postgresql+psycopg://" in err and "pw" not in err
+
+
+def test_the_last_dispatch_to_each_peer_per_choice(database: str) -> None:
+    """What a peer's affinity reads (SQLite's bare column beside max(), PostgreSQL's
+    DISTINCT ON): the last dispatch per model and choice, in seq order."""
+    sent = [("m@a", "m"), ("m@b", "m"), ("m@a", "m"), ("m@a", None), ("n", None), ("m@b", "m")]
+    write_log(
+        database,
+        [
+            ev.RequestDispatched(at=i, request_id=f"r{i}", model=model, choice=choice)
+            for i, (model, choice) in enumerate(sent, start=1)
+        ],
+    )
+    engine = open_database(database, upgrade=False)
+    with engine.connect() as conn:
+        found = [e.seq for e in last_dispatches(conn, 1, 7, {"m@a", "m@b"})]
+        bounded = [e.seq for e in last_dispatches(conn, 1, 6, {"m@a", "m@b"})]
+    engine.dispose()
+    assert found == [3, 4, 6]
+    assert bounded == [2, 3, 4]
