@@ -19,7 +19,8 @@ from app.core import events as ev
 from app.report.explain import explain
 from app.store import commands, console_queries, migrate
 from app.store.batches import create_batch, line_summary
-from app.store.engine import DatabaseError, open_database
+from app.store.engine import DatabaseError, open_database, open_readonly
+from app.store.event_store import read_events
 from app.store.explain_queries import last_dispatches
 from app.store.files import file_content, file_row, list_files, store_file
 from app.store.job_bodies import load_body, store_body
@@ -298,3 +299,19 @@ def test_the_last_dispatch_to_each_peer_per_choice(database: str) -> None:
     engine.dispose()
     assert found == [3, 4, 6]
     assert bounded == [2, 3, 4]
+
+
+def test_a_read_only_open_reads_the_log_and_cannot_write(
+    database: str, log: list[ev.AnyEvent]
+) -> None:
+    """What `replay` and `gpulane ui --db` open: their input is never modified."""
+    write_log(database, log[:50])
+    engine = open_readonly(database)
+    try:
+        assert [seq for seq, _ in read_events(engine)] == list(range(1, 51))
+        refused = pytest.raises(sqlalchemy.exc.DBAPIError, match="(?i)read-?only")
+        with refused, engine.begin() as conn:
+            conn.execute(text("DELETE FROM events"))
+    finally:
+        engine.dispose()
+    assert len(rows(database)["events"]) == 50

@@ -1,6 +1,6 @@
 """`gpulane serve --db postgresql+psycopg://...` as a user runs it, in front of a
-real (fake) upstream: chats with the official client, a durable job, the
-console's pages and `explain`, a second server refused, a restart that keeps
+real (fake) upstream: chats with the official client, a durable job, a batch,
+the console's pages and `explain`, a second server refused, a restart that keeps
 the log; then `db check`, `replay --verify` and `db backup`'s advice.
 
 What was measured before: the URL was read as a file path.
@@ -8,6 +8,7 @@ What was measured before: the URL was read as a file path.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.e2e.gateway import REPO, Gateway, fake_model, free_port
+from tests.e2e.gateway import REPO, Gateway, fake_model, free_port, poll
 
 pytestmark = pytest.mark.postgres
 
@@ -59,6 +60,29 @@ def test_a_server_on_postgresql_serves_keeps_its_log_and_refuses_a_second(
             assert client.get("/api/activity").status_code == 200
             history = client.get("/ui/api/history")
             assert history.status_code == 200 and rid in history.text
+
+        # A batch: its file, its lines as durable jobs, its output file.
+        lines = [
+            {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": model, "messages": [{"role": "user", "content": cid}]}}
+            for cid, model in (("one", "m"), ("two", "m"), ("lost", "no-such-model"))
+        ]  # fmt: skip
+        uploaded = oa.files.create(
+            file=("in.jsonl", b"".join(json.dumps(x).encode() + b"\n" for x in lines)),
+            purpose="batch",
+        )
+        batch = oa.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = poll(
+            lambda: (b := oa.batches.retrieve(batch.id)).status == "completed" and b,
+            "the batch to complete",
+        )
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+        assert done.output_file_id is not None
+        out = [json.loads(x) for x in oa.files.content(done.output_file_id).text.splitlines()]
+        assert sorted(a["custom_id"] for a in out) == ["one", "two"]
 
         second = cli(
             "serve", "--config", str(gw.config), "--listen", f"127.0.0.1:{free_port()}",
