@@ -573,3 +573,25 @@ async def test_postgres_a_refused_write_is_kept_and_stored_in_order_once_it_is_a
     ids = [e.request_id for _, e in read_events(engine)]  # type: ignore[union-attr]
     assert ids == ["a", "b", "c", "d"]
     engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_a_lost_connection_loses_nothing_and_the_writer_reconnects(
+    postgres_url: str,
+) -> None:
+    """The server ended every connection (a restart, a failover of the database,
+    an administrator): the writer keeps what it was given and writes it on a new one."""
+    engine = open_database(postgres_url)
+    store = SqliteEventStore(engine)
+    store.start()
+    await store.append([enqueued("a")])
+    with psycopg.connect(postgres_url.replace("+psycopg", ""), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    assert await asyncio.wait_for(store.append([enqueued("b"), enqueued("c")]), 10) == [2, 3]
+    assert store.failure is None
+    await store.close()
+    assert [e.request_id for _, e in read_events(engine)] == ["a", "b", "c"]  # type: ignore[union-attr]
+    engine.dispose()
