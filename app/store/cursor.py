@@ -4,7 +4,9 @@ The writer's hot path (`read_model`, `event_store`) runs plain SQL on the
 DBAPI cursor: no per-statement SQLAlchemy processing, and the driver caches
 prepared statements by their text. Its statements are written once, in
 sqlite3's placeholders (`?` and `:name`); on PostgreSQL `PostgresCursor`
-rewrites them to psycopg's (`%s`, `%(name)s`) once per statement text.
+rewrites them to psycopg's (`%s`, `%(name)s`) once per statement text, and so
+does the engine for SQL run through `exec_driver_sql` (engine.py): hand-written
+SQL anywhere in the store takes sqlite3's placeholders on both databases.
 """
 
 from __future__ import annotations

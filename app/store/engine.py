@@ -32,6 +32,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
 from app.store import migrate
+from app.store.cursor import to_psycopg
 
 Synchronous = Literal["full", "normal"]
 
@@ -250,6 +251,16 @@ def _postgres_engine(url: URL, synchronous: Synchronous, read_only: bool = False
     def _on_begin(connection: sqlalchemy.Connection) -> None:
         if connection.get_execution_options().get("sqlite_begin") == "IMMEDIATE":
             connection.exec_driver_sql(WRITE_LOCK)
+
+    @event.listens_for(engine, "before_cursor_execute", retval=True)
+    def _placeholders(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, context: Any, _many: bool
+    ) -> tuple[str, Any]:
+        # SQL run as it is (exec_driver_sql) is written in sqlite3's placeholders,
+        # as the writer's is (cursor.py); what SQLAlchemy compiled is psycopg's already.
+        if context is not None and context.compiled is None:
+            statement = to_psycopg(statement)
+        return statement, parameters
 
     return engine
 

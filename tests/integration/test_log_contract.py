@@ -315,3 +315,27 @@ def test_a_read_only_open_reads_the_log_and_cannot_write(
     finally:
         engine.dispose()
     assert len(rows(database)["events"]) == 50
+
+
+def test_sql_run_as_it_is_takes_sqlite3_placeholders_on_both(database: str) -> None:
+    """`exec_driver_sql` with `?` and `:name`, as the store's hand-written SQL is."""
+    write_log(database, [enqueued_event("a"), enqueued_event("b")])
+    engine = open_database(database, upgrade=False)
+    with engine.connect() as conn:
+        found = conn.exec_driver_sql(
+            "SELECT count(*) FROM events WHERE seq > ? AND type LIKE '%enqueue%'", (1,)
+        ).scalar()
+        named = conn.exec_driver_sql(
+            "SELECT request_id FROM events WHERE seq = :seq AND data LIKE '%' || :id || '%'",
+            {"seq": 2, "id": "b"},
+        ).scalar()
+        plain = conn.exec_driver_sql("SELECT '100%' || 'done'").scalar()
+    engine.dispose()
+    assert (found, named, plain) == (1, "b", "100%done")
+
+
+def enqueued_event(rid: str) -> ev.RequestEnqueued:
+    return ev.RequestEnqueued(
+        at=1, request_id=rid, model="m", model_requested="m", endpoint="/v1", priority=0,
+        band="normal",
+    )  # fmt: skip
