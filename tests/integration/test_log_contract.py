@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy
+from sqlalchemy import event as sa_event
 from sqlalchemy import select, text
 
 from app.core import events as ev
@@ -25,7 +26,7 @@ from app.store.explain_queries import last_dispatches
 from app.store.files import file_content, file_row, list_files, store_file
 from app.store.job_bodies import load_body, store_body
 from app.store.job_results import job_result, store_result
-from app.store.lease import Holder, LeaseHeld, acquire
+from app.store.lease import Holder, LeaseHeld, acquire, fence
 from app.store.queries import activity, open_enqueues
 from app.store.samples import recent_samples
 from app.store.tables import metadata
@@ -339,3 +340,33 @@ def enqueued_event(rid: str) -> ev.RequestEnqueued:
         at=1, request_id=rid, model="m", model_requested="m", endpoint="/v1", priority=0,
         band="normal",
     )  # fmt: skip
+
+
+def test_a_take_over_waits_for_a_writer_between_its_fence_and_its_commit(database: str) -> None:
+    """The lease's writes take the writer's lock (BEGIN IMMEDIATE, PostgreSQL's
+    LOCK TABLE events), so a take-over cannot commit between a writer's fence and
+    its commit: the fence holds until the writer's events are in."""
+    engine = open_database(database)
+    lease = acquire(engine, Holder(pid=1, host="elsewhere", listen="a:1", name="a"), 100.0, ttl=1)
+    contender = open_database(database)
+
+    @sa_event.listens_for(contender, "connect")
+    def _wait_briefly(dbapi_connection: Any, _record: Any) -> None:
+        if contender.dialect.name == "sqlite":
+            dbapi_connection.execute("PRAGMA busy_timeout = 200")
+        else:
+            dbapi_connection.autocommit = True
+            dbapi_connection.execute("SET lock_timeout = 200")
+            dbapi_connection.autocommit = False
+
+    contender.dispose()  # new connections, with the short wait
+    taker = Holder(pid=2, host="elsewhere", listen="b:2", name="b")
+    with engine.connect() as writer:
+        writer.execution_options(sqlite_begin="IMMEDIATE")
+        with writer.begin():
+            fence(lease.term, writer)  # still ours: the writer goes on
+            with pytest.raises(DatabaseError, match="(?i)lock"):
+                acquire(contender, taker, 200.0)  # expired, but the writer holds the lock
+    assert acquire(contender, taker, 200.0).term == lease.term + 1  # once it committed
+    contender.dispose()
+    engine.dispose()
