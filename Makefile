@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 
 include mk/llama.mk
 include mk/chromium.mk
+include mk/postgres.mk
 
 run: $(STAMP) llama ## build llama.cpp + fetch the model on first use, then serve config.example.yaml
 	$(VENV)/bin/gpulane serve --config config.example.yaml
@@ -29,10 +30,10 @@ lint: $(STAMP) ## ruff + mypy (strict on app/core)
 	$(VENV)/bin/ruff format --check app tests tools bench migrations
 	$(VENV)/bin/mypy
 
-test: lint llama chromium ## lint, then every test (builds llama.cpp, installs chromium on first use)
+test: lint llama chromium postgres ## lint, then every test (builds llama.cpp, installs chromium and PostgreSQL on first use)
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP) ## tests that need no llama.cpp build and no browser
+test-fast: $(STAMP) postgres ## tests that need no llama.cpp build and no browser
 	$(PY) -m pytest -q -m 'not llama and not browser'
 
 bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
@@ -42,6 +43,7 @@ bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.proxy_bench
 	$(PY) -m bench.peer_bench
 	$(PY) -m bench.recovery_bench
+	$(PY) -m bench.pg_bench
 	$(PY) -m bench.replay_bench
 	$(PY) -m bench.replay_lanes_bench
 	if command -v valgrind >/dev/null; then $(PY) -m bench.replay_instructions --lanes; \

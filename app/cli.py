@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from app.llama_swap_cli import FlagError, is_llama_swap_command_line, translate
 
+DB_HELP = "database: an SQLite file's path, or an SQLAlchemy URL (postgresql+psycopg://...)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -26,7 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--tls-cert-file", default=None, help="TLS certificate file: serve HTTPS")
     serve.add_argument("--tls-key-file", default=None, help="TLS key file: serve HTTPS")
-    serve.add_argument("--db", default=None, help="SQLite database (default: database.path)")
+    serve.add_argument(
+        "--db",
+        default=None,
+        help="database: an SQLite file's path, or an SQLAlchemy URL (sqlite:///PATH, "
+        "postgresql+psycopg://USER@HOST:PORT/NAME); default: the config's database.url",
+    )
     serve.add_argument(
         "--watch-config",
         action="store_true",
@@ -56,20 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
         ("check", "verify integrity, schema and event invariants (exit 1 on failure)"),
     ):
         cmd = db_commands.add_parser(name, help=text)
-        cmd.add_argument("--db", default="gpulane.db", help="SQLite database path")
+        cmd.add_argument("--db", default="gpulane.db", help=DB_HELP)
     backup = db_commands.add_parser(
         "backup", help="consistent copy of the database, safe while gpulane is serving"
     )
     backup.add_argument(
         "file", metavar="FILE", help="where to write the copy (replaced if present)"
     )
-    backup.add_argument("--db", default="gpulane.db", help="SQLite database path")
+    backup.add_argument("--db", default="gpulane.db", help=DB_HELP)
+    copy = db_commands.add_parser(
+        "copy",
+        help="copy a whole log into a new database: SQLite to PostgreSQL, and back",
+    )
+    copy.add_argument("source", metavar="FROM", help="the log to copy (a path or URL)")
+    copy.add_argument("target", metavar="TO", help="a new, empty database (a path or URL)")
 
     explain = commands.add_parser(
         "explain", help="why a request waited: its whole story from the event log"
     )
     explain.add_argument("request_id", metavar="REQUEST_ID", help="the X-Request-Id to explain")
-    explain.add_argument("--db", default="gpulane.db", help="SQLite database path")
+    explain.add_argument("--db", default="gpulane.db", help=DB_HELP)
     explain.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     commands.add_parser(
@@ -80,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui = commands.add_parser(
         "ui", help="the web console, read-only, over a database (e.g. one copied from a server)"
     )
-    ui.add_argument("--db", required=True, help="SQLite database path (opened read-only)")
+    ui.add_argument("--db", required=True, help=DB_HELP + " (opened read-only)")
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on")
     ui.add_argument("--port", type=int, default=8090, help="port to listen on (default 8090)")
     queue = commands.add_parser("queue", help="show the live queue of a running gpulane")
@@ -131,11 +144,17 @@ def _database_of(args: argparse.Namespace) -> str | None:
         from app.config import load_config
 
         try:
-            return load_config(args.config).database_path
+            from app.store.engine import shown
+
+            return shown(load_config(args.config).database_path)
         except Exception:
             return f"the database named by database.path in {args.config}"
     db = getattr(args, "db", None)
-    return None if db is None else str(db)
+    if db is None:
+        return None
+    from app.store.engine import shown
+
+    return shown(str(db))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -148,6 +167,8 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.db_command == "backup":
             return commands.backup(args.db, args.file)
+        if args.db_command == "copy":
+            return commands.copy(args.source, args.target)
         return int(getattr(commands, args.db_command)(args.db))
     if args.command == "explain":
         from app.report.commands import explain_command

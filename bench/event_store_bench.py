@@ -1,4 +1,4 @@
-"""Throughput and durable-append latency of SqliteEventStore. Prints figures; asserts nothing.
+"""Throughput and durable-append latency of the event store. Prints figures; asserts nothing.
 
     .venv/bin/python bench/event_store_bench.py [--seconds 5] [--producers 64] [--dir /tmp]
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from app.core import events as ev
 from app.core.scoring import Breakdown
 from app.store.engine import Synchronous, open_database
-from app.store.event_store import SqliteEventStore, last_seq
+from app.store.event_store import SqlEventStore, last_seq
 
 SWAP_EVERY = 20
 EVENTS_PER_REQUEST = 5 + 4 / SWAP_EVERY
@@ -50,9 +50,7 @@ def _enqueued(rid: str, now: int) -> ev.RequestEnqueued:
     )
 
 
-async def _producer(
-    store: SqliteEventStore, name: str, stop: float, interval: float | None
-) -> None:
+async def _producer(store: SqlEventStore, name: str, stop: float, interval: float | None) -> None:
     n = 0
     due = time.perf_counter()
     while time.perf_counter() < stop:
@@ -100,7 +98,7 @@ async def _producer(
         )
 
 
-async def _probe(store: SqliteEventStore, stop: float, latencies: list[float]) -> None:
+async def _probe(store: SqlEventStore, stop: float, latencies: list[float]) -> None:
     n = 0
     while time.perf_counter() < stop:
         n += 1
@@ -112,12 +110,18 @@ async def _probe(store: SqliteEventStore, stop: float, latencies: list[float]) -
 
 
 async def run(
-    path: Path, synchronous: Synchronous, seconds: float, producers: int, rate: int | None
-) -> None:
-    """One load run on a fresh database; `rate` None means as fast as it goes."""
+    path: Path | str,
+    synchronous: Synchronous,
+    seconds: float,
+    producers: int,
+    rate: int | None,
+    label: str = "",
+) -> float:
+    """One load run on a fresh database (a path or URL); `rate` None means as fast
+    as it goes. Prints its line (after `label`); returns events/s."""
     interval = None if rate is None else producers * EVENTS_PER_REQUEST / rate
     engine = open_database(path, synchronous=synchronous)
-    store = SqliteEventStore(engine)
+    store = SqlEventStore(engine)
     store.start()
     latencies: list[float] = []
     cpu0 = time.process_time()
@@ -136,12 +140,14 @@ async def run(
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
     load = "max" if rate is None else f"paced {rate:,}/s"
     print(
-        f"synchronous={synchronous:6} {load:15} producers={producers} "
+        f"{label}synchronous={synchronous:6} {load:15} producers={producers} "
         f"{events / elapsed:7,.0f} events/s "
         f"({events:,} in {elapsed:.1f}s, {cpu / events * 1e6:.1f} us CPU/event); "
         f"durable append: n={len(lat)} "
-        f"p50={statistics.median(lat):.2f} ms p99={p99:.2f} ms max={lat[-1]:.2f} ms"
+        f"p50={statistics.median(lat):.2f} ms p99={p99:.2f} ms max={lat[-1]:.2f} ms",
+        flush=True,
     )
+    return events / elapsed
 
 
 def main() -> None:

@@ -41,7 +41,6 @@ import re
 import shutil
 import signal
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,11 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import sqlalchemy
+
+from app.store.engine import database_url
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "fast"
@@ -183,8 +187,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def start_gpulane(
-    tmp: Path, upstream_port: int, synchronous: str
+    tmp: Path, upstream_port: int, synchronous: str, db: str | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
+    """`gpulane serve` on `db` (a path or URL; default tmp/gpulane.db)."""
     config = tmp / "config.yaml"
     config.write_text(
         textwrap.dedent(
@@ -204,7 +209,7 @@ def start_gpulane(
     log = tmp / "gpulane.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--config", str(config)]
-        + ["--listen", f"127.0.0.1:{port}", "--db", str(tmp / "gpulane.db")],
+        + ["--listen", f"127.0.0.1:{port}", "--db", db or str(tmp / "gpulane.db")],
         cwd=REPO,
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
@@ -383,17 +388,24 @@ async def dispatch_gap(port: int, queued: int) -> tuple[float, float]:
     return t0, drained
 
 
-def gaps_from_events(db: Path, since_wall: float) -> list[float]:
-    """request_completed -> next request_started, in ms, in order of seq."""
-    conn = sqlite3.connect(db, timeout=30)
+def _query(db: Path | str, sql: str, since_wall: float) -> list[Any]:
+    """Rows of `sql` (`:since` bound) on the database `db`, a path or URL."""
+    engine = sqlalchemy.create_engine(database_url(db))
     try:
-        rows = conn.execute(
-            "SELECT type, data FROM events WHERE type IN ('request_started', 'request_completed',"
-            " 'request_cancelled') AND at >= ? ORDER BY seq",
-            (since_wall,),
-        ).fetchall()
+        with engine.connect() as conn:
+            return list(conn.execute(sqlalchemy.text(sql), {"since": since_wall}))
     finally:
-        conn.close()
+        engine.dispose()
+
+
+def gaps_from_events(db: Path | str, since_wall: float) -> list[float]:
+    """request_completed -> next request_started, in ms, in order of seq."""
+    rows = _query(
+        db,
+        "SELECT type, data FROM events WHERE type IN ('request_started', 'request_completed',"
+        " 'request_cancelled') AND at >= :since ORDER BY seq",
+        since_wall,
+    )
     gaps = []
     last_end: int | None = None
     for kind, data in rows:
@@ -407,18 +419,15 @@ def gaps_from_events(db: Path, since_wall: float) -> list[float]:
 
 
 def wait_db_quiet(
-    db: Path, expected_completed: int, since_wall: float, timeout: float = 30
+    db: Path | str, expected_completed: int, since_wall: float, timeout: float = 30
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        conn = sqlite3.connect(db, timeout=30)
-        try:
-            (n,) = conn.execute(
-                "SELECT count(*) FROM events WHERE type='request_completed' AND at >= ?",
-                (since_wall,),
-            ).fetchone()
-        finally:
-            conn.close()
+        [(n,)] = _query(
+            db,
+            "SELECT count(*) FROM events WHERE type='request_completed' AND at >= :since",
+            since_wall,
+        )
         if n >= expected_completed:
             return
         time.sleep(0.1)

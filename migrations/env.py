@@ -9,6 +9,8 @@ from app.store.tables import metadata
 
 config = context.config
 
+MIGRATION_LOCK = 0x67706C616E65  # "gplane": PostgreSQL's advisory lock key for migrations
+
 
 def run_offline() -> None:
     context.configure(
@@ -38,6 +40,9 @@ def run_online() -> None:
                 render_as_batch=True,
             )
             with context.begin_transaction():
+                if connection.dialect.name == "postgresql":
+                    # Two servers starting on a new database migrate one after the other.
+                    connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
                 context.run_migrations()
             connection.commit()
     finally:

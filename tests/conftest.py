@@ -20,8 +20,10 @@ import uuid
 from collections.abc import Iterator, Set
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from tests.postgres import SUPERUSER, Cluster
 from tests.processes import cmdline, cwd, environ_value, kill_and_wait, parents
 
 TEST_SESSION_VAR = "GPULANE_TEST_SESSION"
@@ -104,3 +106,28 @@ def no_process_left_behind() -> Iterator[None]:
             f"the test run left {len(left)} process(es) running (now killed):\n{lines}",
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Cluster]:
+    """A throwaway PostgreSQL cluster for the run (tests/postgres.py), started on
+    first use. Fails, never skips, when it cannot start: deselect its tests with
+    `-m 'not postgres'` instead."""
+    with Cluster.started() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: Cluster) -> Iterator[str]:
+    """The SQLAlchemy URL of a new, empty PostgreSQL database, dropped afterwards."""
+    url = postgres_cluster.new_database()
+    yield url
+    name = url.split("?")[0].rsplit("/", 1)[1]
+    with psycopg.connect(
+        host=str(postgres_cluster.data),
+        port=postgres_cluster.port,
+        user=SUPERUSER,
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -219,6 +219,7 @@ class RawRouting(_Raw, frozen=True):
 
 class RawDatabase(_Raw, frozen=True):
     path: str = DEFAULT_DATABASE_PATH
+    url: str | None = None
     synchronous: str = "full"
     lease_seconds: float | str = DEFAULT_LEASE_SECONDS
 

@@ -22,6 +22,7 @@ from app.config.macros import RESERVED, Expander, expand
 from app.config.models import ModelScope, name_index, resolve_model
 from app.config.peers import PeerResolver
 from app.config.raw import (
+    DEFAULT_DATABASE_PATH,
     DEFAULT_IGNORE_PATHS,
     DEFAULT_LEASE_SECONDS,
     DEFAULT_LOAD_BACKOFF,
@@ -307,7 +308,23 @@ def _max_body_bytes(raw: RawConfig, issues: Issues) -> int:
 
 
 def _database_path(raw: RawConfig, issues: Issues) -> str:
-    path = raw.database.path
+    """The database: `database.url` (an SQLAlchemy URL, or a path) when given, else
+    `database.path`; both at once is an error."""
+    path, url = raw.database.path, raw.database.url
+    if url is not None:
+        if path != DEFAULT_DATABASE_PATH:
+            issues.error(
+                "database.url", "give database.url or database.path, not both (a path is a URL too)"
+            )
+        if not url.strip():
+            issues.error("database.url", "must not be empty")
+        elif "://" in url and not url.startswith(("sqlite:///", "postgresql")):
+            issues.error(
+                "database.url",
+                f"{url.split('://')[0]!r} is not a database gpulane runs on; expected "
+                "sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/NAME",
+            )
+        return url
     if not path.strip():
         issues.error("database.path", "must not be empty")
     return path

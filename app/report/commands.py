@@ -12,12 +12,12 @@ import msgspec
 from app.report.explain import explain
 from app.report.live_queue import QueueView
 from app.report.render import explanation_text, queue_text, runs_text
-from app.store.engine import DatabaseError, no_such_database, open_database
+from app.store.engine import DatabaseError, is_sqlite, no_such_database, open_database
 
 
 def explain_command(request_id: str, db: str, as_json: bool) -> int:
     """Explain one request from the database file, as of the log's end."""
-    if not Path(db).is_file():
+    if is_sqlite(db) and not Path(db).is_file():
         print(f"error: {no_such_database(db)}", file=sys.stderr)
         return 1
     try:

@@ -1,4 +1,5 @@
-"""`gpulane db upgrade | rebuild | check | backup`: each takes a database path, returns 0 or 1."""
+"""`gpulane db upgrade | rebuild | check | backup | copy`: each takes databases
+(a path or an SQLAlchemy URL, `engine.database_url`) and returns 0 or 1."""
 
 from __future__ import annotations
 
@@ -10,24 +11,30 @@ from itertools import islice
 from pathlib import Path
 
 import msgspec
+import psycopg
 import sqlalchemy
 from sqlalchemy import Table, func, select
 from sqlalchemy.engine import Engine
 
 from app.core.events import AnyEvent, decode
 from app.store import migrate, read_model
+from app.store.cursor import driver_cursor, pipelined
 from app.store.engine import (
     QUICK_CHECK_ROWS,
     DatabaseError,
     corrupt,
+    database_url,
     describe,
+    is_sqlite,
     no_such_database,
     open_database,
+    shown,
     unusable,
 )
-from app.store.event_store import driver_cursor, event_rows
+from app.store.event_store import event_rows
 from app.store.invariants import LogAudit
 from app.store.job_bodies import open_jobs_without_body
+from app.store.log_copy import CopyRefused, copy_log
 from app.store.tables import processes, requests
 
 REBUILD_BATCH = 5000
@@ -41,7 +48,7 @@ def upgrade(path: str) -> int:
     except DatabaseError as exc:
         return _fail(exc)
     with engine.connect() as conn:
-        print(f"ok: {path} at schema revision {migrate.current_revision(conn)}")
+        print(f"ok: {shown(path)} at schema revision {migrate.current_revision(conn)}")
     engine.dispose()
     return 0
 
@@ -64,16 +71,24 @@ def rebuild(path: str) -> int:
                 read_model.clear(cur)
                 rows = event_rows(conn)
                 while batch := list(islice(rows, REBUILD_BATCH)):
-                    count += read_model.project_all(cur, map(_decoded, batch))
+                    with pipelined(cur):
+                        count += read_model.project_all(cur, map(_decoded, batch))
         n_requests = _count(engine, requests)
         n_processes = _count(engine, processes)
     except _Undecodable as exc:
-        return _fail(DatabaseError(f"{path}: rebuild failed, nothing changed: {exc}"))
-    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, UnicodeDecodeError) as exc:
+        return _fail(DatabaseError(f"{shown(path)}: rebuild failed, nothing changed: {exc}"))
+    except (
+        sqlalchemy.exc.SQLAlchemyError,
+        sqlite3.Error,
+        psycopg.Error,
+        UnicodeDecodeError,
+    ) as exc:
         problem = unusable(path, exc)
         if problem is not None:
             return _fail(DatabaseError(f"rebuild failed, nothing changed: {problem}"))
-        return _fail(DatabaseError(f"{path}: rebuild failed, nothing changed: {describe(exc)}"))
+        return _fail(
+            DatabaseError(f"{shown(path)}: rebuild failed, nothing changed: {describe(exc)}")
+        )
     finally:
         engine.dispose()
     print(f"ok: rebuilt from {count} events: {n_requests} requests, {n_processes} processes")
@@ -97,17 +112,22 @@ def _decoded(row: tuple[int, str]) -> tuple[int, AnyEvent]:
 
 def check(path: str) -> int:
     """SQLite's integrity check, the schema against gpulane's (at the latest
-    revision), then the event invariants; exit 1 on any failure."""
+    revision), then the event invariants; exit 1 on any failure.
+
+    PostgreSQL has no integrity check to run from a connection: the server
+    checks its own pages (data checksums; `pg_amcheck` for a full check)."""
     try:
         engine = _open_existing(path, upgrade=False)
     except DatabaseError as exc:
         return _fail(exc)
     try:
         with engine.connect() as conn:
-            problems = [row[0] for row in conn.exec_driver_sql("PRAGMA integrity_check")]
+            problems = ["ok"]
+            if conn.dialect.name == "sqlite":
+                problems = [row[0] for row in conn.exec_driver_sql("PRAGMA integrity_check")]
             if problems != ["ok"]:
-                for problem in problems:
-                    print(f"integrity: {problem}")
+                for finding in problems:
+                    print(f"integrity: {finding}")
                 return _fail(corrupt(path, "PRAGMA integrity_check, as listed above"))
             if migrate.current_revision(conn) == migrate.head_revision():
                 differences = migrate.schema_differences(conn)
@@ -125,7 +145,7 @@ def check(path: str) -> int:
                     audit.flag(exc.seq, exc.reason)
             for rid in open_jobs_without_body(conn):
                 audit.flag(0, f"job {rid} is open but its body is missing (job_bodies)")
-    except (sqlalchemy.exc.DBAPIError, sqlite3.Error, UnicodeDecodeError) as exc:
+    except (sqlalchemy.exc.DBAPIError, sqlite3.Error, psycopg.Error, UnicodeDecodeError) as exc:
         problem = unusable(path, exc)
         if problem is None:
             raise
@@ -151,6 +171,15 @@ def backup(path: str, target: str) -> int:
     The copy must pass `PRAGMA quick_check` first: a damaged database makes no
     backup (the pages are copied as they are, damage included).
     """
+    if not is_sqlite(path):
+        return _fail(
+            DatabaseError(
+                f"{shown(path)}: `gpulane db backup` copies SQLite files; back PostgreSQL up with "
+                f"its own tools: `pg_dump --format=custom --file={target} DBNAME` (restore with "
+                "pg_restore), or continuous archiving for point-in-time recovery; "
+                f"`gpulane db copy {shown(path)} {target}` makes an SQLite copy of the log"
+            )
+        )
     dest = Path(target)
     if dest.is_dir():
         return _fail(DatabaseError(f"{target}: is a directory; name the backup file"))
@@ -213,7 +242,8 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def _open_existing(path: str, upgrade: bool) -> Engine:
-    if not Path(path).is_file():
+    url = database_url(path)
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
         raise DatabaseError(no_such_database(path))
     return open_database(path, upgrade=upgrade)
 
@@ -226,3 +256,42 @@ def _count(engine: Engine, table: Table) -> int:
 def _fail(exc: DatabaseError) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 1
+
+
+def copy(source: str, target: str) -> int:
+    """Copy the whole log at `source` into the new database `target` (app/store/log_copy.py)."""
+    if database_url(source) == database_url(target):
+        return _fail(DatabaseError(f"{shown(target)}: is the database itself; name another"))
+    try:
+        source_engine = _open_existing(source, upgrade=False)
+    except DatabaseError as exc:
+        return _fail(exc)
+    try:
+        with source_engine.connect() as conn:
+            revision = migrate.current_revision(conn)
+        if revision != migrate.head_revision():
+            raise DatabaseError(
+                f"{shown(source)}: schema revision {revision!r}, not the latest "
+                f"({migrate.head_revision()!r}); run `gpulane db upgrade --db {shown(source)}` "
+                "first"
+            )
+        target_engine = open_database(target)
+        try:
+            copied = copy_log(source_engine, target_engine)
+        finally:
+            target_engine.dispose()
+    except CopyRefused as exc:
+        return _fail(DatabaseError(f"{shown(target)}: no copy made: {exc}"))
+    except DatabaseError as exc:
+        return _fail(exc)
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, psycopg.Error) as exc:
+        return _fail(
+            DatabaseError(f"no copy made from {shown(source)} to {shown(target)}: {describe(exc)}")
+        )
+    finally:
+        source_engine.dispose()
+    print(
+        f"ok: {shown(source)} copied to {shown(target)}: {copied.events} events "
+        f"(last seq {copied.last_seq}), {copied.rows} rows in all"
+    )
+    return 0

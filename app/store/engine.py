@@ -1,5 +1,16 @@
-"""Opening the SQLite database: pragmas, the startup checks and the upgrade to head;
-and the read-only open of tools that must not change their input.
+"""Opening the database: SQLite (a file, the default) or PostgreSQL (an SQLAlchemy
+URL, `postgresql+psycopg://...`): per-connection settings, the startup checks
+and the upgrade to head; and the read-only open of tools that must not change
+their input.
+
+A database is named by a plain path or an SQLAlchemy URL (`database_url`).
+SQLite's checks of the file (its header, `PRAGMA quick_check`, immutable
+opens) have no PostgreSQL counterpart to run: the server owns its files and
+checks its pages itself (data checksums, `pg_amcheck`). What both share: the
+schema must be gpulane's at a known revision, the database must be writable
+(`check_writable`), and a writer takes the write lock up front
+(`sqlite_begin="IMMEDIATE"`: BEGIN IMMEDIATE on SQLite, `LOCK TABLE events`
+on PostgreSQL, so seqs stay gap-free and one writer appends at a time).
 
 Every failure to open is a `DatabaseError` whose message names the file and
 the problem, because the person reading it is deciding what to do with that file;
@@ -15,11 +26,13 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import psycopg
 import sqlalchemy
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 
 from app.store import migrate
+from app.store.cursor import to_psycopg
 
 Synchronous = Literal["full", "normal"]
 
@@ -47,8 +60,57 @@ RESTORE_ADVICE: Final = (
 """What to do with a damaged database, said by every command that finds one."""
 
 
+WRITE_LOCK: Final = "LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE"
+"""PostgreSQL's BEGIN IMMEDIATE: one writer at a time, readers never blocked."""
+
+
 class DatabaseError(Exception):
-    """The database file cannot be used; the message says which file and why."""
+    """The database cannot be used; the message says which one and why."""
+
+
+def database_url(db: str | os.PathLike[str]) -> URL:
+    """The SQLAlchemy URL of `db`: an URL as given (`sqlite:///PATH`,
+    `postgresql+psycopg://USER@HOST/NAME`), anything else a path to an SQLite file.
+
+    Raises DatabaseError for a URL of a database gpulane does not run on."""
+    text = os.fspath(db)
+    if "://" not in text:
+        return URL.create("sqlite", database=text)
+    try:
+        url = sqlalchemy.make_url(text)
+    except sqlalchemy.exc.ArgumentError as exc:
+        raise DatabaseError(f"{shown(text)}: not a database URL ({exc})") from exc
+    if url.get_backend_name() == "postgresql":
+        # psycopg (3) is the driver gpulane ships with; `postgresql://` means it too.
+        return url.set(drivername="postgresql+psycopg")
+    if url.get_backend_name() != "sqlite":
+        raise DatabaseError(
+            f"{shown(text)}: gpulane's log runs on SQLite (a path, or sqlite:///PATH) or "
+            "PostgreSQL (postgresql+psycopg://USER@HOST:PORT/NAME), not "
+            f"{url.get_backend_name()}"
+        )
+    return url
+
+
+def is_sqlite(db: str | os.PathLike[str]) -> bool:
+    return database_url(db).get_backend_name() == "sqlite"
+
+
+def shown(db: str | os.PathLike[str] | URL) -> str:
+    """How messages name a database: its path, or its URL without the password."""
+    if isinstance(db, URL):
+        url = db
+    else:
+        text = os.fspath(db)
+        if "://" not in text:
+            return text
+        try:
+            url = sqlalchemy.make_url(text)
+        except sqlalchemy.exc.ArgumentError:
+            return text.split("@")[-1]
+    if url.get_backend_name() == "sqlite":
+        return url.database or ":memory:"
+    return url.render_as_string(hide_password=True)
 
 
 def corrupt(path: str | Path, detail: str) -> DatabaseError:
@@ -70,6 +132,8 @@ def unusable(path: str | Path, exc: BaseException) -> DatabaseError | None:
     if isinstance(exc, UnicodeDecodeError):
         return corrupt(path, "its schema or a row holds bytes that are not UTF-8 text")
     cause = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+    if isinstance(cause, psycopg.Error):
+        return _postgres_problem(path, cause)
     if not isinstance(cause, sqlite3.DatabaseError):
         return None
     text = str(cause)
@@ -90,6 +154,31 @@ def unusable(path: str | Path, exc: BaseException) -> DatabaseError | None:
     return DatabaseError(f"{path}: {_access_problem(cause)} ({describe(cause)})")
 
 
+def _postgres_problem(db: str | Path, cause: psycopg.Error) -> DatabaseError | None:
+    if isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+        return DatabaseError(
+            f"{shown(db)}: its schema is not what this gpulane reads (PostgreSQL: {cause}). "
+            f"`gpulane db upgrade --db {shown(db)}` brings a database of an older gpulane up "
+            "to date."
+        )
+    if isinstance(
+        cause, psycopg.errors.InsufficientPrivilege | psycopg.errors.ReadOnlySqlTransaction
+    ):
+        return DatabaseError(
+            f"{shown(db)}: the database cannot be written ({describe(cause)}); gpulane "
+            "records every decision and needs a role that may write, on the primary"
+        )
+    if isinstance(cause, psycopg.errors.LockNotAvailable):
+        return DatabaseError(
+            f"{shown(db)}: the log is locked by another writer (another gpulane, "
+            f"`gpulane db rebuild` or an open transaction); gave up after "
+            f"{BUSY_TIMEOUT_MS / 1000:g} s"
+        )
+    if isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
+        return DatabaseError(f"{shown(db)}: cannot use PostgreSQL ({describe(cause)})")
+    return None  # gpulane's own mistake: keep the traceback
+
+
 def check_pages(conn: sqlalchemy.Connection, path: str | Path) -> None:
     """`PRAGMA quick_check`: every page of every table and index is well formed.
 
@@ -104,14 +193,18 @@ def check_pages(conn: sqlalchemy.Connection, path: str | Path) -> None:
         raise corrupt(path, f"PRAGMA quick_check: {problems[0]}{more}")
 
 
-def create_engine(path: str | Path, synchronous: Synchronous = "full") -> Engine:
-    """An engine for the SQLite file at `path`, with gpulane's pragmas on every connection.
+def create_engine(db: str | Path, synchronous: Synchronous = "full") -> Engine:
+    """An engine for the database `db` (a path or URL, `database_url`), with
+    gpulane's settings on every connection.
 
-    Does not check or migrate the file; `open_database` does.
+    Does not check or migrate the database; `open_database` does.
     """
     if synchronous not in ("full", "normal"):
         raise ValueError(f"synchronous: {synchronous!r} is not one of 'full', 'normal'")
-    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    url = database_url(db)
+    if url.get_backend_name() != "sqlite":
+        return _postgres_engine(url, synchronous)
+    engine = sqlalchemy.create_engine(url)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
@@ -138,10 +231,83 @@ def create_engine(path: str | Path, synchronous: Synchronous = "full") -> Engine
     return engine
 
 
+def _postgres_engine(url: URL, synchronous: Synchronous, read_only: bool = False) -> Engine:
+    """SQLite's settings, said to PostgreSQL: a lock is waited for as long as
+    busy_timeout; `synchronous: normal` (a crash may lose the last commits, never
+    corrupt) is synchronous_commit off; a reader's transactions are read-only."""
+    settings = {
+        "lock_timeout": str(BUSY_TIMEOUT_MS),
+        "synchronous_commit": "on" if synchronous == "full" else "off",
+        "default_transaction_read_only": "on" if read_only else "off",
+    }
+    options = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    engine = sqlalchemy.create_engine(
+        url,
+        pool_pre_ping=True,
+        connect_args={"options": options, "application_name": "gpulane", "connect_timeout": 10},
+    )
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: sqlalchemy.Connection) -> None:
+        if connection.get_execution_options().get("sqlite_begin") == "IMMEDIATE":
+            connection.exec_driver_sql(WRITE_LOCK)
+
+    @event.listens_for(engine, "before_cursor_execute", retval=True)
+    def _placeholders(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, context: Any, _many: bool
+    ) -> tuple[str, Any]:
+        # SQL run as it is (exec_driver_sql) is written in sqlite3's placeholders,
+        # as the writer's is (cursor.py); what SQLAlchemy compiled is psycopg's already.
+        if context is not None and context.compiled is None:
+            statement = to_psycopg(statement)
+        return statement, parameters
+
+    return engine
+
+
+def _open_postgres(url: URL, synchronous: Synchronous, upgrade: bool) -> Engine:
+    """open_database for PostgreSQL: the same schema checks and upgrade, and a
+    test write; page checks are the server's own."""
+    engine = _postgres_engine(url, synchronous)
+    try:
+        with engine.connect() as conn:
+            _check_schema(conn, url)
+        if upgrade:
+            migrate.upgrade_to_head(engine)
+            check_writable(engine, url)
+    except (sqlalchemy.exc.DBAPIError, psycopg.Error) as exc:
+        engine.dispose()
+        problem = unusable(shown(url), exc)
+        raise problem or DatabaseError(
+            f"{shown(url)}: cannot use the database ({describe(exc)})"
+        ) from exc
+    except DatabaseError:
+        engine.dispose()
+        raise
+    return engine
+
+
+def _check_schema(conn: sqlalchemy.Connection, db: str | Path | URL) -> None:
+    """Refuse another application's database, or one of a newer gpulane."""
+    tables = set(sqlalchemy.inspect(conn).get_table_names())
+    if tables and not {"alembic_version", "events"} <= tables:
+        raise DatabaseError(
+            f"{shown(db)}: not a gpulane database (it has tables "
+            f"{', '.join(sorted(tables))} but no alembic_version/events)"
+        )
+    revision = migrate.current_revision(conn)
+    if revision is not None and not migrate.is_known_revision(revision):
+        raise DatabaseError(
+            f"{shown(db)}: schema revision {revision!r} is newer than this gpulane "
+            f"knows (latest {migrate.head_revision()!r}); upgrade gpulane"
+        )
+
+
 def open_database(
-    path: str | Path, synchronous: Synchronous = "full", upgrade: bool = True
+    db: str | Path, synchronous: Synchronous = "full", upgrade: bool = True
 ) -> Engine:
-    """Check the file at `path`, migrate it to the latest schema and return its engine.
+    """Check the database `db` (a path or URL, `database_url`), migrate it to the
+    latest schema and return its engine. On SQLite:
 
     A missing or empty file becomes a new database. `upgrade=False` only checks
     (for tools that must not change the file); otherwise the file must also
@@ -150,24 +316,17 @@ def open_database(
     (`check_pages`), so nothing is written into a damaged file. Raises
     `DatabaseError` for a file that is not SQLite, corrupt, another application's
     database, from a newer gpulane, read-only, or locked by another writer for
-    longer than STARTUP_WRITE_WAIT_S.
+    longer than STARTUP_WRITE_WAIT_S. On PostgreSQL, `_open_postgres`.
     """
+    url = database_url(db)
+    if url.get_backend_name() != "sqlite":
+        return _open_postgres(url, synchronous, upgrade)
+    path = url.database or ""
     check_file(path)
     engine = create_engine(path, synchronous)
     try:
         with engine.connect() as conn:
-            tables = set(sqlalchemy.inspect(conn).get_table_names())
-            if tables and not {"alembic_version", "events"} <= tables:
-                raise DatabaseError(
-                    f"{path}: not a gpulane database (it has tables "
-                    f"{', '.join(sorted(tables))} but no alembic_version/events)"
-                )
-            revision = migrate.current_revision(conn)
-            if revision is not None and not migrate.is_known_revision(revision):
-                raise DatabaseError(
-                    f"{path}: schema revision {revision!r} is newer than this gpulane "
-                    f"knows (latest {migrate.head_revision()!r}); upgrade gpulane"
-                )
+            _check_schema(conn, path)
             if upgrade:
                 check_pages(conn, path)
         if upgrade:
@@ -185,9 +344,10 @@ def open_database(
     return engine
 
 
-def open_readonly(path: str | Path) -> Engine:
-    """An engine that can only read `path`, for tools whose input must never be
-    modified (`gpulane replay`, `gpulane ui --db`). Neither migrates nor sets pragmas.
+def open_readonly(db: str | Path) -> Engine:
+    """An engine that can only read the database `db` (a path or URL), for tools
+    whose input must never be modified (`gpulane replay`, `gpulane ui --db`).
+    Neither migrates nor sets pragmas. On PostgreSQL every transaction is read-only.
 
     A file with no write-ahead log (`-wal`) or rollback journal beside it holds
     the whole database (a `gpulane db backup` copy, a file gpulane closed cleanly):
@@ -200,6 +360,10 @@ def open_readonly(path: str | Path) -> Engine:
     Raises `DatabaseError` for a missing file, one that is not SQLite or is
     corrupt, a database without an `events` table, or one whose log cannot be read.
     """
+    url = database_url(db)
+    if url.get_backend_name() != "sqlite":
+        return _open_postgres_readonly(url)
+    path = url.database or ""
     p = Path(path)
     if not p.is_file():
         raise DatabaseError(no_such_database(path))
@@ -236,16 +400,37 @@ def open_readonly(path: str | Path) -> Engine:
     return engine
 
 
+def _open_postgres_readonly(url: URL) -> Engine:
+    engine = _postgres_engine(url, "full", read_only=True)
+    try:
+        with engine.connect() as conn:
+            names = set(sqlalchemy.inspect(conn).get_table_names())
+    except (sqlalchemy.exc.DBAPIError, psycopg.Error) as exc:
+        engine.dispose()
+        problem = unusable(shown(url), exc)
+        raise problem or DatabaseError(f"{shown(url)}: cannot use the database") from exc
+    if "events" not in names:
+        engine.dispose()
+        raise DatabaseError(f"{shown(url)}: not a gpulane database (no events table)")
+    return engine
+
+
 def _beside(path: Path, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
 
-def check_writable(engine: Engine, path: str | Path) -> None:
+def check_writable(engine: Engine, path: str | Path | URL) -> None:
     """Take the write lock and try a write, then roll back: nothing changes on disk.
 
     Waits at most STARTUP_WRITE_WAIT_S for another writer; raises DatabaseError
-    for a locked or read-only (or immutable) file.
+    for a locked or read-only (or immutable) file. On PostgreSQL, the same write
+    finds a role without the right or a read-only server (a hot standby).
     """
+    if engine.dialect.name != "sqlite":
+        with engine.connect() as conn, conn.begin() as transaction:
+            conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num WHERE false")
+            transaction.rollback()
+        return
     raw = engine.raw_connection()
     try:
         dbapi = raw.driver_connection
@@ -335,6 +520,8 @@ def _size_in_header(header: bytes) -> int:
 def no_such_database(path: str | os.PathLike[str]) -> str:
     """What a command says when the database it was given is not there: a user
     in another directory than the server's needs `--db`."""
+    if not is_sqlite(path):
+        return f"{shown(path)}: no such database"
     where = os.path.abspath(path)
     return (
         f"{path}: no such database file ({where}); name the server's database with "

@@ -1,6 +1,7 @@
-"""The SQLite event log: one writer task with group commit, and the reads over it.
+"""The event log, on SQLite or PostgreSQL: one writer task with group commit,
+and the reads over it.
 
-Callers never touch SQLite. `submit` queues events and returns a future; the
+Callers never touch the database. `submit` queues events and returns a future; the
 writer task takes everything queued since its last transaction and commits it
 as one transaction: the events, the read models projected from them
 (read_model.project) and the projection position. One fsync covers the whole
@@ -47,6 +48,7 @@ from sqlalchemy.engine import Engine
 
 from app.core.events import AnyEvent, decode, encode, model_of, request_id_of, type_name
 from app.store import read_model
+from app.store.cursor import Cursor, driver_cursor, is_storage_fault, on_sqlite, pipelined
 from app.store.engine import describe
 from app.store.lease import LeaseLost
 from app.store.port import StoreError
@@ -67,29 +69,32 @@ CLOSE_RETRY_S = 10.0
 
 _INSERT = "INSERT INTO events (seq, at, type, request_id, model, data) VALUES (?, ?, ?, ?, ?, ?)"
 _LAST_SEQ = "SELECT seq FROM sqlite_sequence WHERE name = 'events'"
+# Under WRITE_LOCK (app/store/engine.py): nobody else appends meanwhile.
+_LAST_SEQ_POSTGRES = "SELECT max(seq) FROM events"
 
 _Pending = tuple[Sequence[AnyEvent], "asyncio.Future[list[int]]"]
 
 
-def driver_cursor(conn: sqlalchemy.Connection) -> sqlite3.Cursor:
-    """The sqlite3 cursor inside an SQLAlchemy connection (and its transaction)."""
-    dbapi = conn.connection.dbapi_connection
-    assert isinstance(dbapi, sqlite3.Connection)
-    return dbapi.cursor()
+def next_seq(cur: Cursor) -> int:
+    """The seq the next event gets. Call with the write lock held
+    (`sqlite_begin="IMMEDIATE"`: BEGIN IMMEDIATE, or PostgreSQL's WRITE_LOCK).
 
-
-def next_seq(cur: sqlite3.Cursor) -> int:
-    """The seq the next event gets. Call with the write lock held (BEGIN IMMEDIATE).
-
-    Seqs are assigned here rather than by SQLite so one executemany can insert
-    many events; AUTOINCREMENT's counter keeps them from ever being reused.
+    Seqs are assigned here rather than by the database so one executemany can
+    insert many events; on SQLite AUTOINCREMENT's counter keeps them from ever
+    being reused, on PostgreSQL events are never deleted and the lock keeps
+    out any other writer.
     """
-    row = cur.execute(_LAST_SEQ).fetchone()
-    return (row[0] if row else 0) + 1
+    row = cur.execute(_LAST_SEQ if on_sqlite(cur) else _LAST_SEQ_POSTGRES).fetchone()
+    return (row[0] if row and row[0] is not None else 0) + 1
 
 
-def write_events(cur: sqlite3.Cursor, first: int, events: Sequence[AnyEvent]) -> None:
+def write_events(cur: Cursor, first: int, events: Sequence[AnyEvent]) -> None:
     """Insert events as seqs first, first + 1, ... and project them, in the caller's transaction."""
+    with pipelined(cur):
+        _write_events(cur, first, events)
+
+
+def _write_events(cur: Cursor, first: int, events: Sequence[AnyEvent]) -> None:
     cur.executemany(
         _INSERT,
         [
@@ -105,17 +110,6 @@ def write_events(cur: sqlite3.Cursor, first: int, events: Sequence[AnyEvent]) ->
         ],
     )
     read_model.project_all(cur, zip(range(first, first + len(events)), events, strict=True))
-
-
-def is_storage_fault(exc: BaseException) -> bool:
-    """True for what fails every event alike: access, locking, space, I/O, a damaged file.
-
-    Anything else raised while writing an event (an integer SQLite cannot hold,
-    a constraint, an unencodable value) is that event's own fault.
-    """
-    if isinstance(exc, sqlite3.OperationalError | sqlite3.InternalError | OSError | MemoryError):
-        return True
-    return type(exc) is sqlite3.DatabaseError  # SQLITE_CORRUPT and SQLITE_NOTADB
 
 
 async def write_until_accepted(write: Callable[[], object], what: str) -> None:
@@ -148,7 +142,7 @@ class _EventFault(Exception):
     """A batch failed because of one of its events, not because of the database."""
 
 
-class SqliteEventStore:
+class SqlEventStore:
     """The event store over an engine from `app.store.engine.open_database`."""
 
     def __init__(
@@ -240,7 +234,10 @@ class SqliteEventStore:
         self._closed = True
 
     def _checkpoint(self) -> None:
-        """Move the WAL into the .db file and empty it, so after a clean stop the file is whole."""
+        """Move the WAL into the .db file and empty it, so after a clean stop the file
+        is whole. (PostgreSQL's server checkpoints its own WAL.)"""
+        if self._engine.dialect.name != "sqlite":
+            return
         raw = self._engine.raw_connection()
         try:
             dbapi = raw.driver_connection
@@ -414,6 +411,10 @@ class SqliteEventStore:
         return self._conn
 
 
+SqliteEventStore = SqlEventStore
+"""Its name before it ran on PostgreSQL too."""
+
+
 def event_rows(
     conn: sqlalchemy.Connection,
     after_seq: int = 0,
@@ -424,14 +425,18 @@ def event_rows(
     query = select(events_table.c.seq, events_table.c.data).where(events_table.c.seq > after_seq)
     if request_id is not None:
         query = query.where(events_table.c.request_id == request_id)
-    result = conn.execute(query.order_by(events_table.c.seq).limit(limit))
+    # PostgreSQL sends a whole result at once unless read through a server-side cursor.
+    options = {"yield_per": 5000} if conn.dialect.name != "sqlite" else {}
+    result = conn.execute(
+        query.order_by(events_table.c.seq).limit(limit), execution_options=options
+    )
     yield from ((seq, data) for seq, data in result)
 
 
 def read_events(
     engine: Engine, after_seq: int = 0, limit: int | None = None, request_id: str | None = None
 ) -> Iterator[tuple[int, AnyEvent]]:
-    """Committed events with seq > after_seq in seq order, decoded; streams from SQLite."""
+    """Committed events with seq > after_seq in seq order, decoded; streams."""
     with engine.connect() as conn:
         for seq, data in event_rows(conn, after_seq, limit, request_id):
             yield seq, decode(data)

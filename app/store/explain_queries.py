@@ -11,7 +11,7 @@ from collections.abc import Container, Iterator
 from typing import NamedTuple
 
 import sqlalchemy
-from sqlalchemy import RowMapping, select
+from sqlalchemy import RowMapping, select, text
 
 from app.store.tables import requests
 
@@ -26,7 +26,7 @@ SELECT min(enqueue_seq) FROM (
     SELECT r.enqueue_seq FROM requests AS r
     WHERE r.finished_at >= :since AND r.enqueue_seq < :seq
       AND EXISTS (SELECT 1 FROM events AS e WHERE e.request_id = r.id AND e.seq > :seq)
-)
+) AS open_at
 """
 # The `at` bound lets ix_events_type_at skip the older history.
 _RESIDENCY = (
@@ -41,6 +41,13 @@ _LAST_DISPATCHES = (
     "AND seq >= :from_seq AND seq < :to_seq "
     "GROUP BY model, json_extract(data, '$.choice') ORDER BY 1"
 )
+# PostgreSQL has no bare column beside max(): the last row of each group, by DISTINCT ON.
+_LAST_DISPATCHES_POSTGRES = (
+    "SELECT seq, model, data FROM (SELECT DISTINCT ON (model, CAST(data AS json) ->> 'choice') "
+    "seq, model, data FROM events WHERE type = 'request_dispatched' "
+    "AND seq >= :from_seq AND seq < :to_seq "
+    "ORDER BY model, CAST(data AS json) ->> 'choice', seq DESC) AS last ORDER BY seq"
+)
 
 
 def last_dispatches(
@@ -49,7 +56,8 @@ def last_dispatches(
     """The last `request_dispatched` to each of `models` (and per choice it was
     made for) with `from_seq <= seq < to_seq`, in seq order: what a peer's
     affinity and a choice's order depend on (`app.core.peers`)."""
-    rows = conn.exec_driver_sql(_LAST_DISPATCHES, {"from_seq": from_seq, "to_seq": to_seq})
+    sql = _LAST_DISPATCHES if conn.dialect.name == "sqlite" else _LAST_DISPATCHES_POSTGRES
+    rows = conn.execute(text(sql), {"from_seq": from_seq, "to_seq": to_seq})
     for seq, model, data in rows:
         if model in models:
             yield LoggedEvent(seq, data)
@@ -78,10 +86,12 @@ def request_row(conn: sqlalchemy.Connection, request_id: str) -> RowMapping | No
 def last_arrival(conn: sqlalchemy.Connection, request_id: str) -> Arrival | None:
     """The last `request_enqueued` or `request_requeued` of `request_id`; None when it
     never queued (rejected at admission)."""
-    row = conn.exec_driver_sql(
-        "SELECT seq, at FROM events WHERE request_id = ? "
-        "AND type IN ('request_enqueued', 'request_requeued') ORDER BY seq DESC LIMIT 1",
-        (request_id,),
+    row = conn.execute(
+        text(
+            "SELECT seq, at FROM events WHERE request_id = :id "
+            "AND type IN ('request_enqueued', 'request_requeued') ORDER BY seq DESC LIMIT 1"
+        ),
+        {"id": request_id},
     ).first()
     return None if row is None else Arrival(row.seq, row.at)
 
@@ -91,7 +101,7 @@ def first_enqueue_open_at(
 ) -> int | None:
     """The smallest enqueue seq of the requests open at event `seq` (a superset: those
     finished before `finished_since_s` unix seconds are not looked at); None if none."""
-    found = conn.exec_driver_sql(_OPEN_AT, {"since": finished_since_s, "seq": seq}).scalar()
+    found = conn.execute(text(_OPEN_AT), {"since": finished_since_s, "seq": seq}).scalar()
     return None if found is None else int(found)
 
 
@@ -99,22 +109,25 @@ def last_event_before(
     conn: sqlalchemy.Connection, seq: int, kind: str = "server_started"
 ) -> LoggedEvent | None:
     """The last event of type `kind` with a seq below `seq`."""
-    row = conn.exec_driver_sql(
-        "SELECT seq, data FROM events WHERE type = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
-        (kind, seq),
+    row = conn.execute(
+        text(
+            "SELECT seq, data FROM events WHERE type = :kind AND seq < :seq "
+            "ORDER BY seq DESC LIMIT 1"
+        ),
+        {"kind": kind, "seq": seq},
     ).first()
     return None if row is None else LoggedEvent(row.seq, row.data)
 
 
 def last_swap_seq_before(conn: sqlalchemy.Connection, seq: int) -> int | None:
     """The seq of the last swap started below `seq` (the `swaps` read model)."""
-    found = conn.exec_driver_sql("SELECT max(seq) FROM swaps WHERE seq < ?", (seq,)).scalar()
+    found = conn.execute(text("SELECT max(seq) FROM swaps WHERE seq < :seq"), {"seq": seq}).scalar()
     return None if found is None else int(found)
 
 
 def event_at(conn: sqlalchemy.Connection, seq: int) -> float | None:
     """When event `seq` was recorded (unix seconds), or None when there is no such event."""
-    found = conn.exec_driver_sql("SELECT at FROM events WHERE seq = ?", (seq,)).scalar()
+    found = conn.execute(text("SELECT at FROM events WHERE seq = :seq"), {"seq": seq}).scalar()
     return None if found is None else float(found)
 
 
@@ -124,8 +137,8 @@ def residency_events(
     """The events that change which model is resident or loading (server starts, swaps,
     process stops), with `from_seq <= seq < to_seq` and recorded at or after `since_s`,
     in seq order."""
-    rows = conn.exec_driver_sql(
-        _RESIDENCY, {"from_seq": from_seq, "to_seq": to_seq, "since": since_s}
+    rows = conn.execute(
+        text(_RESIDENCY), {"from_seq": from_seq, "to_seq": to_seq, "since": since_s}
     )
     for seq, data in rows:
         yield LoggedEvent(seq, data)

@@ -118,9 +118,15 @@ def prune_bodies(engine: Engine, orphans_before: float) -> int:
 
 def disk_free(engine: Engine) -> tuple[str, int] | None:
     """(directory, bytes free to an unprivileged writer) of the filesystem the
-    database file is on; None for a database without a file."""
+    database file is on; None for a database without a file (in memory, or on a
+    PostgreSQL server, whose disk is the server's to watch)."""
     database = engine.url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
+    if (
+        engine.dialect.name != "sqlite"
+        or not database
+        or database == ":memory:"
+        or database.startswith("file:")
+    ):
         return None
     directory = str(Path(database).resolve().parent)
     stat = os.statvfs(directory)

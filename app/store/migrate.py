@@ -71,16 +71,24 @@ def schema_differences(conn: sqlalchemy.Connection) -> list[str]:
         for line in _missing(difference)
     ]
     views = dict(_views(conn))
+    sqlite = conn.dialect.name == "sqlite"
     for name, sql in _head_views():
         if name not in views:
             lines.append(f"view {name} is missing")
-        elif " ".join(views[name].split()) != " ".join(sql.split()):
+        # PostgreSQL keeps a view as it parsed it, not as written: only SQLite's text compares.
+        elif sqlite and " ".join(views[name].split()) != " ".join(sql.split()):
             lines.append(f"view {name}: its SQL is not the one gpulane creates")
     return lines
 
 
 def _views(conn: sqlalchemy.Connection) -> list[tuple[str, str]]:
-    query = "SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY name"
+    if conn.dialect.name == "sqlite":
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY name"
+    else:
+        query = (
+            "SELECT viewname, definition FROM pg_views "
+            "WHERE schemaname = current_schema() ORDER BY viewname"
+        )
     return [(str(name), str(sql)) for name, sql in conn.exec_driver_sql(query)]
 
 

@@ -1,6 +1,6 @@
 """The event store port: what the runtime needs from a log, whatever holds it.
 
-`SqliteEventStore` is the real one, `InMemoryEventStore` the stand-in for unit
+`SqlEventStore` (SQLite or PostgreSQL) is the real one, `InMemoryEventStore` the stand-in for unit
 tests; tests/integration/test_event_store.py is the contract both pass.
 """
 

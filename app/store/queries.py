@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, select
 
-from app.store.event_store import driver_cursor
+from app.store.cursor import driver_cursor
 from app.store.tables import OPEN_STATUSES, requests
 
 
@@ -45,13 +45,19 @@ class OpenEnqueue(NamedTuple):
 
 # Sort the narrow request rows first, then fetch each enqueue event in that order
 # (LIMIT -1 keeps SQLite from flattening the subquery, which would sort the event
-# data too). Raw sqlite3: no per-row SQLAlchemy processing, no decoding of the
-# requests.job JSON (the event carries the job).
+# data too). Raw driver cursor: no per-row SQLAlchemy processing, no decoding of
+# the requests.job JSON (the event carries the job).
 _OPEN_ENQUEUES = (
     "SELECT r.id, r.status, r.durable, r.attempt, e.data FROM ("
     "SELECT id, status, durable, attempt, enqueue_seq FROM requests "
     f"WHERE status IN ({', '.join('?' * len(OPEN_STATUSES))}) ORDER BY enqueue_seq LIMIT -1"
     ") AS r CROSS JOIN events AS e ON e.seq = r.enqueue_seq"
+)
+# PostgreSQL keeps no order through a join: it is asked for (and merges on the indexes).
+_OPEN_ENQUEUES_POSTGRES = (
+    "SELECT r.id, r.status, r.durable, r.attempt, e.data FROM requests AS r "
+    "JOIN events AS e ON e.seq = r.enqueue_seq "
+    f"WHERE r.status IN ({', '.join('?' * len(OPEN_STATUSES))}) ORDER BY r.enqueue_seq"
 )
 
 
@@ -60,9 +66,10 @@ def open_enqueues(engine: Engine, chunk: int = 1000) -> Iterator[tuple[OpenEnque
     request, in arrival order: one indexed join, proportional to what is open.
     Streams (in one read transaction), so the event JSON is never all in memory."""
     with engine.connect() as conn:
-        cur = driver_cursor(conn)
+        cur = driver_cursor(conn, stream="open_enqueues")
+        sqlite = conn.dialect.name == "sqlite"
         try:
-            cur.execute(_OPEN_ENQUEUES, OPEN_STATUSES)
+            cur.execute(_OPEN_ENQUEUES if sqlite else _OPEN_ENQUEUES_POSTGRES, OPEN_STATUSES)
             while rows := cur.fetchmany(chunk):
                 for rid, status, durable, attempt, data in rows:
                     yield OpenEnqueue(rid, status, durable, attempt), data

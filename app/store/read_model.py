@@ -6,20 +6,20 @@ and `gpulane db rebuild` calls it for every event in seq order, so the live
 tables and rebuilt ones cannot drift apart. The events that end a request
 also delete its job body (`job_bodies`, not a read model) in that transaction.
 
-The statements are plain SQL run on the sqlite3 cursor of the current
-SQLAlchemy transaction: this is the writer's hot path, and sqlite3 caches the
-prepared statements by their text.
+The statements are plain SQL, portable between SQLite and PostgreSQL, run on
+the driver's cursor of the current SQLAlchemy transaction (`cursor.py`): this
+is the writer's hot path, and the driver caches prepared statements by their text.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 
 from app.core import events as ev
+from app.store.cursor import Cursor
 from app.store.tables import READ_MODELS
 
 POSITION_NAME = "read_models"
@@ -34,14 +34,14 @@ def seconds(at_ns: int) -> float:
     return at_ns / _NS
 
 
-def project(cur: sqlite3.Cursor, seq: int, event: ev.AnyEvent) -> None:
+def project(cur: Cursor, seq: int, event: ev.AnyEvent) -> None:
     """Apply one event (already stored with `seq`) to the read models."""
     handler = _HANDLERS.get(type(event))
     if handler is not None:
         handler(cur, seq, event)
 
 
-def project_all(cur: sqlite3.Cursor, items: Iterable[tuple[int, ev.AnyEvent]]) -> int:
+def project_all(cur: Cursor, items: Iterable[tuple[int, ev.AnyEvent]]) -> int:
     """Apply events in order and record the last seq as the position; returns the count."""
     last = None
     count = 0
@@ -54,11 +54,11 @@ def project_all(cur: sqlite3.Cursor, items: Iterable[tuple[int, ev.AnyEvent]]) -
     return count
 
 
-def set_position(cur: sqlite3.Cursor, seq: int) -> None:
+def set_position(cur: Cursor, seq: int) -> None:
     cur.execute(_SET_POSITION, (POSITION_NAME, seq))
 
 
-def clear(cur: sqlite3.Cursor) -> None:
+def clear(cur: Cursor) -> None:
     """Empty every read model, before a rebuild."""
     for table in READ_MODELS:
         cur.execute(f"DELETE FROM {table.name}")
@@ -87,7 +87,7 @@ _ENQUEUED = (
 )
 
 
-def _enqueued(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _enqueued(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         _ENQUEUED,
         {
@@ -108,13 +108,13 @@ def _enqueued(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     )
 
 
-def _rejected(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _rejected(cur: Cursor, seq: int, e: Any) -> None:
     # Failed at admission: never queued, but every request the server saw gets a row.
     at = seconds(e.at)
     cur.execute(
         "INSERT INTO requests (id, model, model_requested, endpoint, priority, band, status, "
         "durable, attempt, caller, enqueue_seq, enqueued_at, finished_at, http_status, error) "
-        "VALUES (?, NULL, ?, ?, ?, ?, 'failed', 0, 1, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, NULL, ?, ?, ?, ?, 'failed', FALSE, 1, ?, ?, ?, ?, ?, ?)",
         (
             e.request_id,
             e.model_requested,
@@ -131,14 +131,14 @@ def _rejected(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     )
 
 
-def _requeued(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _requeued(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         f"UPDATE requests SET {_RESET_ATTEMPT} WHERE id = :id",
         {"id": e.request_id, "attempt": e.attempt},
     )
 
 
-def _scores_computed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _scores_computed(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute("UPDATE requests SET score = ? WHERE id = ?", (e.winner.total, e.request_id))
 
 
@@ -147,7 +147,7 @@ def _scores_computed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
 _WAIT_UNTIL_AT = "queue_wait_ms = COALESCE(queue_wait_ms, (:at - enqueued_at) * 1000.0)"
 
 
-def _dispatched(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _dispatched(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         "UPDATE requests SET status = 'running', attempt = :attempt, dispatched_at = :at, "
         f"{_WAIT_UNTIL_AT} WHERE id = :id",
@@ -155,7 +155,7 @@ def _dispatched(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     )
 
 
-def _started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _started(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute("UPDATE requests SET started_at = ? WHERE id = ?", (seconds(e.at), e.request_id))
 
 
@@ -170,7 +170,7 @@ _FINISH = (
 _DROP_BODY = "DELETE FROM job_bodies WHERE request_id = ?"
 
 
-def _completed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _completed(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         f"{_FINISH}, http_status = :http_status, bytes = :bytes, ttfb_ms = :ttfb_ms, "
         "input_tokens = :input_tokens, output_tokens = :output_tokens, "
@@ -191,7 +191,7 @@ def _completed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute(_DROP_BODY, (e.request_id,))
 
 
-def _failed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _failed(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         f"{_FINISH}, error = :error, http_status = :http_status WHERE id = :id",
         {
@@ -206,7 +206,7 @@ def _failed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute(_DROP_BODY, (e.request_id,))
 
 
-def _cancelled(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _cancelled(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         f"{_FINISH}, cancel_reason = :reason WHERE id = :id",
         {
@@ -220,14 +220,14 @@ def _cancelled(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     cur.execute(_DROP_BODY, (e.request_id,))
 
 
-def _abandoned(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _abandoned(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         f"{_FINISH} WHERE id = :id",
         {"id": e.request_id, "status": "abandoned", "at": seconds(e.at), "run_ms": None},
     )
 
 
-def _swap_started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _swap_started(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         "INSERT INTO swaps (seq, from_model, to_model, request_id, started_at) "
         "VALUES (?, ?, ?, ?, ?)",
@@ -239,7 +239,7 @@ def _swap_started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
 _OPEN_SWAP = "(SELECT max(seq) FROM swaps WHERE to_model = :model AND finished_at IS NULL)"
 
 
-def _finish_swap(cur: sqlite3.Cursor, e: Any, error: str | None) -> None:
+def _finish_swap(cur: Cursor, e: Any, error: str | None) -> None:
     params = {"model": e.model, "at": seconds(e.at), "ms": e.duration_ms, "error": error}
     cur.execute(
         "UPDATE requests SET swap_ms = :ms "
@@ -253,15 +253,15 @@ def _finish_swap(cur: sqlite3.Cursor, e: Any, error: str | None) -> None:
     )
 
 
-def _swap_finished(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _swap_finished(cur: Cursor, seq: int, e: Any) -> None:
     _finish_swap(cur, e, None)
 
 
-def _swap_failed(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _swap_failed(cur: Cursor, seq: int, e: Any) -> None:
     _finish_swap(cur, e, e.error)
 
 
-def _server_started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _server_started(cur: Cursor, seq: int, e: Any) -> None:
     # A swap in progress when the previous process died will never finish.
     cur.execute(
         "UPDATE swaps SET finished_at = ?, error = 'interrupted by restart' "
@@ -270,7 +270,7 @@ def _server_started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     )
 
 
-def _process_started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _process_started(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         "INSERT INTO processes (seq, model, pid, cmdline, port, started_at) "
         "VALUES (?, ?, ?, ?, ?, ?)",
@@ -278,7 +278,7 @@ def _process_started(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     )
 
 
-def _process_stopped(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
+def _process_stopped(cur: Cursor, seq: int, e: Any) -> None:
     cur.execute(
         "UPDATE processes SET stopped_at = ?, stop_reason = ?, exit_code = ? "
         "WHERE pid = ? AND model = ? AND stopped_at IS NULL",
@@ -286,7 +286,7 @@ def _process_stopped(cur: sqlite3.Cursor, seq: int, e: Any) -> None:
     )
 
 
-_HANDLERS: dict[type, Callable[[sqlite3.Cursor, int, Any], None]] = {
+_HANDLERS: dict[type, Callable[[Cursor, int, Any], None]] = {
     ev.ServerStarted: _server_started,
     ev.RequestEnqueued: _enqueued,
     ev.ScoresComputed: _scores_computed,

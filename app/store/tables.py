@@ -3,14 +3,16 @@
 `events` is the source of truth. Everything else is a read model that only
 `read_model.project` writes, in the same transaction as the events it derives
 from, so `gpulane db rebuild` can recompute it at any time. Times are REAL unix
-seconds so `datetime(x, 'unixepoch')` works in ad-hoc SQL; the events keep
-exact nanoseconds in `data`. Documented column by column in docs/events.md.
+seconds (double precision on PostgreSQL) so `datetime(x, 'unixepoch')` works in
+ad-hoc SQL; the events keep exact nanoseconds in `data`. Integers are 64-bit
+(`INTEGER`) on both databases. Documented column by column in docs/events.md.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -24,10 +26,13 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
+INTEGER = BigInteger().with_variant(Integer(), "sqlite")
+"""Every integer column: 64 bits, as SQLite's are (migrations/__init__.py)."""
+
 events = Table(
     "events",
     metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("seq", INTEGER, primary_key=True, autoincrement=True),
     Column("at", Float, nullable=False),
     Column("type", Text, nullable=False),
     Column("request_id", Text, nullable=True),
@@ -49,15 +54,15 @@ requests = Table(
     Column("model", Text),
     Column("model_requested", Text),
     Column("endpoint", Text, nullable=False),
-    Column("priority", Integer, nullable=False),
+    Column("priority", INTEGER, nullable=False),
     Column("band", Text, nullable=False),
     # queued, running, completed, failed, cancelled, abandoned
     Column("status", Text, nullable=False),
     Column("durable", Boolean, nullable=False),
-    Column("attempt", Integer, nullable=False),
+    Column("attempt", INTEGER, nullable=False),
     Column("caller", Text),
     Column("idempotency_key", Text),
-    Column("enqueue_seq", Integer, nullable=False),
+    Column("enqueue_seq", INTEGER, nullable=False),
     Column("enqueued_at", Float, nullable=False),
     Column("dispatched_at", Float),
     Column("started_at", Float),
@@ -67,11 +72,11 @@ requests = Table(
     Column("swap_ms", Float),
     Column("run_ms", Float),
     Column("ttfb_ms", Float),
-    Column("bytes", Integer),
-    Column("http_status", Integer),
+    Column("bytes", INTEGER),
+    Column("http_status", INTEGER),
     Column("error", Text),
-    Column("input_tokens", Integer),
-    Column("output_tokens", Integer),
+    Column("input_tokens", INTEGER),
+    Column("output_tokens", INTEGER),
     Column("tokens_per_second", Float),
     Column("cancel_reason", Text),
     Column("job", JSON),
@@ -88,15 +93,15 @@ requests = Table(
 processes = Table(
     "processes",
     metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("seq", INTEGER, primary_key=True, autoincrement=False),
     Column("model", Text, nullable=False),
-    Column("pid", Integer, nullable=False),
+    Column("pid", INTEGER, nullable=False),
     Column("cmdline", JSON, nullable=False),
-    Column("port", Integer),
+    Column("port", INTEGER),
     Column("started_at", Float, nullable=False),
     Column("stopped_at", Float),
     Column("stop_reason", Text),
-    Column("exit_code", Integer),
+    Column("exit_code", INTEGER),
     Index("ix_processes_pid", "pid"),
 )
 
@@ -105,7 +110,7 @@ processes = Table(
 swaps = Table(
     "swaps",
     metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("seq", INTEGER, primary_key=True, autoincrement=False),
     Column("from_model", Text),
     Column("to_model", Text, nullable=False),
     Column("request_id", Text),
@@ -121,7 +126,7 @@ projection_position = Table(
     "projection_position",
     metadata,
     Column("name", Text, primary_key=True),
-    Column("seq", Integer, nullable=False),
+    Column("seq", INTEGER, nullable=False),
 )
 
 READ_MODELS = (requests, processes, swaps, projection_position)
@@ -133,7 +138,7 @@ job_results = Table(
     "job_results",
     metadata,
     Column("request_id", Text, primary_key=True),
-    Column("http_status", Integer, nullable=False),
+    Column("http_status", INTEGER, nullable=False),
     Column("headers", Text, nullable=False),
     Column("body", LargeBinary, nullable=False),
     Column("stored_at", Float, nullable=False),
@@ -159,9 +164,9 @@ server_lease = Table(
     "server_lease",
     metadata,
     Column("name", Text, primary_key=True),
-    Column("term", Integer, nullable=False),
+    Column("term", INTEGER, nullable=False),
     Column("holder", Text, nullable=False),
-    Column("pid", Integer, nullable=False),
+    Column("pid", INTEGER, nullable=False),
     Column("host", Text, nullable=False),
     Column("listen", Text, nullable=False),
     Column("acquired_at", Float, nullable=False),
@@ -179,7 +184,7 @@ files = Table(
     Column("caller", Text),
     Column("purpose", Text, nullable=False),
     Column("filename", Text, nullable=False),
-    Column("bytes", Integer, nullable=False),
+    Column("bytes", INTEGER, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("content", LargeBinary, nullable=False),
     Index("ix_files_caller_created_at", "caller", "created_at"),
@@ -198,11 +203,11 @@ batches = Table(
     Column("input_file_id", Text, nullable=False),
     Column("completion_window", Text, nullable=False),
     Column("metadata", JSON),
-    Column("priority", Integer, nullable=False),
+    Column("priority", INTEGER, nullable=False),
     # validating, failed, in_progress, cancelling, completed, expired, cancelled
     Column("status", Text, nullable=False),
     Column("errors", JSON),
-    Column("total", Integer, nullable=False),
+    Column("total", INTEGER, nullable=False),
     Column("output_file_id", Text),
     Column("error_file_id", Text),
     Column("created_at", Float, nullable=False),
@@ -225,7 +230,7 @@ batch_lines = Table(
     "batch_lines",
     metadata,
     Column("batch_id", Text, primary_key=True),
-    Column("line", Integer, primary_key=True),
+    Column("line", INTEGER, primary_key=True),
     Column("custom_id", Text, nullable=False),
     # The configured model its job runs on (its body may name it otherwise: useModelName).
     Column("model", Text),

@@ -34,8 +34,8 @@ from app.runtime.parameters import server_started
 from app.runtime.recovery import recover
 from app.runtime.reload import ConfigSource
 from app.runtime.scheduler import Scheduler
-from app.store.engine import DatabaseError, open_database
-from app.store.event_store import SqliteEventStore
+from app.store.engine import DatabaseError, open_database, shown
+from app.store.event_store import SqlEventStore
 from app.store.lease import LeaseHeld, this_process
 from app.store.queries import activity
 from app.store.samples import lane_samples, recent_runs, recent_samples
@@ -131,6 +131,14 @@ def serve_command(
     return 0
 
 
+def _database_name(engine: Engine) -> str:
+    """The database, named the same by every server of it: a file's absolute
+    path, or a server's URL without the password."""
+    if engine.dialect.name == "sqlite":
+        return os.path.abspath(engine.url.database or "")
+    return shown(engine.url)
+
+
 async def _serve(
     config: Config,
     engine: Engine,
@@ -144,11 +152,11 @@ async def _serve(
     logs = LogBuffer()
     _capture_logs(logs)
     # Every append is fenced by this process's term; a standby's by none.
-    store = SqliteEventStore(engine, fence=leadership.fence)
+    store = SqlEventStore(engine, fence=leadership.fence)
     store.start()
     # Names this database in the upstreams' environment, so the next start's
     # recovery finds what they left, and never another server's.
-    owner = hashlib.sha256(os.fsencode(os.path.abspath(engine.url.database or ""))).hexdigest()
+    owner = hashlib.sha256(os.fsencode(_database_name(engine))).hexdigest()
     scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
     # A leader whose lease may have lapsed (paused, cut off) dispatches nothing.
     scheduler.may_dispatch = leadership.trusted
@@ -208,7 +216,7 @@ async def _serve(
             "gpulane %s listening on %s (db %s); console at %s/ui/",
             __version__,
             base,
-            engine.url.database,
+            shown(engine.url),
             base.replace("://0.0.0.0:", "://127.0.0.1:"),
         )
 
@@ -241,7 +249,7 @@ async def _serve(
             __version__,
             host,
             port,
-            engine.url.database,
+            shown(engine.url),
             standby_text(leadership),
         )
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations import INTEGER
+
 revision = "0001"
 down_revision = None
 branch_labels = None
@@ -19,7 +21,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "events",
-        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("seq", INTEGER, primary_key=True, autoincrement=True),
         sa.Column("at", sa.Float, nullable=False),
         sa.Column("type", sa.Text, nullable=False),
         sa.Column("request_id", sa.Text, nullable=True),
@@ -37,14 +39,14 @@ def upgrade() -> None:
         sa.Column("model", sa.Text),
         sa.Column("model_requested", sa.Text),
         sa.Column("endpoint", sa.Text, nullable=False),
-        sa.Column("priority", sa.Integer, nullable=False),
+        sa.Column("priority", INTEGER, nullable=False),
         sa.Column("band", sa.Text, nullable=False),
         sa.Column("status", sa.Text, nullable=False),
         sa.Column("durable", sa.Boolean, nullable=False),
-        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("attempt", INTEGER, nullable=False),
         sa.Column("caller", sa.Text),
         sa.Column("idempotency_key", sa.Text),
-        sa.Column("enqueue_seq", sa.Integer, nullable=False),
+        sa.Column("enqueue_seq", INTEGER, nullable=False),
         sa.Column("enqueued_at", sa.Float, nullable=False),
         sa.Column("dispatched_at", sa.Float),
         sa.Column("started_at", sa.Float),
@@ -54,11 +56,11 @@ def upgrade() -> None:
         sa.Column("swap_ms", sa.Float),
         sa.Column("run_ms", sa.Float),
         sa.Column("ttfb_ms", sa.Float),
-        sa.Column("bytes", sa.Integer),
-        sa.Column("http_status", sa.Integer),
+        sa.Column("bytes", INTEGER),
+        sa.Column("http_status", INTEGER),
         sa.Column("error", sa.Text),
-        sa.Column("input_tokens", sa.Integer),
-        sa.Column("output_tokens", sa.Integer),
+        sa.Column("input_tokens", INTEGER),
+        sa.Column("output_tokens", INTEGER),
         sa.Column("tokens_per_second", sa.Float),
         sa.Column("cancel_reason", sa.Text),
         sa.Column("job", sa.JSON),
@@ -70,21 +72,21 @@ def upgrade() -> None:
 
     op.create_table(
         "processes",
-        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("seq", INTEGER, primary_key=True, autoincrement=False),
         sa.Column("model", sa.Text, nullable=False),
-        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("pid", INTEGER, nullable=False),
         sa.Column("cmdline", sa.JSON, nullable=False),
-        sa.Column("port", sa.Integer),
+        sa.Column("port", INTEGER),
         sa.Column("started_at", sa.Float, nullable=False),
         sa.Column("stopped_at", sa.Float),
         sa.Column("stop_reason", sa.Text),
-        sa.Column("exit_code", sa.Integer),
+        sa.Column("exit_code", INTEGER),
     )
     op.create_index("ix_processes_pid", "processes", ["pid"])
 
     op.create_table(
         "swaps",
-        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("seq", INTEGER, primary_key=True, autoincrement=False),
         sa.Column("from_model", sa.Text),
         sa.Column("to_model", sa.Text, nullable=False),
         sa.Column("request_id", sa.Text),
@@ -98,13 +100,13 @@ def upgrade() -> None:
     op.create_table(
         "projection_position",
         sa.Column("name", sa.Text, primary_key=True),
-        sa.Column("seq", sa.Integer, nullable=False),
+        sa.Column("seq", INTEGER, nullable=False),
     )
 
     op.create_table(
         "job_results",
         sa.Column("request_id", sa.Text, primary_key=True),
-        sa.Column("http_status", sa.Integer, nullable=False),
+        sa.Column("http_status", INTEGER, nullable=False),
         sa.Column("headers", sa.Text, nullable=False),
         sa.Column("body", sa.LargeBinary, nullable=False),
         sa.Column("stored_at", sa.Float, nullable=False),

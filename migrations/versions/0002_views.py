@@ -18,41 +18,86 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-# Unix seconds now, with the fraction (unixepoch('subsec') needs SQLite 3.42).
-_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
-# The wait of request w: arrival to dispatch, or to its end, or to now.
-_W_END = f"coalesce(w.dispatched_at, w.finished_at, {_NOW})"
-# Request t holds the GPU from dispatch to finish: its swap until it starts, then its run.
-_T_END = f"coalesce(t.finished_at, {_NOW})"
-_T_RUN = f"coalesce(t.started_at, {_T_END})"
+class _Sql:
+    """The few functions whose spelling differs: SQLite's, or PostgreSQL's."""
+
+    def __init__(self, dialect: str) -> None:
+        self.pg = dialect == "postgresql"
+        # Unix seconds now, with the fraction (unixepoch('subsec') needs SQLite 3.42).
+        self.now = (
+            "extract(epoch FROM now())::double precision"
+            if self.pg
+            else "((julianday('now') - 2440587.5) * 86400.0)"
+        )
+        self.max = "greatest" if self.pg else "max"
+        self.min = "least" if self.pg else "min"
+
+    def total(self, x: str) -> str:
+        return f"coalesce(sum({x}), 0.0)" if self.pg else f"total({x})"
+
+    def time(self, x: str) -> str:
+        if self.pg:
+            return f"to_char(to_timestamp({x}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
+        return f"datetime({x}, 'unixepoch')"
+
+    def hour(self, x: str) -> str:
+        if self.pg:
+            return f"to_char(to_timestamp({x}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:00')"
+        return f"strftime('%Y-%m-%d %H:00', {x}, 'unixepoch')"
+
+    def json(self, path: str, cast: str = "") -> str:
+        """`data`'s value at `path` (`a.b`); `cast`: its type on PostgreSQL, whose
+        `->>` answers text where SQLite's json_extract answers the JSON type."""
+        if not self.pg:
+            return f"json_extract(data, '$.{path}')"
+        value = f"(CAST(data AS json) #>> '{{{path.replace('.', ',')}}}')"
+        return f"CAST({value} AS {cast})" if cast else value
+
+    def band(self, band: str) -> str:
+        # The unary + keeps SQLite off the band index (see _behind); PostgreSQL has no + on text.
+        return f"t.band = '{band}'" if self.pg else f"+t.band = '{band}'"
+
+    def differs(self, x: str) -> str:
+        """1 where `x` (an id) is not the winner, else 0, as an integer on both."""
+        if self.pg:
+            return f"coalesce(CAST({x} <> request_id AS integer), 0)"
+        return f"coalesce({x} <> request_id, 0)"
 
 
-def _overlap(start: str, end: str) -> str:
-    return f"max(0.0, min({end}, {_W_END}) - max({start}, w.enqueued_at))"
+def views(dialect: str) -> dict[str, str]:
+    """The views' SQL on `dialect` ('sqlite' or 'postgresql')."""
+    q = _Sql(dialect)
+    # The wait of request w: arrival to dispatch, or to its end, or to now.
+    w_end = f"coalesce(w.dispatched_at, w.finished_at, {q.now})"
+    # Request t holds the GPU from dispatch to finish: its swap until it starts, then its run.
+    t_end = f"coalesce(t.finished_at, {q.now})"
+    t_run = f"coalesce(t.started_at, {t_end})"
 
+    def overlap(start: str, end: str) -> str:
+        return f"{q.max}(0.0, {q.min}({end}, {w_end}) - {q.max}({start}, w.enqueued_at))"
 
-def _behind(where: str, start: str, end: str) -> str:
-    """Seconds of w's wait during which requests matching `where` held [start, end).
+    def behind(where: str, start: str, end: str) -> str:
+        """Seconds of w's wait during which requests matching `where` held [start, end).
 
-    `t.finished_at > w.enqueued_at` walks ix_requests_finished_at, so the cost
-    is the requests that finished after w arrived, not the whole table (the
-    unary + in `+t.band` keeps SQLite off the band index, which would not be).
-    """
-    return (
-        f"(SELECT total({_overlap(start, end)}) FROM requests AS t "
-        f"WHERE (t.finished_at > w.enqueued_at OR t.finished_at IS NULL) "
-        f"AND t.dispatched_at < {_W_END} AND t.id <> w.id AND {where})"
-    )
+        `t.finished_at > w.enqueued_at` walks ix_requests_finished_at, so the cost
+        is the requests that finished after w arrived, not the whole table (the
+        unary + in `+t.band` keeps SQLite off the band index, which would not be).
+        """
+        return (
+            f"(SELECT {q.total(overlap(start, end))} FROM requests AS t "
+            f"WHERE (t.finished_at > w.enqueued_at OR t.finished_at IS NULL) "
+            f"AND t.dispatched_at < {w_end} AND t.id <> w.id AND {where})"
+        )
 
-
-VIEWS = {
-    "request_times": """
+    anything = "true" if q.pg else "1"
+    return {
+        "request_times": f"""
         SELECT id, model, band, priority, caller, endpoint, status, http_status, error,
                attempt, durable, enqueue_seq, enqueued_at, dispatched_at, started_at,
                finished_at,
-               datetime(enqueued_at, 'unixepoch') AS enqueued,
-               strftime('%Y-%m-%d %H:00', enqueued_at, 'unixepoch') AS hour,
+               {q.time("enqueued_at")} AS enqueued,
+               {q.hour("enqueued_at")} AS hour,
                queue_wait_ms / 1000.0 AS wait_s,
                swap_ms / 1000.0 AS swap_s,
                run_ms / 1000.0 AS run_s,
@@ -60,16 +105,16 @@ VIEWS = {
         FROM requests
         WHERE model IS NOT NULL
     """,
-    "wait_causes": f"""
+        "wait_causes": f"""
         SELECT w.id AS request_id,
-               {_behind("+t.band = 'interactive'", _T_RUN, _T_END)} AS behind_interactive_s,
-               {_behind("+t.band = 'normal'", _T_RUN, _T_END)} AS behind_normal_s,
-               {_behind("+t.band = 'batch'", _T_RUN, _T_END)} AS behind_batch_s,
-               {_behind("1", "t.dispatched_at", _T_RUN)} AS swaps_s
+               {behind(q.band("interactive"), t_run, t_end)} AS behind_interactive_s,
+               {behind(q.band("normal"), t_run, t_end)} AS behind_normal_s,
+               {behind(q.band("batch"), t_run, t_end)} AS behind_batch_s,
+               {behind(anything, "t.dispatched_at", t_run)} AS swaps_s
         FROM requests AS w
         WHERE w.model IS NOT NULL
     """,
-    "gpu_timeline": """
+        "gpu_timeline": """
         SELECT 'swap' AS kind, s.started_at AS start_at, s.finished_at AS end_at,
                s.finished_at - s.started_at AS seconds, s.to_model AS model,
                s.from_model AS from_model, s.request_id AS request_id, r.band AS band,
@@ -81,27 +126,31 @@ VIEWS = {
         FROM requests AS r
         WHERE r.started_at IS NOT NULL
     """,
-    "decisions": """
-        SELECT seq, at, datetime(at, 'unixepoch') AS time,
-               strftime('%Y-%m-%d %H:00', at, 'unixepoch') AS hour,
+        "decisions": f"""
+        SELECT seq, at, {q.time("at")} AS time,
+               {q.hour("at")} AS hour,
                request_id AS winner_id,
-               json_extract(data, '$.queue_depth') AS queue_depth,
-               json_extract(data, '$.resident') AS resident,
-               json_extract(data, '$.winner.total') AS winner_score,
-               json_extract(data, '$.runner_up_id') AS runner_up_id,
-               json_extract(data, '$.runner_up.total') AS runner_up_score,
-               coalesce(json_extract(data, '$.without_aging_id') <> request_id, 0)
+               {q.json("queue_depth", "bigint")} AS queue_depth,
+               {q.json("resident")} AS resident,
+               {q.json("winner.total", "double precision")} AS winner_score,
+               {q.json("runner_up_id")} AS runner_up_id,
+               {q.json("runner_up.total", "double precision")} AS runner_up_score,
+               {q.differs(q.json("without_aging_id"))}
                    AS aging_changed,
-               coalesce(json_extract(data, '$.without_affinity_id') <> request_id, 0)
+               {q.differs(q.json("without_affinity_id"))}
                    AS affinity_changed
         FROM events
         WHERE type = 'scores_computed'
     """,
-}
+    }
+
+
+VIEWS = views("sqlite")
+"""The SQLite views, as every SQLite database has them (their text is checked)."""
 
 
 def upgrade() -> None:
-    for name, body in VIEWS.items():
+    for name, body in views(op.get_bind().dialect.name).items():
         op.execute(f"CREATE VIEW {name} AS {body.strip()}")
 
 

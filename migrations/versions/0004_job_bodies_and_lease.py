@@ -18,6 +18,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations import INTEGER
+
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
@@ -34,9 +36,9 @@ def upgrade() -> None:
     op.create_table(
         "server_lease",
         sa.Column("name", sa.Text, primary_key=True),
-        sa.Column("term", sa.Integer, nullable=False),
+        sa.Column("term", INTEGER, nullable=False),
         sa.Column("holder", sa.Text, nullable=False),
-        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("pid", INTEGER, nullable=False),
         sa.Column("host", sa.Text, nullable=False),
         sa.Column("listen", sa.Text, nullable=False),
         sa.Column("acquired_at", sa.Float, nullable=False),

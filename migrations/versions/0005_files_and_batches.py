@@ -15,6 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations import INTEGER
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
@@ -28,7 +30,7 @@ def upgrade() -> None:
         sa.Column("caller", sa.Text),
         sa.Column("purpose", sa.Text, nullable=False),
         sa.Column("filename", sa.Text, nullable=False),
-        sa.Column("bytes", sa.Integer, nullable=False),
+        sa.Column("bytes", INTEGER, nullable=False),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("content", sa.LargeBinary, nullable=False),
     )
@@ -41,10 +43,10 @@ def upgrade() -> None:
         sa.Column("input_file_id", sa.Text, nullable=False),
         sa.Column("completion_window", sa.Text, nullable=False),
         sa.Column("metadata", sa.JSON),
-        sa.Column("priority", sa.Integer, nullable=False),
+        sa.Column("priority", INTEGER, nullable=False),
         sa.Column("status", sa.Text, nullable=False),
         sa.Column("errors", sa.JSON),
-        sa.Column("total", sa.Integer, nullable=False),
+        sa.Column("total", INTEGER, nullable=False),
         sa.Column("output_file_id", sa.Text),
         sa.Column("error_file_id", sa.Text),
         sa.Column("created_at", sa.Float, nullable=False),
@@ -62,7 +64,7 @@ def upgrade() -> None:
     op.create_table(
         "batch_lines",
         sa.Column("batch_id", sa.Text, primary_key=True),
-        sa.Column("line", sa.Integer, primary_key=True),
+        sa.Column("line", INTEGER, primary_key=True),
         sa.Column("custom_id", sa.Text, nullable=False),
         sa.Column("model", sa.Text),
         sa.Column("request_id", sa.Text),

@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 
 from app.core import events as ev
+from app.store.cursor import driver_cursor
 from app.store.engine import WAL_SIZE_LIMIT, open_database
-from app.store.event_store import driver_cursor, next_seq, write_events
+from app.store.event_store import next_seq, write_events
 from tests.e2e.gateway import Gateway, fake_model, poll
 from tests.e2e.log_replay import assert_log_replays
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,16 @@ def fake_upstream_argv() -> Callable[..., list[str]]:
         return [sys.executable, "-m", "tools.fake_upstream", "--port", str(port), *extra]
 
     return argv
+
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+"""The databases every contract test runs on (as pyeventsourcing runs one recorder
+suite per backend): SQLite always, PostgreSQL in a throwaway cluster."""
+
+
+@pytest.fixture(params=BACKENDS)
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty database as `--db` takes it: a file's path, or a PostgreSQL URL."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return str(tmp_path / "gpulane.db")

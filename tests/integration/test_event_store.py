@@ -1,4 +1,5 @@
-"""The event store contract, run over every implementation, then what only SQLite must do."""
+"""The event store contract, run over every implementation (in memory, SQLite,
+PostgreSQL), then what the databases must do, then what only SQLite must do."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
@@ -29,6 +31,7 @@ from app.store.event_store import (
 )
 from app.store.memory_store import InMemoryEventStore
 from app.store.port import EventStore, StoreError
+from tests.integration.conftest import BACKENDS
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "events_v1.jsonl"
 T0 = 1_735_689_600_000_000_000
@@ -54,14 +57,17 @@ def enqueued(rid: str, at: int = T0, **kw: Any) -> ev.RequestEnqueued:
     return ev.RequestEnqueued(at=at, request_id=rid, **(fields | kw))
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", *BACKENDS])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventStore]:
     engine = None
     s: EventStore
     if request.param == "memory":
         s = InMemoryEventStore()
     else:
-        engine = open_database(tmp_path / "events.db")
+        db = tmp_path / "events.db"
+        engine = open_database(
+            request.getfixturevalue("postgres_url") if request.param == "postgres" else db
+        )
         s = SqliteEventStore(engine)
     s.start()
     yield s
@@ -192,8 +198,8 @@ async def test_events_survive_reopening_the_file(tmp_path: Path) -> None:
     engine.dispose()
 
 
-async def test_read_models_commit_with_their_events(tmp_path: Path) -> None:
-    engine = open_database(tmp_path / "events.db")
+async def test_read_models_commit_with_their_events(database: str) -> None:
+    engine = open_database(database)
     store = SqliteEventStore(engine)
     store.start()
     await store.append([enqueued("a"), enqueued("b", at=T0 + 1)])
@@ -203,16 +209,27 @@ async def test_read_models_commit_with_their_events(tmp_path: Path) -> None:
             ev.ProcessStarted(at=T0 + 3, model="qwen", pid=41, cmdline=["llama-server", "-m", "q"]),
         ]
     )
-    seqs = await store.append([ev.ProcessStarted(at=T0 + 4, model="x", pid=42, cmdline=["x"])])
+    rejected = ev.RequestRejected(
+        at=T0 + 4, request_id="bad", endpoint="/v1/chat/completions", http_status=400,
+        error="no model", priority=2**62,
+    )  # fmt: skip
+    seqs = await store.append(
+        [rejected, ev.ProcessStarted(at=T0 + 4, model="x", pid=42, cmdline=["x"])]
+    )
     await store.close()
     assert [(r.id, r.status) for r in open_requests(engine)] == [("a", "running"), ("b", "queued")]
+    with engine.connect() as conn:
+        row = conn.exec_driver_sql(
+            "SELECT status, durable, priority, http_status FROM requests WHERE id = 'bad'"
+        ).one()
+    assert tuple(row) == ("failed", False, 2**62, 400)
     assert [(p.pid, p.cmdline) for p in open_processes(engine)] == [
         (41, ["llama-server", "-m", "q"]),
         (42, ["x"]),
     ]
     with engine.connect() as conn:
         position = conn.exec_driver_sql("SELECT seq FROM projection_position").scalar()
-    assert position == seqs[0] == last_seq(engine)
+    assert position == seqs[1] == last_seq(engine)
     engine.dispose()
 
 
@@ -376,10 +393,10 @@ def test_an_empty_file_becomes_a_new_database(tmp_path: Path) -> None:
 # -- one bad event, a clean stop, a backup -----------------------------------------------------
 
 
-async def test_an_event_sqlite_cannot_hold_fails_alone_and_its_batch_is_stored(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+async def test_an_event_the_database_cannot_hold_fails_alone_and_its_batch_is_stored(
+    database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "events.db"
+    path = database
     engine = open_database(path)
     store = SqliteEventStore(engine)
     store.start()
@@ -394,7 +411,9 @@ async def test_an_event_sqlite_cannot_hold_fails_alone_and_its_batch_is_stored(
     mixed = store.submit([enqueued("mixed"), enqueued("huge", priority=-(2**63) - 1)])
     after = store.submit([enqueued("after")])
 
-    with pytest.raises(StoreError, match="request_enqueued of request big not stored.*too large"):
+    with pytest.raises(
+        StoreError, match="request_enqueued of request big not stored.*(too large|out of range)"
+    ):
         await bad
     with pytest.raises(StoreError, match="request mixed \\(\\+1 more\\) not stored"):
         await mixed  # a caller's events are stored together or not at all
@@ -506,9 +525,73 @@ def test_db_backup_refuses_to_overwrite_the_database_itself(
     assert "no such database file" in capsys.readouterr().err
 
 
-def _read_file(path: Path) -> list[tuple[int, ev.AnyEvent]]:
+def _read_file(path: Path | str) -> list[tuple[int, ev.AnyEvent]]:
     engine = open_database(path, upgrade=False)
     try:
         return list(read_events(engine))
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_a_refused_write_is_kept_and_stored_in_order_once_it_is_accepted(
+    postgres_url: str,
+) -> None:
+    """PostgreSQL's refusal here: another transaction holds the log's table, so
+    the writer's lock times out (lock_timeout), as a locked SQLite file does."""
+    engine = open_database(postgres_url)
+
+    @sa_event.listens_for(engine, "connect")
+    def _short_lock_timeout(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.autocommit = True
+        dbapi_connection.execute("SET lock_timeout = 100")
+        dbapi_connection.autocommit = False
+
+    store = SqliteEventStore(engine)
+    changes: list[str | None] = []
+    store.on_change(lambda: changes.append(store.failure))
+    store.start()
+    await store.append([enqueued("a")])
+
+    blocker = psycopg.connect(
+        engine.url.render_as_string(hide_password=False).replace("+psycopg", "")
+    )
+    blocker.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+    b = store.submit([enqueued("b")])
+    c = store.submit([enqueued("c")])
+    await wait_until(lambda: store.failure is not None)
+    assert "lock timeout" in (store.failure or "") and store.retry_in > 0
+    assert not b.done() and not c.done()  # kept, not failed
+    d = store.submit([enqueued("d")])  # submitted while refused: after b and c
+
+    blocker.rollback()
+    blocker.close()
+    assert await asyncio.wait_for(asyncio.gather(b, c, d), 10) == [[2], [3], [4]]
+    assert store.failure is None
+    assert len(changes) == 2 and changes[1] is None
+    await store.close()
+    ids = [e.request_id for _, e in read_events(engine)]  # type: ignore[union-attr]
+    assert ids == ["a", "b", "c", "d"]
+    engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_a_lost_connection_loses_nothing_and_the_writer_reconnects(
+    postgres_url: str,
+) -> None:
+    """The server ended every connection (a restart, a failover of the database,
+    an administrator): the writer keeps what it was given and writes it on a new one."""
+    engine = open_database(postgres_url)
+    store = SqliteEventStore(engine)
+    store.start()
+    await store.append([enqueued("a")])
+    with psycopg.connect(postgres_url.replace("+psycopg", ""), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    assert await asyncio.wait_for(store.append([enqueued("b"), enqueued("c")]), 10) == [2, 3]
+    assert store.failure is None
+    await store.close()
+    assert [e.request_id for _, e in read_events(engine)] == ["a", "b", "c"]  # type: ignore[union-attr]
+    engine.dispose()

@@ -13,8 +13,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from app.core import events as ev
 from app.store import commands
+from app.store.cursor import driver_cursor
 from app.store.engine import open_database
-from app.store.event_store import driver_cursor, next_seq, write_events
+from app.store.event_store import next_seq, write_events
 from app.store.job_bodies import (
     BodyMissing,
     delete_body,

@@ -166,7 +166,7 @@ def test_unknown_key_without_close_match_lists_allowed_keys() -> None:
     # gpulane's own sections stay strict.
     (error,) = errors_of(one_model() + "database:\n  zzz: 1\n")
     assert error.startswith(
-        "database.zzz: unknown key; allowed keys: leaseSeconds, path, synchronous"
+        "database.zzz: unknown key; allowed keys: leaseSeconds, path, synchronous, url"
     )
 
 
@@ -1074,3 +1074,18 @@ def test_database_lease_seconds_out_of_range_is_an_error_naming_the_key(value: s
     (error,) = errors_of(one_model() + f"database: {{leaseSeconds: {value}}}\n")
     assert error.startswith("database.leaseSeconds: ")
     assert "expected seconds from 1 to 3600" in error
+
+
+def test_database_url_names_the_database_instead_of_the_path() -> None:
+    url = "postgresql+psycopg://gpulane@db.internal:5432/gpulane"
+    assert parse(one_model() + f"database:\n  url: {url}\n").database_path == url
+    assert (
+        parse(one_model() + "database:\n  url: sqlite:///x.db\n").database_path == "sqlite:///x.db"
+    )
+    errors = errors_of(one_model() + f"database:\n  url: {url}\n  path: other.db\n")
+    assert errors == [
+        "database.url: give database.url or database.path, not both (a path is a URL too)"
+    ]
+    (error,) = errors_of(one_model() + "database:\n  url: mysql://u@h/db\n")
+    assert error.startswith("database.url: 'mysql' is not a database gpulane runs on")
+    assert "postgresql+psycopg://" in error

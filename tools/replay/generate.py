@@ -38,8 +38,9 @@ from pathlib import Path
 from app.core import events as ev
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL
+from app.store.cursor import driver_cursor
 from app.store.engine import open_database
-from app.store.event_store import driver_cursor, next_seq, write_events
+from app.store.event_store import next_seq, write_events
 from tools.replay.simulate import Policy, SwapCost, simulate, started_event
 from tools.replay.workload import Request, SwapTimes, Workload
 

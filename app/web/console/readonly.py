@@ -20,7 +20,7 @@ from litestar.params import FromPath
 from sqlalchemy import Engine
 
 from app.report.explain import explain
-from app.store.engine import DatabaseError, open_readonly
+from app.store.engine import DatabaseError, open_readonly, shown
 from app.web.console import console_routes
 from app.web.console.security import SECURITY_HEADERS, add_security_headers
 from app.web.errors import EXCEPTION_HANDLERS, error_body
@@ -56,6 +56,6 @@ def ui_command(db: str, host: str, port: int) -> int:
     except DatabaseError as exc:
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
-    print(f"gpulane ui: http://{host}:{port}/ui/ (read-only, {db})", flush=True)
+    print(f"gpulane ui: http://{host}:{port}/ui/ (read-only, {shown(db)})", flush=True)
     uvicorn.run(readonly_app(engine), host=host, port=port, log_level="warning", access_log=False)
     return 0
