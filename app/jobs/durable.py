@@ -181,7 +181,9 @@ class Jobs:
                 self._keys.pop(scoped, None)
         assert ticket is not None  # else `_record` raised
         self.run(ticket, job)
-        view = await self.view(ticket.request_id) or {"id": ticket.request_id}
+        # Without its place: that walks the queue (app/runtime/places.py), and a
+        # submission must not cost more as the queue grows.
+        view = await self.view(ticket.request_id, place=False) or {"id": ticket.request_id}
         return Accepted(ticket.request_id, view, fresh=True)
 
     async def _record(
@@ -253,7 +255,7 @@ class Jobs:
                 "could not be recorded; send it again",
                 "event_log_unavailable",
             )
-        view = await self.view(request_id) or {"id": request_id}
+        view = await self.view(request_id, place=False) or {"id": request_id}
         return Accepted(request_id, view, fresh=False)
 
     # -- running --------------------------------------------------------------
@@ -320,18 +322,24 @@ class Jobs:
 
     # -- reading --------------------------------------------------------------
 
-    async def view(self, request_id: str) -> dict[str, Any] | None:
-        """A job's status (app/jobs/job_view.py), or None when there is no such job."""
+    async def view(self, request_id: str, *, place: bool = True) -> dict[str, Any] | None:
+        """A job's status (app/jobs/job_view.py), or None when there is no such job;
+        with `place`, a waiting job's place in the queue too (`Scheduler.ahead`)."""
         row, result = await asyncio.to_thread(job_rows, self.engine, request_id)
-        return self._view(request_id, row, result)
+        return await self._view(request_id, row, result, place=place)
 
-    def _view(self, request_id: str, row: Any, result: Any) -> dict[str, Any] | None:
+    async def _view(
+        self, request_id: str, row: Any, result: Any, *, place: bool = True
+    ) -> dict[str, Any] | None:
         live = self.scheduler.open_status(request_id)
         caller = None
         if row is None and live is not None:
             open_request = self.scheduler.live().state.requests.get(request_id)
             caller = open_request.caller if open_request is not None else None
-        return job_view(request_id, row, result, live, caller)
+        ahead = None
+        if place and live is not None and live.status == "queued":
+            ahead = await self.scheduler.ahead(request_id)
+        return job_view(request_id, row, result, live, caller, ahead)
 
     async def view_for(self, only: str | None, request_id: str) -> dict[str, Any] | None:
         """The view, or None when there is no such job or it is not for a viewer
@@ -346,7 +354,7 @@ class Jobs:
     ) -> list[dict[str, Any]]:
         """Newest first (only `caller`'s when given), with their results."""
         found = await asyncio.to_thread(list_jobs, self.engine, status, limit, caller)
-        views = [self._view(row["id"], row, result) for row, result in found]
+        views = [await self._view(row["id"], row, result) for row, result in found]
         return [v for v in views if v is not None]
 
     async def result(self, only: str | None, request_id: str) -> StoredResult:

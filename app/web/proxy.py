@@ -299,7 +299,7 @@ class Proxy:
             }
         )
         while not any(f.done() for f in waiting):
-            text = self._progress_text(ticket.request_id, admission.model)
+            text = await self._progress_text(ticket.request_id, admission.model)
             await send(
                 {"type": "http.response.body", "body": _sse_progress(text), "more_body": True}
             )
@@ -311,10 +311,10 @@ class Proxy:
 
         return rest
 
-    def _progress_text(self, request_id: str, model: str) -> str:
-        status = self.scheduler.open_status(request_id)
-        if status is not None and status.ahead is not None:
-            return f"gpulane: waiting in the queue, {status.ahead} ahead of this request\n"
+    async def _progress_text(self, request_id: str, model: str) -> str:
+        ahead = await self.scheduler.ahead(request_id)
+        if ahead is not None:
+            return f"gpulane: waiting in the queue, {ahead} ahead of this request\n"
         return f"gpulane: loading model {model}\n"
 
 
