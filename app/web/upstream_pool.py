@@ -11,6 +11,11 @@ the client's headers go as they came (`forward.outgoing_headers`), plus `Host`
 and `Content-Length`, with none of httpx's defaults (`User-Agent`,
 `Accept-Encoding`: a proxy adds nothing the client did not send).
 
+Below httpcore, a plain-HTTP upstream's sockets are the event loop's own
+(`SocketBackend`: `sock_recv`, `sock_sendall`), not anyio's streams, whose
+cancel scopes cost more than the system calls they wrap; TLS (an `https` peer)
+keeps httpcore's default backend.
+
 Errors are httpcore's (`ConnectError`, `ReadError`, `RemoteProtocolError`, ...,
 all `httpcore.NetworkError` or `httpcore.ProtocolError`), named as httpx names
 them.
@@ -18,7 +23,11 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import select
+import socket
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpcore
@@ -32,6 +41,96 @@ UpstreamError = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.Timeout
 """What a request to an upstream raises when the exchange itself fails."""
 NoAnswer = (httpcore.ConnectError, httpcore.ReadError, httpcore.RemoteProtocolError)
 """An upstream that gave no answer at all (it may have just died)."""
+
+
+class _Socket(httpcore.AsyncNetworkStream):
+    """A connected non-blocking socket, read and written through the event loop."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            if timeout is None:
+                return await self._loop.sock_recv(self._sock, max_bytes)
+            async with asyncio.timeout(timeout):
+                return await self._loop.sock_recv(self._sock, max_bytes)
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        try:
+            if timeout is None:
+                await self._loop.sock_sendall(self._sock, buffer)
+                return
+            async with asyncio.timeout(timeout):
+                await self._loop.sock_sendall(self._sock, buffer)
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        self._sock.close()
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            # Readable while idle: the server closed it (or sent what nobody asked for).
+            if self._sock.fileno() < 0:
+                return True
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            return bool(poller.poll(0))
+        if info == "socket":
+            return self._sock
+        return None
+
+
+class SocketBackend(httpcore.AsyncNetworkBackend):
+    """Connects plain TCP sockets on the running event loop (see the module's docstring)."""
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                failures = []
+                for family, kind, proto, _, address in infos:
+                    sock = socket.socket(family, kind, proto)
+                    try:
+                        sock.setblocking(False)
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        await loop.sock_connect(sock, address)
+                    except BaseException as exc:
+                        sock.close()
+                        if not isinstance(exc, OSError):
+                            raise
+                        failures.append(f"{host}:{port}: {exc.strerror or exc}")
+                        continue
+                    return _Socket(sock)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(f"no connection within {timeout:g} s") from exc
+        except OSError as exc:  # the name did not resolve
+            raise httpcore.ConnectError(str(exc)) from exc
+        raise httpcore.ConnectError("; ".join(failures) or f"{host} has no address")
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+_SOCKETS = SocketBackend()
 
 
 class UpstreamResponse:
@@ -110,7 +209,10 @@ class UpstreamPool:
             if conn.is_idle() and not conn.has_expired():
                 return conn
             await conn.aclose()
-        return httpcore.AsyncHTTPConnection(origin, keepalive_expiry=KEEPALIVE_S)
+        backend = _SOCKETS if origin.scheme == b"http" else None
+        return httpcore.AsyncHTTPConnection(
+            origin, keepalive_expiry=KEEPALIVE_S, network_backend=backend
+        )
 
     async def give_back(self, base: str, conn: httpcore.AsyncHTTPConnection) -> None:
         idle = self._idle.setdefault(base, [])
