@@ -43,14 +43,25 @@ NoAnswer = (httpcore.ConnectError, httpcore.ReadError, httpcore.RemoteProtocolEr
 """An upstream that gave no answer at all (it may have just died)."""
 
 
+CORK = 16 * 1024
+"""Bytes of a request held back until it is complete (`_Socket.write`)."""
+
+
 class _Socket(httpcore.AsyncNetworkStream):
-    """A connected non-blocking socket, read and written through the event loop."""
+    """A connected non-blocking socket, read and written through the event loop.
+    A small request goes in one system call: httpcore writes its head and its
+    body apart, and what is written is held (up to `CORK` bytes) until the
+    answer is read."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._loop = asyncio.get_running_loop()
+        self._held = b""
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held:
+            held, self._held = self._held, b""
+            await self._send(held, timeout)
         try:
             if timeout is None:
                 return await self._loop.sock_recv(self._sock, max_bytes)
@@ -62,8 +73,15 @@ class _Socket(httpcore.AsyncNetworkStream):
             raise httpcore.ReadError(str(exc)) from exc
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if not buffer:
+        if len(self._held) + len(buffer) <= CORK:
+            self._held += buffer
             return
+        if self._held:
+            held, self._held = self._held, b""
+            await self._send(held, timeout)
+        await self._send(buffer, timeout)
+
+    async def _send(self, buffer: bytes, timeout: float | None) -> None:
         try:
             if timeout is None:
                 await self._loop.sock_sendall(self._sock, buffer)
