@@ -196,6 +196,7 @@ def start_gpulane(
     tmp: Path, upstream_port: int, synchronous: str, slots: int = 32
 ) -> tuple[subprocess.Popen[bytes], int]:
     config = tmp / "config.yaml"
+    wide_port = free_port()  # startPort + 1 may be taken
     config.write_text(
         textwrap.dedent(
             f"""\
@@ -213,8 +214,8 @@ def start_gpulane(
                 cmd: {sys.executable} -c '{FAKE_NODELAY}' --port ${{PORT}} --name {MODEL}
                 proxy: http://127.0.0.1:${{PORT}}
               {WIDE}:
-                cmd: {sys.executable} -c '{FAKE_NODELAY}' --port ${{PORT}} --name {WIDE}
-                proxy: http://127.0.0.1:${{PORT}}
+                cmd: {sys.executable} -c '{FAKE_NODELAY}' --port {wide_port} --name {WIDE}
+                proxy: http://127.0.0.1:{wide_port}
                 concurrencyLimit: {slots}
             """
         )
