@@ -341,10 +341,12 @@ class Jobs:
             ahead = await self.scheduler.ahead(request_id)
         return job_view(request_id, row, result, live, caller, ahead)
 
-    async def view_for(self, only: str | None, request_id: str) -> dict[str, Any] | None:
-        """The view, or None when there is no such job or it is not for a viewer
-        who sees `only` that caller's jobs (None: everyone's) to see."""
-        view = await self.view(request_id)
+    async def view_for(
+        self, only: str | None, request_id: str, *, place: bool = True
+    ) -> dict[str, Any] | None:
+        """The view (`view`), or None when there is no such job or it is not for a
+        viewer who sees `only` that caller's jobs (None: everyone's) to see."""
+        view = await self.view(request_id, place=place)
         if view is None or not seen_by(only, view.get("caller")):
             return None
         return view
@@ -360,7 +362,7 @@ class Jobs:
     async def result(self, only: str | None, request_id: str) -> StoredResult:
         """The job's stored answer; NotFound (another caller's job too, whether or
         not it has one), Conflict while it has none."""
-        view = await self.view_for(only, request_id)
+        view = await self.view_for(only, request_id, place=False)
         if view is None:
             raise NotFound(f"no job {request_id}", "job_not_found")
         found = await asyncio.to_thread(job_result, self.engine, request_id)
@@ -372,7 +374,7 @@ class Jobs:
         """Cancel an open job; its view once the cancel is on disk. NotFound, or
         Conflict for a job that has ended."""
         live = self.scheduler.open_status(request_id)
-        view = await self.view_for(only, request_id)
+        view = await self.view_for(only, request_id, place=False)
         if view is None:
             raise NotFound(f"no job {request_id}", "job_not_found")
         if live is None:
