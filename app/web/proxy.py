@@ -253,7 +253,8 @@ class Proxy:
                     requested_priority=admission.requested_priority,
                     priority_ignored=admission.priority_ignored,
                 )
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if not any(f.done() for f in waiting):  # usually dispatched at its admission
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if ticket.detached.done():
                 await out.error(ticket.detached.result())
                 return
