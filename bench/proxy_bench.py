@@ -27,7 +27,14 @@ nginx in front of the same upstream as the floor a C proxy sets.
    gap as the upstream sees it (the fake keeps no timestamps). Also printed:
    the drain rate.
 
+3. Throughput. `--clients` clients (asyncio, raw sockets, one keep-alive
+   connection each) send small non-streaming requests back to back for
+   `--seconds` to a second model, `wide`, with as many slots
+   (`concurrencyLimit`) as clients, in a group that keeps both models loaded.
+   Printed: requests per second and gpulane's CPU per request in that phase.
+
 Targets (issue 4): added p50 < 1.5 ms, p99 < 5 ms; dispatch gap p99 < 5 ms.
+Profile: `py-spy record -p PID` with the pid printed at the start.
 """
 
 from __future__ import annotations
@@ -58,13 +65,16 @@ from app.store.engine import database_url
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "fast"
+WIDE = "wide"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 STREAM_CHUNKS = 4
 # tools.fake_upstream writes the head and the body of a reply separately; without
-# TCP_NODELAY the body waits for the client's delayed ACK (~40 ms on Linux).
+# TCP_NODELAY the body waits for the client's delayed ACK (~40 ms on Linux). A
+# listen backlog of 5 (socketserver's) resets some of 32 connections opened at once.
 FAKE_NODELAY = (
     "import sys; import tools.fake_upstream as f; "
-    "f.FakeHandler.disable_nagle_algorithm = True; f.main(sys.argv[1:])"
+    "f.FakeHandler.disable_nagle_algorithm = True; f.FakeServer.request_queue_size = 128; "
+    "f.main(sys.argv[1:])"
 )
 TARGETS = {"added_p50_ms": 1.5, "added_p99_ms": 5.0, "gap_p99_ms": 5.0}
 
@@ -187,10 +197,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def start_gpulane(
-    tmp: Path, upstream_port: int, synchronous: str, db: str | None = None
+    tmp: Path,
+    upstream_port: int,
+    synchronous: str,
+    db: str | None = None,
+    slots: int = 32,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """`gpulane serve` on `db` (a path or URL; default tmp/gpulane.db)."""
     config = tmp / "config.yaml"
+    wide_port = free_port()  # startPort + 1 may be taken
     config.write_text(
         textwrap.dedent(
             f"""\
@@ -198,10 +213,19 @@ def start_gpulane(
             logLevel: warn
             database:
               synchronous: {synchronous}
+            groups:
+              both:
+                swap: false
+                exclusive: false
+                members: [{MODEL}, {WIDE}]
             models:
               {MODEL}:
                 cmd: {sys.executable} -c '{FAKE_NODELAY}' --port ${{PORT}} --name {MODEL}
                 proxy: http://127.0.0.1:${{PORT}}
+              {WIDE}:
+                cmd: {sys.executable} -c '{FAKE_NODELAY}' --port {wide_port} --name {WIDE}
+                proxy: http://127.0.0.1:{wide_port}
+                concurrencyLimit: {slots}
             """
         )
     )
@@ -433,6 +457,37 @@ def wait_db_quiet(
         time.sleep(0.1)
 
 
+# -- 3. throughput -------------------------------------------------------------------------------
+
+
+async def throughput(port: int, clients: int, seconds: float) -> int:
+    """Requests completed by `clients` closed-loop clients in `seconds`."""
+    body = {"model": WIDE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    payload = request_bytes(port, "/v1/chat/completions", json.dumps(body).encode())
+    stop_at = time.perf_counter() + seconds
+
+    async def client() -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        done = 0
+        try:
+            while time.perf_counter() < stop_at:
+                writer.write(payload)
+                resp = Response()
+                while not resp.done:
+                    data = await reader.read(65536)
+                    if not data:
+                        raise ConnectionError("closed")
+                    resp.feed(data)
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status} {resp.body[:300]!r}")
+                done += 1
+        finally:
+            writer.close()
+        return done
+
+    return sum(await asyncio.gather(*(client() for _ in range(clients))))
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -445,6 +500,9 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--queued", type=int, default=1000, help="clients queued for the gap")
+    parser.add_argument("--clients", type=int, default=32, help="clients (and slots) for 3.")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of 3.")
+    parser.add_argument("--no-gap", action="store_true", help="skip 2. (the dispatch gap)")
     parser.add_argument("--synchronous", choices=("full", "normal"), default="full")
     parser.add_argument("--no-nginx", action="store_true", help="skip nginx even if installed")
     parser.add_argument("--keep", type=Path, help="keep the db and logs in this directory")
@@ -457,7 +515,7 @@ def main() -> None:
         else:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpulane-bench-")))
         upstream_port = free_port()
-        gw, gw_port = start_gpulane(tmp, upstream_port, args.synchronous)
+        gw, gw_port = start_gpulane(tmp, upstream_port, args.synchronous, slots=args.clients)
         stack.callback(stop, gw)
         # The first request loads the model (a swap), then the upstream is there to call.
         conn = Conn(gw_port)
@@ -493,6 +551,18 @@ def main() -> None:
             f" {cpu / wall * 100:.0f}% of one core during the run); load average"
             f" {os.getloadavg()[0]:.2f}"
         )
+
+        asyncio.run(throughput(gw_port, args.clients, 1.0))  # loads `wide`, warms up
+        cpu0, wall0 = cpu_seconds(gw.pid), time.perf_counter()
+        done = asyncio.run(throughput(gw_port, args.clients, args.seconds))
+        cpu, wall = cpu_seconds(gw.pid) - cpu0, time.perf_counter() - wall0
+        print(
+            f"\nthroughput ({args.clients} clients, small requests, a model with"
+            f" {args.clients} slots): {done / wall:.0f} requests/s; gpulane CPU"
+            f" {cpu / done * 1e6:.0f} us per request"
+        )
+        if args.no_gap:
+            return
 
         since = time.time()
         _, drained = asyncio.run(dispatch_gap(gw_port, args.queued))

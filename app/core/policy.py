@@ -344,9 +344,8 @@ def next_resident(state: SchedulerState) -> str | None:
 
 
 def ahead_of(state: SchedulerState, request_id: str) -> int | None:
-    """How many waiting requests would be dispatched before this one if nothing
-    else arrived (0: it goes next); None when it is not waiting. The one answer
-    to "where am I in the queue" for every reader (`/v1/jobs`, `/api/queue`,
-    `gpulane queue`, the loading-state chunks): ranked against the model that
-    will be resident at the next decision."""
+    """How many waiting requests the next decision ranks before this one (0: it
+    goes next); None when it is not waiting. O(n): not for the request path. Not
+    what readers call a position: that is the live queue's order, the dispatch
+    rule played forward (`start_estimate.start_steps`, app/runtime/places.py)."""
     return state.queue.position(request_id, state.affine, state.fair_keys())

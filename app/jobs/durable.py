@@ -184,7 +184,9 @@ class Jobs:
                 self._keys.pop(scoped, None)
         assert ticket is not None  # else `_record` raised
         self.run(ticket, job)
-        view = await self.view(ticket.request_id) or {"id": ticket.request_id}
+        # Without its place: that walks the queue (app/runtime/places.py), and a
+        # submission must not cost more as the queue grows.
+        view = await self.view(ticket.request_id, place=False) or {"id": ticket.request_id}
         return Accepted(ticket.request_id, view, fresh=True)
 
     async def _record(
@@ -256,7 +258,7 @@ class Jobs:
                 "could not be recorded; send it again",
                 "event_log_unavailable",
             )
-        view = await self.view(request_id) or {"id": request_id}
+        view = await self.view(request_id, place=False) or {"id": request_id}
         return Accepted(request_id, view, fresh=False)
 
     # -- running --------------------------------------------------------------
@@ -325,23 +327,31 @@ class Jobs:
 
     # -- reading --------------------------------------------------------------
 
-    async def view(self, request_id: str) -> dict[str, Any] | None:
-        """A job's status (app/jobs/job_view.py), or None when there is no such job."""
+    async def view(self, request_id: str, *, place: bool = True) -> dict[str, Any] | None:
+        """A job's status (app/jobs/job_view.py), or None when there is no such job;
+        with `place`, a waiting job's place in the queue too (`Scheduler.ahead`)."""
         row, result = await asyncio.to_thread(job_rows, self.engine, request_id)
-        return self._view(request_id, row, result)
+        return await self._view(request_id, row, result, place=place)
 
-    def _view(self, request_id: str, row: Any, result: Any) -> dict[str, Any] | None:
+    async def _view(
+        self, request_id: str, row: Any, result: Any, *, place: bool = True
+    ) -> dict[str, Any] | None:
         live = self.scheduler.open_status(request_id)
         caller = None
         if row is None and live is not None:
             open_request = self.scheduler.live().state.requests.get(request_id)
             caller = open_request.caller if open_request is not None else None
-        return job_view(request_id, row, result, live, caller)
+        ahead = None
+        if place and live is not None and live.status == "queued":
+            ahead = await self.scheduler.ahead(request_id)
+        return job_view(request_id, row, result, live, caller, ahead)
 
-    async def view_for(self, only: str | None, request_id: str) -> dict[str, Any] | None:
-        """The view, or None when there is no such job or it is not for a viewer
-        who sees `only` that caller's jobs (None: everyone's) to see."""
-        view = await self.view(request_id)
+    async def view_for(
+        self, only: str | None, request_id: str, *, place: bool = True
+    ) -> dict[str, Any] | None:
+        """The view (`view`), or None when there is no such job or it is not for a
+        viewer who sees `only` that caller's jobs (None: everyone's) to see."""
+        view = await self.view(request_id, place=place)
         if view is None or not seen_by(only, view.get("caller")):
             return None
         return view
@@ -351,13 +361,13 @@ class Jobs:
     ) -> list[dict[str, Any]]:
         """Newest first (only `caller`'s when given), with their results."""
         found = await asyncio.to_thread(list_jobs, self.engine, status, limit, caller)
-        views = [self._view(row["id"], row, result) for row, result in found]
+        views = [await self._view(row["id"], row, result) for row, result in found]
         return [v for v in views if v is not None]
 
     async def result(self, only: str | None, request_id: str) -> StoredResult:
         """The job's stored answer; NotFound (another caller's job too, whether or
         not it has one), Conflict while it has none."""
-        view = await self.view_for(only, request_id)
+        view = await self.view_for(only, request_id, place=False)
         if view is None:
             raise NotFound(f"no job {request_id}", "job_not_found")
         found = await asyncio.to_thread(job_result, self.engine, request_id)
@@ -369,7 +379,7 @@ class Jobs:
         """Cancel an open job; its view once the cancel is on disk. NotFound, or
         Conflict for a job that has ended."""
         live = self.scheduler.open_status(request_id)
-        view = await self.view_for(only, request_id)
+        view = await self.view_for(only, request_id, place=False)
         if view is None:
             raise NotFound(f"no job {request_id}", "job_not_found")
         if live is None:

@@ -42,9 +42,11 @@ def job_view(
     result: Any,
     live: OpenStatus | None,
     live_caller: str | None,
+    ahead: int | None = None,
 ) -> dict[str, Any] | None:
     """The view, or None when neither the log nor the live state knows the job;
-    `live_caller` is the caller of an open job not yet in the read model."""
+    `live_caller` is the caller of an open job not yet in the read model; `ahead`
+    its place while it waits (`Scheduler.ahead`), when asked for."""
     if live is None and row is None:
         return None
     out: dict[str, Any] = {"id": request_id, "object": "job"}
@@ -58,8 +60,9 @@ def job_view(
             out["door"] = door
     if live is not None:
         out.update(status=live.status, attempt=live.attempt)
-        if live.ahead is not None:
-            out["position"] = live.ahead
+        if ahead is not None:
+            out["position"] = ahead
+        if live.score is not None:
             out["score"] = msgspec.to_builtins(live.score)
     if result is not None:
         out["result"] = {

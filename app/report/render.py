@@ -258,6 +258,8 @@ def queue_text(q: QueueView) -> str:
             f"{b.total:>9.2f} {w.waited_s:>8.1f}s {w.estimated_start_in_s:>9.1f}s"
             f"  {w.caller or '-'}" + (f"  waits for {w.waits_for.text()}" if w.waits_for else "")
         )
+    if q.total_waiting > len(q.waiting):
+        out.append(f"({q.total_waiting} waiting in all; this page lists {len(q.waiting)})")
     return "\n".join(out) + "\n"
 
 

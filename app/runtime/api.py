@@ -75,8 +75,6 @@ class OpenStatus(msgspec.Struct, frozen=True):
 
     status: Literal["queued", "running"]
     attempt: int
-    ahead: int | None = None
-    """Waiting requests that would go first (`app.core.policy.ahead_of`)."""
     score: Breakdown | None = None
     """Its score's terms as of now, while it waits."""
 

@@ -36,7 +36,7 @@ from app.core import events as ev
 from app.core.drain import Fate, after_grace, cancelled_at_stop
 from app.core.lane_history import LaneHistory
 from app.core.peers import another_peer_left
-from app.core.policy import ahead_of, decide, given_up
+from app.core.policy import decide, given_up
 from app.core.priority import band_of
 from app.core.reload import plan_reload
 from app.core.run_estimate import Durations, RunEstimates
@@ -56,6 +56,7 @@ from app.runtime.api import (
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.parameters import server_started
+from app.runtime.places import Places
 from app.runtime.ports import Cancellable, EventSink, Timers, first_of
 from app.runtime.processes import UpstreamFactory
 from app.runtime.reload import adopt, process_identity
@@ -122,6 +123,11 @@ class Scheduler:
         self._idle: asyncio.Future[None] | None = None
         self._last_commit: asyncio.Future[list[int]] | None = None
         """The newest emit's commit: `recorded` waits for it."""
+        self.version = 0
+        """Moves on with every change of the state (each `emit`): readers that
+        derive something costly from the state keep it per version."""
+        self.places = Places(self.live, lambda: self.version, self.durations)
+        """Waiting requests' places in the live queue's order, when asked."""
 
     # -- read-only views for the web layer --------------------------------------
 
@@ -161,8 +167,13 @@ class Scheduler:
         if queued is None:
             return OpenStatus(status=status, attempt=request.attempt)
         score = self.state.score(queued, self.clock())
-        ahead = ahead_of(self.state, request_id)
-        return OpenStatus(status=status, attempt=request.attempt, ahead=ahead, score=score)
+        return OpenStatus(status=status, attempt=request.attempt, score=score)
+
+    async def ahead(self, request_id: str) -> int | None:
+        """How many waiting requests go before this one in the live queue's order
+        (0: it goes next), None when it does not wait: computed when asked, kept
+        while the state does not change (app/runtime/places.py)."""
+        return await self.places.ahead(request_id)
 
     def model_status(self, model: str) -> ModelStatus:
         proc = self.processes.get(model)
@@ -223,6 +234,7 @@ class Scheduler:
         """Apply events to the state and hand them to the log, in one order.
         The returned future resolves when they are committed."""
         batch = list(events)
+        self.version += 1
         for event in batch:
             self.lane_history.observe(event, self.state)  # reads the state before it
             apply(self.state, event)
@@ -354,6 +366,7 @@ class Scheduler:
     def _withdraw(self, request_id: str) -> None:
         """Forget a request whose enqueue never reached the disk. Applied, not
         recorded: the log never held it, so state and log agree again."""
+        self.version += 1
         apply(
             self.state,
             ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="explicit"),

@@ -20,7 +20,6 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-import httpx
 from litestar.types import Send
 
 from app.config import Config
@@ -29,6 +28,7 @@ from app.runtime.api import Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.usage import UsageSniffer
 from app.web.errors import ERROR_SOURCE, retry_after, send_error
+from app.web.upstream_pool import NoAnswer, UpstreamError, UpstreamPool
 
 log = logging.getLogger("gpulane.proxy")
 
@@ -49,15 +49,6 @@ HOP_BY_HOP = frozenset(
 # The body passes through byte for byte, so its length stays; uvicorn writes the Date.
 _NOT_PASSED_BACK = (HOP_BY_HOP - {"content-length"}) | {"date"}
 _CREDENTIALS = CREDENTIAL_HEADERS
-
-
-def upstream_client(connect_timeout: float | None) -> httpx.AsyncClient:
-    """A model's connection pool. Only connecting has httpx's own limit; the
-    wait for headers and the silences in a body are timed here."""
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(None, connect=connect_timeout),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-    )
 
 
 class _Silence:
@@ -104,12 +95,10 @@ class Forwarder:
         self,
         config: Config,
         scheduler: Scheduler,
-        new_client: Callable[[float | None], httpx.AsyncClient] = upstream_client,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
-        self._new_client = new_client
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._clients: dict[str, UpstreamPool] = {}
         """One connection pool per model, so a model's idle keep-alive
         connections can be closed before it is stopped: llama-server takes
         about 110 ms longer to exit while one is open (bench/swap_bench.py)."""
@@ -172,19 +161,19 @@ class Forwarder:
         # serve, the peer the scheduler chose.
         target = self.scheduler.target_of(rid, ticket.model)
         spec = self.config.models[target]
-        dropped = outgoing_headers(headers, pass_credentials=spec.pass_credentials)[1]
+        forward, dropped = outgoing_headers(headers, pass_credentials=spec.pass_credentials)
         if dropped:
             log.warning("request %s: headers not forwarded (not valid HTTP): %s", rid, dropped)
         self.scheduler.started(rid, dropped)
         t0 = time.monotonic()
-        client, request = self._request(target, method, url, body, headers)
+        pool, forward = self._request(target, forward)
         header_limit = spec.response_header_timeout
         try:
             try:
                 async with asyncio.timeout(header_limit):
                     try:
-                        response = await client.send(request, stream=True)
-                    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+                        response = await pool.send(method, url, forward, body)
+                    except NoAnswer:
                         # No answer at all: if the process just died, load it again,
                         # retry once (a peer that refused: on another peer, if one
                         # serves the model).
@@ -193,8 +182,10 @@ class Forwarder:
                         moved = self.scheduler.target_of(rid, ticket.model)
                         if moved != target:
                             url = self.config.models[moved].proxy + url[len(spec.proxy) :]
-                            client, request = self._request(moved, method, url, body, headers)
-                        response = await client.send(request, stream=True)
+                            passed = self.config.models[moved].pass_credentials
+                            forward = outgoing_headers(headers, pass_credentials=passed)[0]
+                            pool, forward = self._request(moved, forward)
+                        response = await pool.send(method, url, forward, body)
             except TimeoutError:
                 message = (
                     f"upstream {ticket.model!r} sent no response headers within "
@@ -203,7 +194,7 @@ class Forwarder:
                 self.scheduler.failed(rid, message, 504, hung=True)
                 await out.error(Detached(504, "upstream_timeout", message))
                 return
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             message = f"upstream request failed: {type(exc).__name__}: {exc}"
             self.scheduler.failed(rid, message, 502)
             await out.error(Detached(502, "upstream_error", message))
@@ -212,9 +203,9 @@ class Forwarder:
         ttfb_ms: float | None = None
         idle_limit = spec.stream_idle_timeout
         try:
-            await out.start(response.status_code, response.headers.raw)
+            await out.start(response.status_code, response.headers)
             async with _Silence(idle_limit) as silence:
-                chunks = response.aiter_raw()
+                chunks = response.chunks()
                 while True:
                     silence.listen()
                     try:
@@ -234,7 +225,7 @@ class Forwarder:
             self.scheduler.failed(rid, message, response.status_code, hung=True)
             await out.error(Detached(504, "upstream_timeout", message))
             return
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             # The upstream died mid-response: record the failure, and tell a stream's
             # client with a last error event (a stream that just stops reads as a
             # complete, shorter answer).
@@ -260,18 +251,17 @@ class Forwarder:
         )
 
     def _request(
-        self, model: str, method: str, url: str, body: bytes, headers: dict[str, str]
-    ) -> tuple[httpx.AsyncClient, httpx.Request]:
-        """The request to `model`'s server on its connection pool: the client's
-        headers as its `passCredentials` says, plus its own (a peer's apiKey)."""
+        self, model: str, forward: list[tuple[bytes, bytes]]
+    ) -> tuple[UpstreamPool, list[tuple[bytes, bytes]]]:
+        """`model`'s connection pool, and the headers to send it: the client's
+        (`outgoing_headers`, as its `passCredentials` says) plus its own (a peer's apiKey)."""
         spec = self.config.models[model]
-        forward = outgoing_headers(headers, pass_credentials=spec.pass_credentials)[0]
         for name, value in spec.headers.items():
             forward.append((name.encode("latin-1"), value.encode("latin-1")))
-        client = self._clients.get(model)
-        if client is None:
-            client = self._clients[model] = self._new_client(spec.connect_timeout)
-        return client, client.build_request(method, url, content=body, headers=forward)
+        pool = self._clients.get(model)
+        if pool is None:
+            pool = self._clients[model] = UpstreamPool(spec.connect_timeout)
+        return pool, forward
 
     async def release(self, model: str) -> None:
         """Close the connections to a model's server (it is about to be stopped)."""

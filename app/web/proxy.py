@@ -262,7 +262,8 @@ class Proxy:
                     requested_priority=admission.requested_priority,
                     priority_ignored=admission.priority_ignored,
                 )
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if not any(f.done() for f in waiting):  # usually dispatched at its admission
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if ticket.detached.done():
                 await out.error(ticket.detached.result())
                 return
@@ -308,7 +309,7 @@ class Proxy:
             }
         )
         while not any(f.done() for f in waiting):
-            text = self._progress_text(ticket.request_id, admission.model)
+            text = await self._progress_text(ticket.request_id, admission.model)
             await send(
                 {"type": "http.response.body", "body": _sse_progress(text), "more_body": True}
             )
@@ -320,10 +321,10 @@ class Proxy:
 
         return rest
 
-    def _progress_text(self, request_id: str, model: str) -> str:
-        status = self.scheduler.open_status(request_id)
-        if status is not None and status.ahead is not None:
-            return f"gpulane: waiting in the queue, {status.ahead} ahead of this request\n"
+    async def _progress_text(self, request_id: str, model: str) -> str:
+        ahead = await self.scheduler.ahead(request_id)
+        if ahead is not None:
+            return f"gpulane: waiting in the queue, {ahead} ahead of this request\n"
         return f"gpulane: loading model {model}\n"
 
 

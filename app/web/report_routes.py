@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import msgspec
 from litestar import Request, Response, get
 from litestar.handlers import BaseRouteHandler
-from litestar.params import FromPath
+from litestar.params import FromPath, FromQuery
 from sqlalchemy import Engine
 
 from app.report.explain import explain, live_position
@@ -25,6 +25,11 @@ from app.runtime.scheduler import Scheduler
 from app.web.access import identity, may_see, only_caller
 from app.web.errors import error_body
 from app.web.live_queue_view import live_queue_view
+
+PAGE = 100
+"""Waiting rows of `GET /api/queue` when no `limit` is given."""
+MAX_PAGE = 1000
+"""The most waiting rows one page of `GET /api/queue` lists."""
 
 
 class Runs(Protocol):
@@ -49,10 +54,30 @@ def report_routes(
     run_times = CachedRunTimes(engine)
 
     @get("/api/queue")
-    async def live_queue(request: Request[Any, Any, Any]) -> Response[Any]:
-        view = await live_queue_view(scheduler)  # in slices: the loop moves on
+    async def live_queue(
+        request: Request[Any, Any, Any],
+        offset: FromQuery[int] = 0,
+        limit: FromQuery[int] = PAGE,
+    ) -> Response[Any]:
+        if offset < 0 or not 1 <= limit <= MAX_PAGE:
+            return _error(
+                400,
+                f"offset must be 0 or more and limit 1 to {MAX_PAGE}; got offset "
+                f"{offset} and limit {limit}",
+                "invalid_page",
+            )
         caller = only_caller(identity(request.scope))
-        doc = msgspec.to_builtins(queue_seen_by(view, caller))
+        # A page of waiting rows, whole-queue positions offset+1 .. offset+limit; a
+        # user key's page is the offset-th to (offset+limit)-th of its own rows.
+        # The view walks only as far as the page (in slices: the loop moves on).
+        if caller is None:
+            view = await live_queue_view(scheduler, first=offset, count=limit)
+        else:
+            view = await live_queue_view(scheduler, caller=caller)
+            view = queue_seen_by(view, caller)
+            view = msgspec.structs.replace(view, waiting=view.waiting[offset : offset + limit])
+        doc = msgspec.to_builtins(view)
+        doc["offset"], doc["limit"] = offset, limit
         doc["runs"] = [] if runs is None else await runs.runs(caller)
         if chains is not None:
             doc["runs"] += await chains.runs(caller)

@@ -70,10 +70,11 @@ def test_queued_job_reports_its_position_and_can_be_cancelled(gateway: Start) ->
         wait_status(client, long, "running")
         first = submit(client, "A", "batch").json()
         second = submit(client, "A", "interactive").json()
-        assert first["position"] == 0  # alone in the queue when it arrived
-        assert second["position"] == 0  # interactive goes ahead of the batch job
+        # The 202 has no place: finding it walks the queue (docs/jobs.md).
+        assert first["status"] == "queued" and "position" not in first
         view = client.get(f"/v1/jobs/{first['id']}").json()
         assert view["status"] == "queued" and view["position"] == 1
+        assert client.get(f"/v1/jobs/{second['id']}").json()["position"] == 0
         assert view["score"]["priority"] == -100
         assert client.delete(f"/v1/jobs/{first['id']}").status_code == 200
         assert client.delete(f"/v1/jobs/{first['id']}").status_code == 409
@@ -84,6 +85,47 @@ def test_queued_job_reports_its_position_and_can_be_cancelled(gateway: Start) ->
         assert client.get(f"/v1/jobs/{first['id']}").json()["status"] == "cancelled"
         assert client.get(f"/v1/jobs/{first['id']}/result").status_code == 409
         assert client.get("/v1/jobs/nope").status_code == 404
+
+
+def test_a_jobs_position_is_its_place_on_the_queue_page(gateway: Start) -> None:
+    # b1 beats a1 (15 to 0 + the bonus 10); once the queue has swapped to B for
+    # b1, b2 (5 + 10) goes before a1: the next decision ranks a1 second, the
+    # queue page (the dispatch rule played forward) b2.
+    gw = gateway(config().replace("swapAffinityBonus: 0", "swapAffinityBonus: 10"))
+    with gw.client() as client:
+        long = submit(client, "A", delay=30).json()["id"]
+        wait_status(client, long, "running")
+        jobs = {
+            name: submit(client, name[0].upper(), p).json()["id"]
+            for name, p in (("b1", "15"), ("a1", "0"), ("b2", "5"))
+        }
+        page = client.get("/api/queue").json()["waiting"]
+        on_page = {w["request_id"]: w["position"] - 1 for w in page}
+        assert [on_page[jobs[n]] for n in ("b1", "b2", "a1")] == [0, 1, 2]
+        for job in jobs.values():
+            assert client.get(f"/v1/jobs/{job}").json()["position"] == on_page[job]
+        listed = client.get("/v1/jobs", params={"status": "queued"}).json()["data"]
+        assert {j["id"]: j["position"] for j in listed} == on_page
+        assert client.delete(f"/v1/jobs/{long}").status_code == 200
+
+
+def test_the_live_queue_comes_in_pages(gateway: Start) -> None:
+    gw = gateway(config())
+    with gw.client() as client:
+        long = submit(client, "A", delay=30).json()["id"]
+        wait_status(client, long, "running")
+        waiting = [submit(client, "A").json()["id"] for _ in range(5)]  # arrival order
+        whole = client.get("/api/queue").json()
+        assert [w["request_id"] for w in whole["waiting"]] == waiting
+        page = client.get("/api/queue", params={"offset": 1, "limit": 2}).json()
+        assert [(w["request_id"], w["position"]) for w in page["waiting"]] == [
+            (waiting[1], 2),
+            (waiting[2], 3),
+        ]
+        assert page["total_waiting"] == 5 and page["running"][0]["request_id"] == long
+        bad = client.get("/api/queue", params={"limit": 0})
+        assert bad.status_code == 400 and "limit 1 to 1000" in bad.json()["error"]["message"]
+        assert client.delete(f"/v1/jobs/{long}").status_code == 200
 
 
 def test_idempotency_key_returns_the_same_job_and_rejects_a_different_body(gateway: Start) -> None:

@@ -48,20 +48,19 @@ async def test_an_exception_in_a_route_is_a_logged_500_in_the_openai_shape(
     store = InMemoryEventStore()
     store.start()
     scheduler = Scheduler(config, store, logs=LogBuffer())
-    async with httpx.AsyncClient() as upstream_client:
-        proxy = Proxy(config, scheduler, Forwarder(config, scheduler, lambda _: upstream_client))
-        app = create_app(config, scheduler, proxy, LogBuffer(), extra_handlers=[broken, broken_raw])
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gpulane") as client:
-            with caplog.at_level(logging.ERROR, logger="gpulane.http"):
-                r = await client.get(path)
-            assert r.status_code == 500
-            error = r.json()["error"]
-            assert error["type"] == "server_error" and error["code"] == "internal_error"
-            assert path in error["message"] and kind in error["message"]
-            # The caller is told where to look, the operator finds the traceback there.
-            [record] = [rec for rec in caplog.records if rec.name == "gpulane.http"]
-            assert path in record.getMessage() and record.exc_info is not None
-            assert record.exc_info[0] is not None and record.exc_info[0].__name__ == kind
-            assert (await client.get("/health")).text == "OK"
+    proxy = Proxy(config, scheduler, Forwarder(config, scheduler))
+    app = create_app(config, scheduler, proxy, LogBuffer(), extra_handlers=[broken, broken_raw])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gpulane") as client:
+        with caplog.at_level(logging.ERROR, logger="gpulane.http"):
+            r = await client.get(path)
+        assert r.status_code == 500
+        error = r.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == "internal_error"
+        assert path in error["message"] and kind in error["message"]
+        # The caller is told where to look, the operator finds the traceback there.
+        [record] = [rec for rec in caplog.records if rec.name == "gpulane.http"]
+        assert path in record.getMessage() and record.exc_info is not None
+        assert record.exc_info[0] is not None and record.exc_info[0].__name__ == kind
+        assert (await client.get("/health")).text == "OK"
     await store.close()

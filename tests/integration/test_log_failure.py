@@ -49,25 +49,24 @@ async def test_unwritable_log_refuses_new_requests_with_503_and_keeps_serving() 
     store = DiskFullStore()
     store.start()
     scheduler = Scheduler(config, store, logs=LogBuffer())
-    async with httpx.AsyncClient() as upstream_client:
-        app = create_app(
-            config,
-            scheduler,
-            Proxy(config, scheduler, Forwarder(config, scheduler, lambda _: upstream_client)),
-            LogBuffer(),
-        )
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gpulane") as client:
-            store.break_now()
-            r = await client.post("/v1/chat/completions", json={"model": "A", "messages": []})
-            assert r.status_code == 503
-            error = r.json()["error"]
-            assert "disk is full" in error["message"] and error["code"] == "event_log_unavailable"
-            assert int(r.headers["Retry-After"]) >= 1
-            assert len(scheduler.state.queue) == 0 and not scheduler.state.running
-            health = await client.get("/health")
-            assert health.status_code == 503 and "disk is full" in health.text
-            assert (await client.get("/metrics")).status_code == 200
+    app = create_app(
+        config,
+        scheduler,
+        Proxy(config, scheduler, Forwarder(config, scheduler)),
+        LogBuffer(),
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gpulane") as client:
+        store.break_now()
+        r = await client.post("/v1/chat/completions", json={"model": "A", "messages": []})
+        assert r.status_code == 503
+        error = r.json()["error"]
+        assert "disk is full" in error["message"] and error["code"] == "event_log_unavailable"
+        assert int(r.headers["Retry-After"]) >= 1
+        assert len(scheduler.state.queue) == 0 and not scheduler.state.running
+        health = await client.get("/health")
+        assert health.status_code == 503 and "disk is full" in health.text
+        assert (await client.get("/metrics")).status_code == 200
 
 
 class FailingCommitStore(InMemoryEventStore):
