@@ -9,7 +9,11 @@ steer the reply with a ``"fake"`` object in its JSON body or an ``X-Fake``
 header holding the same JSON (the header wins field by field):
 
     {"delay": s, "reply": "text", "chunks": n, "chunk_delay": s,
-     "die_mid_stream": true, "hang": true, "status": code, "digest": true}
+     "die_mid_stream": true, "hang": true, "status": code, "digest": true,
+     "hold_file": path}
+
+``hold_file`` holds the answer until that file exists (at most 120 s), so a
+test decides when a request ends instead of guessing how long a delay lasts.
 
 ``digest`` answers ``{"received_bytes": n, "received_sha256": hex}`` of the
 request body exactly as it arrived, so a test can check that large bodies pass
@@ -67,6 +71,7 @@ class Behaviour:
     """What one request asked the fake to do."""
 
     delay: float = 0.0
+    hold_file: str | None = None
     reply: str | None = None
     chunks: int = DEFAULT_CHUNKS
     chunk_delay: float = 0.0
@@ -84,6 +89,7 @@ class Behaviour:
         status = merged.get("status")
         return cls(
             delay=float(merged.get("delay") or 0),
+            hold_file=None if merged.get("hold_file") is None else str(merged["hold_file"]),
             reply=None if merged.get("reply") is None else str(merged["reply"]),
             chunks=max(1, int(merged.get("chunks") or DEFAULT_CHUNKS)),
             chunk_delay=float(merged.get("chunk_delay") or 0),
@@ -142,6 +148,10 @@ class FakeHandler(BaseHTTPRequestHandler):
     ) -> None:
         if fake.delay:
             time.sleep(fake.delay)
+        if fake.hold_file:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(fake.hold_file) and time.monotonic() < deadline:
+                time.sleep(0.02)
         if fake.hang:
             self._hang_until_disconnect()
             return

@@ -32,8 +32,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def chat(delay: float = 0.0) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "fake": {"delay": delay}}
+def chat(delay: float = 0.0, hold_file: Path | None = None) -> dict[str, Any]:
+    fake: dict[str, Any] = {"delay": delay}
+    if hold_file is not None:
+        fake["hold_file"] = str(hold_file)
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "fake": fake}
 
 
 @pytest.fixture
@@ -118,8 +121,13 @@ def test_a_full_disk_while_a_job_runs_loses_nothing_and_runs_nothing_twice(
     waiting: dict[str, httpx.Response] = {}
     try:
         with gw.client() as client:
+            # The job runs until the test lets it end, so the sync request's enqueue
+            # is the first write the full disk refuses, however slow this host is.
+            release = tmp_path / "release-job"
             r = client.post(
-                "/v1/chat/completions", json=chat(delay=2), headers={"Prefer": "respond-async"}
+                "/v1/chat/completions",
+                json=chat(hold_file=release),
+                headers={"Prefer": "respond-async"},
             )
             assert r.status_code == 202, r.text
             job = r.json()["id"]
@@ -145,6 +153,7 @@ def test_a_full_disk_while_a_job_runs_loses_nothing_and_runs_nothing_twice(
             assert int(refused.headers["Retry-After"]) >= 1
             assert gw.proc is not None and gw.proc.poll() is None
 
+            release.touch()
             # The disk stays full while the job ends: its answer came back, and its
             # result (which must be on disk before its completion is recorded)
             # is refused and retried. Nothing of the ending is on disk yet.
