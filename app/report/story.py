@@ -224,5 +224,8 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     when the key's maxPriority lowered it."""
     priority_ignored: str | None = None
     """Why its priority header was ignored (it was no priority), if it was."""
+    priority_unreadable: str | None = None
+    """Its priority header as sent, if it could not be read (None in logs before
+    this field, which have `priority_ignored` alone)."""
     chain: ChainPlace | None = None
     """The chain it is a shot of, if its caller named one."""
