@@ -27,9 +27,7 @@ def test_the_request_page_says_an_unreadable_priority_was_asked_and_0_used(
         )
         plain = client.post("/v1/chat/completions", json=chat)
     page.goto(f"{gw.url}/ui/requests/{odd.headers['x-request-id']}")
-    expect(page.locator("#story-unreadable")).to_have_text(
-        " · asked 'urgent' (unreadable, used 0)"
-    )
+    expect(page.locator("#story-unreadable")).to_have_text(" · asked 'urgent' (unreadable, used 0)")
     page.goto(f"{gw.url}/ui/requests/{plain.headers['x-request-id']}")
     expect(page.locator("#story-status")).to_have_text("completed")
     expect(page.locator("#story-unreadable")).to_have_count(0)
