@@ -4,7 +4,7 @@ The default output is a summary for a person: an ok line, each model with the
 program it starts (and whether that program is there: a typo in a binary's
 path loads as config but fails the first request), the router, the score's
 terms and the database. `--format yaml|json` prints the whole resolved config
-(its field names are the resolved config's own, docs/configuration.md).
+as its file would spell it (`file_form`): it loads back as the same config.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import TextIO
 import msgspec
 import yaml
 
+from app.config.file_form import file_form
 from app.config.loading import ConfigError, load_config
-from app.config.resolved import Config, ModelConfig, masked
+from app.config.resolved import Config, ModelConfig
 from app.core.residency import describe
 
 EXIT_OK = 0
@@ -51,12 +52,12 @@ def check_config_command(
     if output_format == "summary":
         out.write(summary(path, config, missing))
         return EXIT_OK
-    data = masked(config)
-    data.pop("warnings", None)  # already on stderr; stdout stays the config alone
+    data = file_form(config)  # warnings are on stderr; stdout is the config alone
     if output_format == "json":
         out.write(msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n")
     else:
-        out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        # One line per value, however long (a cmd), as a person would write it.
+        out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1 << 20))
     return EXIT_OK
 
 

@@ -137,6 +137,10 @@ class RequestEnqueued(Event, tag="request_enqueued", frozen=True):
     priority_ignored: str | None = None
     """Why its `X-LlamaSwap-Priority` was ignored (not a priority: it ran as if it
     asked for nothing); None when the header was read or absent."""
+    priority_unreadable: str | None = None
+    """Its `X-LlamaSwap-Priority` as sent, when it could not be read (the first 64
+    characters, anything but printable ASCII escaped); None when the header was
+    read or absent, and in logs before it (`priority_ignored` alone)."""
     expected_run_ns: int | None = None
     """Expected run time learnt from the log's completed runs of this model and
     endpoint, fixed here so replay scores with the same number; None: no history."""

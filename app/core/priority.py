@@ -85,14 +85,29 @@ PRIORITY_FORMS: Final = (
 """What an `X-LlamaSwap-Priority` header may say."""
 
 
-def ignored_priority(value: str | None) -> str | None:
-    """Why the header's value was ignored (the request ran as if it asked for
-    nothing, as an unparseable priority always has), or None when it was read or
-    absent. The caller is told this in `X-Gpulane-Priority-Warning`."""
+ECHO_LENGTH: Final = 64
+"""How much of an unreadable header is echoed back and logged (characters)."""
+
+
+def unreadable_priority(value: str | None) -> str | None:
+    """An `X-LlamaSwap-Priority` value that could not be read, as sent, or None
+    when it was read, absent or blank. The request runs as if it asked for
+    nothing (the seeds' rule) and is told so in `X-Gpulane-Priority-Requested`
+    and `-Warning`, which echo this: its first `ECHO_LENGTH` characters, trimmed,
+    anything but printable ASCII escaped (`\\xNN`), so no value, however long or
+    odd, can break or add a response header."""
     if value is None or not value.strip() or read_priority(value) is not None:
         return None
-    shown = ascii(value.strip()[:64])  # header-safe, whatever was sent
-    return f"{HEADER} {shown} is not a priority ({PRIORITY_FORMS}); it was ignored"
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in value.strip()[:ECHO_LENGTH])
+
+
+def priority_warning(sent: str) -> str:
+    """What `X-Gpulane-Priority-Warning` says of an unreadable value
+    (`unreadable_priority`'s): that it could not be read and what is allowed."""
+    return (
+        f"{HEADER} '{sent}' could not be read, so the request asked for no priority; "
+        f"allowed: {PRIORITY_FORMS}"
+    )
 
 
 SETTING_FORMS: Final = (

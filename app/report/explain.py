@@ -311,6 +311,7 @@ class _Story:
         self.run_s: float | None = None
         self.requested_priority: int | None = None
         self.priority_ignored: str | None = None
+        self.priority_unreadable: str | None = None
         self.failed_loads = 0
         self.lanes = False
         """A router or slots: the wait is charged in the machine's terms (`waits_for`)."""
@@ -333,6 +334,7 @@ class _Story:
         if mine and isinstance(event, ev.RequestEnqueued):
             self.requested_priority = event.requested_priority
             self.priority_ignored = event.priority_ignored
+            self.priority_unreadable = event.priority_unreadable
             self.chain = event.chain
         if self.phase == "before":
             depth = len(self.replay.state.queue)
@@ -634,6 +636,7 @@ class _Story:
             replay_matches=self.replay_matches,
             requested_priority=self.requested_priority,
             priority_ignored=self.priority_ignored,
+            priority_unreadable=self.priority_unreadable,
             chain=self.chain_place,
             failed_loads=self.failed_loads,
             held_for=[

@@ -95,8 +95,16 @@ def named(request_id: str | None, width: int | None = None) -> str:
     return request_id[:width] if width else request_id
 
 
-def granted_text(granted: int, requested: int | None, ignored: str | None = None) -> str:
-    """How the priority it queued at came about."""
+def granted_text(
+    granted: int,
+    requested: int | None,
+    ignored: str | None = None,
+    unreadable: str | None = None,
+) -> str:
+    """How the priority it queued at came about (`ignored`, the warning, stands
+    in for `unreadable`, the header as sent, in logs before it)."""
+    if unreadable is not None:
+        return f"priority granted {granted}: asked '{unreadable}' (unreadable, used {granted})"
     if requested is None and ignored is not None:
         return f"priority granted {granted}, the caller's default: {ignored}"
     if requested is None:
@@ -127,7 +135,10 @@ def explanation_text(x: Explanation) -> str:
         assert x.outcome is not None
         out.append(f"  rejected at admission: HTTP {x.outcome.http_status}: {x.outcome.error}")
         return "\n".join(out) + "\n"
-    out.append(f"  {granted_text(x.priority, x.requested_priority, x.priority_ignored)}")
+    granted = granted_text(
+        x.priority, x.requested_priority, x.priority_ignored, x.priority_unreadable
+    )
+    out.append(f"  {granted}")
     aging = f"1 point per {x.aging_divisor_s:g} s" if x.aging_divisor_s else "off"
     out.append(
         f"  scheduler {x.scheduler} · aging {aging} · swap affinity bonus {x.swap_affinity_bonus}"

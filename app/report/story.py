@@ -223,6 +223,9 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     nothing, so its key's defaultPriority (0 without one) applied. Above `priority`
     when the key's maxPriority lowered it."""
     priority_ignored: str | None = None
-    """Why its priority header was ignored (it was no priority), if it was."""
+    """Why its priority header was ignored (it could not be read), if it was."""
+    priority_unreadable: str | None = None
+    """Its priority header as sent, if it could not be read (None in logs before
+    this field, which have `priority_ignored` alone)."""
     chain: ChainPlace | None = None
     """The chain it is a shot of, if its caller named one."""

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from app.core import events as ev
-from app.core.priority import band_of
+from app.core.priority import band_of, priority_warning
 from app.core.scoring import Breakdown
 from app.core.state import SchedulerState
 
@@ -32,8 +32,9 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     """Granted: what the request queues at."""
     requested_priority: int | None = None
     """What it asked for (header, else service_tier); None: nothing."""
-    priority_ignored: str | None = None
-    """Why its priority header was ignored (`core.priority.ignored_priority`)."""
+    priority_unreadable: str | None = None
+    """Its priority header as sent, when it could not be read
+    (`core.priority.unreadable_priority`)."""
     caller: str | None = None
     durable: bool = False
     idempotency_key: str | None = None
@@ -57,7 +58,12 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
             endpoint=self.endpoint,
             priority=self.priority,
             requested_priority=self.requested_priority,
-            priority_ignored=self.priority_ignored,
+            priority_ignored=(
+                None
+                if self.priority_unreadable is None
+                else priority_warning(self.priority_unreadable)
+            ),
+            priority_unreadable=self.priority_unreadable,
             band=band_of(self.priority),
             durable=self.durable,
             caller=self.caller,

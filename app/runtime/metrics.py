@@ -120,8 +120,8 @@ class Metrics:
         )
         self.priority_ignored = Counter(
             "gpulane_priority_ignored",
-            "Requests whose X-LlamaSwap-Priority was no priority: run as if they asked "
-            "for none, and told why (X-Gpulane-Priority-Warning)",
+            "Requests whose X-LlamaSwap-Priority could not be read: run as if they asked "
+            "for none, and told so (X-Gpulane-Priority-Requested, -Warning)",
             registry=r,
         )
         self.swaps = Counter(

@@ -24,6 +24,7 @@ from litestar.types import Send
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
+from app.core.priority import priority_warning
 from app.runtime.api import Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.usage import UsageSniffer
@@ -285,12 +286,12 @@ class Reply:
         *,
         started_as_sse: bool = False,
         requested_priority: int | None = None,
-        priority_ignored: str | None = None,
+        priority_unreadable: str | None = None,
     ) -> None:
         self._send = send
         self._ticket = ticket
         self._requested = requested_priority
-        self._ignored = priority_ignored
+        self._unreadable = priority_unreadable
         self.started = started_as_sse
         self.sse = started_as_sse
         self.ended = False
@@ -307,7 +308,7 @@ class Reply:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": passed + ticket_headers(self._ticket, self._requested, self._ignored),
+                "headers": passed + ticket_headers(self._ticket, self._requested, self._unreadable),
             }
         )
 
@@ -332,7 +333,7 @@ class Reply:
                     why.status,
                     why.message,
                     code=why.code,
-                    headers=ticket_headers(self._ticket, self._requested, self._ignored)
+                    headers=ticket_headers(self._ticket, self._requested, self._unreadable)
                     + retry_after(why.retry_after),
                 )
                 return
@@ -368,15 +369,15 @@ def outgoing_headers(
 
 
 def ticket_headers(
-    ticket: Ticket, requested: int | None = None, ignored: str | None = None
+    ticket: Ticket, requested: int | None = None, unreadable: str | None = None
 ) -> list[tuple[bytes, bytes]]:
     """What gpulane tells the client about its request; `requested` is the
     priority it asked for (None: nothing), next to the one it was granted, and
-    `ignored` why its priority header was not read."""
+    `unreadable` its priority header as sent when it could not be read."""
     out = [
         (b"x-request-id", ticket.request_id.encode()),
         (b"x-gpulane-band", ticket.band.encode()),
-        *priority_headers(ticket.priority, requested, ignored),
+        *priority_headers(ticket.priority, requested, unreadable),
     ]
     if ticket.score is not None:
         out.append((b"x-gpulane-score", f"{ticket.score:.3f}".encode()))
@@ -386,14 +387,16 @@ def ticket_headers(
 
 
 def priority_headers(
-    granted: int, requested: int | None, ignored: str | None = None
+    granted: int, requested: int | None, unreadable: str | None = None
 ) -> list[tuple[bytes, bytes]]:
-    """The priority granted, what was asked for, and why a header was ignored."""
+    """The priority granted, what was asked for (an unreadable header as sent:
+    `unreadable_priority` made it printable ASCII), and why it was not read."""
     out = [(b"x-gpulane-priority-granted", str(granted).encode())]
-    if requested is not None:
-        out.append((b"x-gpulane-priority-requested", str(requested).encode()))
-    if ignored is not None:
-        out.append((b"x-gpulane-priority-warning", ignored.encode("ascii", "replace")))
+    asked = str(requested) if requested is not None else unreadable
+    if asked is not None:
+        out.append((b"x-gpulane-priority-requested", asked.encode("ascii")))
+    if unreadable is not None:
+        out.append((b"x-gpulane-priority-warning", priority_warning(unreadable).encode("ascii")))
     return out
 
 

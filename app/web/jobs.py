@@ -105,7 +105,7 @@ async def _send_accepted(
     ]
     if accepted.fresh:
         headers += priority_headers(
-            admission.priority, admission.requested_priority, admission.priority_ignored
+            admission.priority, admission.requested_priority, admission.priority_unreadable
         )
     await send_json(send, status, msgspec.json.encode(doc), headers)
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from litestar.types import Message, Receive, Scope, Send
 
 from app.config import Config
-from app.core.priority import HEADER, grant, ignored_priority, read_priority, tier_priority
+from app.core.priority import HEADER, grant, read_priority, tier_priority, unreadable_priority
 from app.jobs.durable import JobRequest
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
@@ -116,7 +116,7 @@ class Proxy:
             endpoint=endpoint,
             priority=priority,
             requested_priority=asked,
-            priority_ignored=ignored_priority(headers.get(HEADER.lower())),
+            priority_unreadable=unreadable_priority(headers.get(HEADER.lower())),
             caller=identity.caller,
             max_wait_ns=max_wait,
             chain=chain,
@@ -196,7 +196,7 @@ class Proxy:
             endpoint="/upstream" + path,
             priority=identity.grant(asked),
             requested_priority=asked,
-            priority_ignored=ignored_priority(headers.get(HEADER.lower())),
+            priority_unreadable=unreadable_priority(headers.get(HEADER.lower())),
             caller=identity.caller,
             max_wait_ns=max_wait,
             chain=chain,
@@ -246,7 +246,7 @@ class Proxy:
             send,
             ticket,
             requested_priority=admission.requested_priority,
-            priority_ignored=admission.priority_ignored,
+            priority_unreadable=admission.priority_unreadable,
         )
         try:
             waiting: list[asyncio.Future[Any]] = [ticket.ready, disconnected, ticket.detached]
@@ -260,7 +260,7 @@ class Proxy:
                     ticket,
                     started_as_sse=True,
                     requested_priority=admission.requested_priority,
-                    priority_ignored=admission.priority_ignored,
+                    priority_unreadable=admission.priority_unreadable,
                 )
             if not any(f.done() for f in waiting):  # usually dispatched at its admission
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -303,7 +303,7 @@ class Proxy:
                     (b"content-type", b"text/event-stream"),
                     (b"cache-control", b"no-cache"),
                     *ticket_headers(
-                        ticket, admission.requested_priority, admission.priority_ignored
+                        ticket, admission.requested_priority, admission.priority_unreadable
                     ),
                 ],
             }

@@ -36,7 +36,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from app.config import Config
-from app.core.priority import HEADER, ignored_priority, read_priority
+from app.core.priority import HEADER, read_priority, unreadable_priority
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
@@ -134,7 +134,7 @@ class WebsocketProxy:
             endpoint=endpoint,
             priority=identity.grant(asked),
             requested_priority=asked,
-            priority_ignored=ignored_priority(headers.get(HEADER.lower())),
+            priority_unreadable=unreadable_priority(headers.get(HEADER.lower())),
             caller=identity.caller,
             max_wait_ns=max_wait,
         )

@@ -119,10 +119,12 @@ def test_nan_and_odd_max_wait_numbers_are_400s_naming_them(gateway: Start) -> No
             assert "X-Gpulane-Max-Wait" in message and "in plain digits" in message
         r = client.post("/v1/chat/completions", json=CHAT, headers={"X-Gpulane-Max-Wait": "2.5"})
         assert r.status_code == 200, r.text
-        # The priority header was strict already: `1_0` asks for nothing (priority 0).
+        # The priority header was strict already: `1_0` asks for nothing (priority 0),
+        # and the answer says it could not be read.
         r = client.post("/v1/chat/completions", json=CHAT, headers={"X-LlamaSwap-Priority": "1_0"})
         assert r.status_code == 200 and r.headers["x-gpulane-priority-granted"] == "0"
-        assert "x-gpulane-priority-requested" not in r.headers
+        assert r.headers["x-gpulane-priority-requested"] == "1_0"
+        assert "could not be read" in r.headers["x-gpulane-priority-warning"]
     assert "Traceback" not in gw.log.read_text()
 
 

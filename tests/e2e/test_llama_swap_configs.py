@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -91,11 +92,13 @@ def test_llama_swap_example_config_loads(example: str, tmp_path: Path) -> None:
     # Whatever gpulane does not do is said, not silently dropped.
     for line in done.stderr.splitlines():
         assert line.startswith("warning: "), line
-    models = json.loads(done.stdout)["models"]
-    resolved = {
-        name: (spec["cmd"][0] if spec["cmd"] else None, spec["proxy"])
-        for name, spec in models.items()
+    printed = json.loads(done.stdout)  # as the file spells it: a peer's models are its own
+    resolved: dict[str, tuple[str | None, str]] = {
+        name: (shlex.split(spec["cmd"])[0], spec["proxy"])
+        for name, spec in printed["models"].items()
     }
+    for peer, spec in printed.get("peers", {}).items():
+        resolved |= {f"{peer}/{model}": (None, spec["proxy"]) for model in spec["models"]}
     assert resolved == EXPECTED[example]
 
 

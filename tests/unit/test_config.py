@@ -835,8 +835,8 @@ def test_check_config_prints_resolved_config_and_exits_0(tmp_path: Path) -> None
     result = run_check_config(str(path), "--format", "yaml")
     assert result.returncode == 0, result.stderr
     assert "sk-secret" not in result.stdout
-    assert "key: '***'" in result.stdout and "label: key#1" in result.stdout
-    assert "- '5800'" in result.stdout
+    assert "apiKeys:\n- '***1'\n" in result.stdout  # a plain string, as written
+    assert "cmd: server --port 5800\n" in result.stdout  # the file's keys, resolved
     assert "warning: captureBuffer: llama-swap key ignored" in result.stderr
 
 
@@ -868,7 +868,8 @@ def test_check_config_json_output(tmp_path: Path) -> None:
     result = run_check_config(str(EXAMPLE), "--format", "json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["models"]["smollm2"]["port"] == 5800
+    assert data["models"]["smollm2"]["proxy"] == "http://localhost:5800"
+    assert "--port 5800" in data["models"]["smollm2"]["cmd"]
 
 
 def test_check_config_reports_errors_and_exits_2(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from app.core.priority import (
     read_priority_setting,
     requested_priority,
     tier_priority,
+    unreadable_priority,
 )
 from app.core.scoring import NS_PER_S, ScoringParams
 
@@ -234,6 +235,20 @@ def test_an_absent_empty_or_unparseable_header_asks_for_nothing(value: str | Non
     # So a key's defaultPriority applies; without one, grant() gives 0 as before.
     assert read_priority(value) is None
     assert grant(read_priority(value)) == parse_priority(value) == 0
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0xFF)))
+def test_an_unreadable_header_comes_back_as_sent_and_safe_to_echo(value: str) -> None:
+    # What the server decoded (latin-1, byte for byte); echoed in a response header.
+    echoed = unreadable_priority(value)
+    if read_priority(value) is not None or not value.strip():
+        assert echoed is None
+        return
+    assert echoed is not None
+    assert all(" " <= c <= "~" for c in echoed)  # printable ASCII: cannot break a header
+    assert len(echoed) <= 4 * 64  # the first 64 characters, each at most \xNN
+    if value.strip().isascii() and value.strip().isprintable():
+        assert echoed == value.strip()[:64]  # as sent
 
 
 @pytest.mark.parametrize(("value", "asked"), [("interactive", 100), (" -98 ", -98), ("0", 0)])

@@ -38,7 +38,9 @@ export async function render(main, info, id) {
     ["status", h("span", { class: "status status-" + story.status, id: "story-status" }, story.status)],
     ["model", story.model || story.model_requested || "–"],
     ["caller", story.caller || "anonymous"],
-    ["priority", [bandTag(story.band), " ", story.priority, story.requested_priority !== null && story.requested_priority !== story.priority ? ` (asked ${story.requested_priority})` : ""]],
+    ["priority", [bandTag(story.band), " ", story.priority, story.requested_priority !== null && story.requested_priority !== story.priority ? ` (asked ${story.requested_priority})` : "",
+      // A header that could not be read, as explain says it.
+      story.priority_unreadable ? h("span", { id: "story-unreadable" }, ` · asked '${story.priority_unreadable}' (unreadable, used ${story.priority})`) : ""]],
     ["endpoint", story.endpoint],
     ["arrived", stamp(story.arrived_at)],
     ["waited", duration(story.wait_s)],
