@@ -16,6 +16,8 @@ import shlex
 from collections.abc import Iterable
 from typing import Any, Final
 
+import sqlalchemy
+
 from app.config.matrix import is_name_char
 from app.config.peers import CHOICE_GROUP, PEER_GROUP
 from app.config.resolved import ApiKey, Config, ModelConfig
@@ -71,7 +73,7 @@ def file_form(config: Config) -> dict[str, Any]:
         "apiKeys": [_api_key(i, key) for i, key in enumerate(config.api_keys)],
         "hooks": {"on_startup": {"preload": list(config.preload)}},
         "routing": routing,
-        "database": {"path": config.database_path, "synchronous": config.database_synchronous},
+        "database": _database(config),
         "jobs": {
             "resultRetention": config.result_retention_s,
             "maxAttempts": config.max_attempts,
@@ -217,3 +219,18 @@ def _router(router: Router, peers: set[str]) -> dict[str, Any] | None:
         "evict_costs": {names[m]: cost for m, cost in router.evict_costs.items()},
     }
     return {"use": "matrix", "settings": {"matrix": matrix}}
+
+
+def _database(config: Config) -> dict[str, Any]:
+    """`database` as the file spells it: a URL (its password masked, as every
+    message masks it) or a path."""
+    where: dict[str, Any]
+    if "://" in config.database_path:
+        url = sqlalchemy.make_url(config.database_path)
+        where = {"url": url.render_as_string(hide_password=True)}
+    else:
+        where = {"path": config.database_path}
+    return where | {
+        "synchronous": config.database_synchronous,
+        "leaseSeconds": config.database_lease_s,
+    }

@@ -208,6 +208,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "max_queued",
             "max_queued_per_caller",
             "database_synchronous",
+            "database_lease_s",
             "result_retention_s",
             "max_attempts",
             "min_free_disk",
@@ -269,3 +270,15 @@ def test_check_config_yaml_output_passes_check_config(tmp_path: Path) -> None:
         assert again.stdout.startswith(f"{written}: ok, 3 models, 2 warnings"), again.stdout
         assert again.stderr.count("not found on PATH") == 2, again.stderr
     assert msgspec.json.decode(printed.stdout)["models"]["a"]["ttl"] == 10
+
+
+def test_a_database_url_prints_as_url_with_its_password_masked() -> None:
+    config = parse_config(
+        "models:\n  m:\n    cmd: run ${PORT}\n"
+        "database:\n  url: postgresql+psycopg://gpulane:s3cret@db.internal:5432/gpulane\n"
+        "  leaseSeconds: 30\n"
+    )
+    database = file_form(config)["database"]
+    assert database["url"] == "postgresql+psycopg://gpulane:***@db.internal:5432/gpulane"
+    assert "path" not in database and database["leaseSeconds"] == 30
+    assert "s3cret" not in str(file_form(config))
