@@ -20,10 +20,16 @@ the least T with T - now - overtaking(now, T) = work.
 The interval (80%) treats the overtaking work as compound Poisson: its
 variance is the sum of the squares of its runs and loads (as the earlier days
 saw them, times 1 + 1/days for a mean learnt from few days), plus the spread
-of the run's own jobs. An hour no earlier day covers (a log shorter than a
-day) is forecast as nothing overtaking for the point and the low end, and as
-the last day's rate going on for the high end; with less than
-`MIN_OBSERVED_NS` of log the high end is unknown.
+of the run's own jobs.
+
+An hour no earlier day covers (a log shorter than a day) is forecast from
+today's busy stretch: the overtaking work that arrived since it began (after
+`QUIET_HOURS` without any, or the log's start) goes on at its rate so far
+until `BUSY_HOURS` after it began, with the variance of a rate learnt from
+that window added. Past that end, or with less than `MIN_OBSERVED_NS` of the
+stretch, nothing overtaking is forecast for the point and the low end, and
+the high end is the last day's rate going on (unknown with less than
+`MIN_OBSERVED_NS` of log).
 
 Pure: no clock (`now_ns` is an argument), no I/O, floats only for estimates.
 """
@@ -43,6 +49,11 @@ MIN_OBSERVED_NS: Final = 30 * 60 * NS_PER_S
 """Less log than this before now: no rate to extrapolate, the high end is unknown."""
 MAX_LEVEL: Final = 2.0
 """Today against the earlier days moves the forecast at most to double or half."""
+BUSY_HOURS: Final = 14
+"""With no earlier day, today's busy stretch is taken to last this long from its
+first overtaking work (a working day and its evening)."""
+QUIET_HOURS: Final = 4
+"""Hours without overtaking work that end a busy stretch (a night)."""
 HORIZON_HOURS: Final = 60 * DAY_HOURS
 """A run not done within this many hours of forecast has no finish (None)."""
 
@@ -63,6 +74,33 @@ class _Hour(NamedTuple):
     var: float
     runs: float
     days: int
+
+
+class _Today(NamedTuple):
+    """Today's rate so far (lane time and runs per second of `window_s`, and the
+    observed sum of squares), going on from `now_ns` until `until_ns`."""
+
+    rate: float
+    s2: float
+    runs: float
+    window_s: float
+    now_ns: int
+    until_ns: int
+
+    def over(self, a: int, b: int) -> tuple[float, float, float]:
+        """(mean, variance, runs) of the overtaking work arriving from `a` to `b`.
+        The variance is the future's own (compound Poisson) plus that of a rate
+        learnt from `window_s`, which is the same for every hour ahead: the
+        total's, S2·(H/W + (H/W)²) at H from now, taken piecewise."""
+        if b <= a or self.window_s <= 0:
+            return 0.0, 0.0, 0.0
+
+        def var(x: int) -> float:
+            f = (x - self.now_ns) / NS_PER_S / self.window_s
+            return self.s2 * (f + f * f)
+
+        length_s = (b - a) / NS_PER_S
+        return self.rate * length_s, var(b) - var(a), self.runs * length_s
 
 
 class _Segment(NamedTuple):
@@ -116,13 +154,40 @@ def forecast_finish(
                 n += 0 if load else sums.n
         return s, s2, n
 
-    # The rate of the last day (for hours no earlier day covers): per second of log.
+    # The rate of the last day (the high end's, for hours nothing else covers).
     since = max(first, now_ns - DAY_HOURS * HOUR_NS)
     observed_s = (now_ns - since) / NS_PER_S
     recent = [taken(h) for h in range(since // HOUR_NS, now_hour + 1)]
     rate = (sum(r[0] for r in recent) / observed_s) if observed_s > 0 else 0.0
     rate_var = (sum(r[1] for r in recent) / observed_s) if observed_s > 0 else 0.0
     rate_known = now_ns - first >= MIN_OBSERVED_NS
+
+    # Today's busy stretch: from the first hour with overtaking work after the last
+    # QUIET_HOURS without any (or the log's start) to BUSY_HOURS later. For hours
+    # of it no earlier day covers, its rate so far goes on.
+    quiet = 0
+    busy_hour = None
+    for h in range(now_hour, first // HOUR_NS - 1, -1):
+        if taken(h)[0] > 0:
+            busy_hour, quiet = h, 0
+        else:
+            quiet += 1
+            if quiet >= QUIET_HOURS:
+                break
+    today = _Today(0.0, 0.0, 0.0, 0.0, now_ns, now_ns)
+    if busy_hour is not None:
+        start = max(first, busy_hour * HOUR_NS)
+        window_s = (now_ns - start) / NS_PER_S
+        if now_ns - start >= MIN_OBSERVED_NS:
+            sums = [taken(h) for h in range(busy_hour, now_hour + 1)]
+            today = _Today(
+                sum(t[0] for t in sums) / window_s,
+                sum(t[1] for t in sums),
+                sum(t[2] for t in sums) / window_s,
+                window_s,
+                now_ns,
+                start + BUSY_HOURS * HOUR_NS,
+            )
 
     memo: dict[int, _Hour] = {}
 
@@ -179,6 +244,8 @@ def forecast_finish(
             h = hour_of(hour)
             if h.days:
                 m, v, c = h.mean * share, h.var * share, h.runs * share
+            elif today.until_ns > a:
+                m, v, c = today.over(a, min(b, today.until_ns))
             elif extrapolate:
                 m, v, c = rate * (b - a) / NS_PER_S, rate_var * (b - a) / NS_PER_S, 0.0
             else:

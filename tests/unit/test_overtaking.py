@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from app.core import events as ev
 from app.core.lane_history import HOUR_NS, LaneHistory
-from app.core.overtaking import forecast_finish
+from app.core.overtaking import BUSY_HOURS, QUIET_HOURS, forecast_finish
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.progress import progress
@@ -78,7 +78,7 @@ def test_only_higher_priorities_in_the_runs_lane_overtake() -> None:
     assert f.finish_ns == now + HOUR_NS and f.overtaking == 0
 
 
-def test_a_log_too_short_to_forecast_from_gives_the_floor_and_a_wider_interval() -> None:
+def test_with_no_earlier_day_todays_rate_so_far_goes_on() -> None:
     history = LaneHistory()
     history.begins(MONDAY_8)
     busy_day(history, MONDAY_8, hours=2)  # two hours of today, half the lane busy
@@ -86,17 +86,44 @@ def test_a_log_too_short_to_forecast_from_gives_the_floor_and_a_wider_interval()
     f = forecast_finish(
         history, now, now + HOUR_NS, priority=RUN, lane={"video", "image"}, run_models={"video"}
     )
-    # No earlier day says whether the busy hours go on: the point is the floor ...
-    assert f.finish_ns == now + HOUR_NS and f.earlier_days == 0
-    # ... and the high end is today's rate going on (half the lane: about 2 h).
-    assert f.high_ns is not None and f.high_ns > now + 2 * HOUR_NS
+    # No earlier day: today's rate so far (half the lane) goes on, an hour of work takes two.
+    assert abs(f.finish_ns - (now + 2 * HOUR_NS)) < NS_PER_S and f.earlier_days == 0
+    assert f.overtaking == 6  # three image runs an hour
+    # The rate is learnt from two hours only: a wide interval around the point.
+    assert f.low_ns < now + 2 * HOUR_NS - 10 * MIN
+    assert f.high_ns is not None and f.high_ns > now + 2 * HOUR_NS + 10 * MIN
+
+
+def test_todays_busy_stretch_is_taken_to_end_busy_hours_after_it_began() -> None:
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=BUSY_HOURS - 1)
+    now = MONDAY_8 + (BUSY_HOURS - 1) * HOUR_NS
+    f = forecast(history, now, 3 * HOUR_NS)
+    # Half the lane for its last hour, then the lane is the run's: 3 h of work take 3.5.
+    assert abs(f.finish_ns - (now + 3 * HOUR_NS + 30 * MIN)) < NS_PER_S  # type: ignore[attr-defined]
+
+
+def test_a_log_too_short_to_forecast_from_gives_the_floor() -> None:
     # Less than half an hour of log: no rate to go on, the high end is unknown.
+    now = MONDAY_8 + 2 * HOUR_NS
     young = LaneHistory()
     young.begins(now - 10 * MIN)
+    young.add_run(now - 5 * MIN, "image", 100, 4 * MIN)
     f = forecast_finish(
-        young, now, now + HOUR_NS, priority=RUN, lane={"video"}, run_models={"video"}
+        young, now, now + HOUR_NS, priority=RUN, lane={"video", "image"}, run_models={"video"}
     )
     assert f.finish_ns == now + HOUR_NS and f.high_ns is None
+    assert f.overtaking == 0 and f.earlier_days == 0
+    # After a quiet night (QUIET_HOURS without overtaking work), yesterday's evening
+    # says nothing of today: the floor, and the high end the last day's rate going on.
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=2)
+    night = MONDAY_8 + (2 + QUIET_HOURS) * HOUR_NS
+    f = forecast(history, night, HOUR_NS)
+    assert f.finish_ns == night + HOUR_NS and f.overtaking == 0  # type: ignore[attr-defined]
+    assert f.high_ns is not None and f.high_ns > night + HOUR_NS + 5 * MIN  # type: ignore[attr-defined]
 
 
 def test_a_busier_day_than_the_earlier_one_raises_the_forecast() -> None:
