@@ -37,7 +37,7 @@ Pure: no clock (`now_ns` is an argument), no I/O, floats only for estimates.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Final, NamedTuple
 
 from app.core.lane_history import DAY_HOURS, DAYS, HOUR_NS, LaneHistory
@@ -51,7 +51,10 @@ MAX_LEVEL: Final = 2.0
 """Today against the earlier days moves the forecast at most to double or half."""
 BUSY_HOURS: Final = 14
 """With no earlier day, today's busy stretch is taken to last this long from its
-first overtaking work (a working day and its evening)."""
+first overtaking work (a working day and its evening), for the point and the
+high end (after which the high end takes the last day's rate to go on)."""
+BUSY_SPREAD_HOURS: Final = 4
+"""The interval's early end takes the stretch to end this much sooner."""
 QUIET_HOURS: Final = 4
 """Hours without overtaking work that end a busy stretch (a night)."""
 HORIZON_HOURS: Final = 60 * DAY_HOURS
@@ -78,14 +81,15 @@ class _Hour(NamedTuple):
 
 class _Today(NamedTuple):
     """Today's rate so far (lane time and runs per second of `window_s`, and the
-    observed sum of squares), going on from `now_ns` until `until_ns`."""
+    observed sum of squares), going on from `now_ns`; the stretch began at
+    `start_ns`."""
 
     rate: float
     s2: float
     runs: float
     window_s: float
     now_ns: int
-    until_ns: int
+    start_ns: int
 
     def over(self, a: int, b: int) -> tuple[float, float, float]:
         """(mean, variance, runs) of the overtaking work arriving from `a` to `b`.
@@ -132,15 +136,19 @@ def forecast_finish(
     lane: Collection[str],
     run_models: Collection[str],
     own_var_s2: float = 0.0,
+    open_work: Iterable[tuple[int, str, int, float]] = (),
 ) -> Forecast:
     """When a run whose jobs have `priority` ends, given that the queue as it
     stands has it end at `floor_ns`: work arriving later at a higher priority on
     a model of `lane` (the models sharing the run's lane) goes first, with its
     loads and the reloads of `run_models` after it. `own_var_s2`: the variance of
-    the run's own remaining work (s²)."""
+    the run's own remaining work (s²). `open_work`: (arrived at, model, priority,
+    expected run s) of requests queued or running now, which the history learns
+    only once they end: today's rate so far counts them too."""
     now_hour = now_ns // HOUR_NS
     first = history.first_ns if history.first_ns is not None else now_ns
     lane_set, own = frozenset(lane), frozenset(run_models)
+    opened = [(at, s) for at, model, p, s in open_work if model in lane_set and p > priority]
 
     def taken(hour: int) -> tuple[float, float, float]:
         """(seconds, seconds², runs) of overtaking work that arrived in `hour`."""
@@ -174,19 +182,20 @@ def forecast_finish(
             quiet += 1
             if quiet >= QUIET_HOURS:
                 break
-    today = _Today(0.0, 0.0, 0.0, 0.0, now_ns, now_ns)
+    today = _Today(0.0, 0.0, 0.0, 0.0, now_ns, now_ns - BUSY_HOURS * HOUR_NS)
     if busy_hour is not None:
         start = max(first, busy_hour * HOUR_NS)
         window_s = (now_ns - start) / NS_PER_S
         if now_ns - start >= MIN_OBSERVED_NS:
             sums = [taken(h) for h in range(busy_hour, now_hour + 1)]
+            sums += [(s, s * s, 1.0) for at, s in opened if at >= busy_hour * HOUR_NS]
             today = _Today(
                 sum(t[0] for t in sums) / window_s,
                 sum(t[1] for t in sums),
                 sum(t[2] for t in sums) / window_s,
                 window_s,
                 now_ns,
-                start + BUSY_HOURS * HOUR_NS,
+                start,
             )
 
     memo: dict[int, _Hour] = {}
@@ -232,9 +241,12 @@ def forecast_finish(
     own_sd = math.sqrt(max(0.0, own_var_s2))
     lowest_days = [DAYS]
 
-    def crossing(z: float, extrapolate: bool, point: bool) -> tuple[int, float] | None:
+    def crossing(
+        z: float, busy_hours: int, extrapolate: bool, point: bool
+    ) -> tuple[int, float] | None:
         """The least T where the lane time left to the run reaches its work (at
-        the z-quantile of both), and the overtaking runs expected until then."""
+        the z-quantile of both), and the overtaking runs expected until then,
+        today's busy stretch taken to last `busy_hours`."""
         need = max(0.0, work_s + z * own_sd)
         mean = var = count = 0.0
         for hour in range(now_hour, now_hour + HORIZON_HOURS):
@@ -244,12 +256,12 @@ def forecast_finish(
             h = hour_of(hour)
             if h.days:
                 m, v, c = h.mean * share, h.var * share, h.runs * share
-            elif today.until_ns > a:
-                m, v, c = today.over(a, min(b, today.until_ns))
-            elif extrapolate:
-                m, v, c = rate * (b - a) / NS_PER_S, rate_var * (b - a) / NS_PER_S, 0.0
             else:
-                m = v = c = 0.0
+                until = max(a, min(b, today.start_ns + busy_hours * HOUR_NS))
+                m, v, c = today.over(a, until)
+                if extrapolate:  # past the stretch's end, the last day's rate
+                    m += rate * (b - until) / NS_PER_S
+                    v += rate_var * (b - until) / NS_PER_S
             if point:
                 lowest_days[0] = min(lowest_days[0], h.days)
 
@@ -275,9 +287,9 @@ def forecast_finish(
             mean, var, count = mean + m, var + v, count + c
         return None
 
-    point = crossing(0.0, False, True)
-    low = crossing(-Z80, False, False)
-    high = crossing(Z80, True, False) if rate_known or lowest_days[0] else None
+    point = crossing(0.0, BUSY_HOURS, False, True)
+    low = crossing(-Z80, BUSY_HOURS - BUSY_SPREAD_HOURS, False, False)
+    high = crossing(Z80, BUSY_HOURS, True, False) if rate_known or lowest_days[0] else None
     if point is None:  # overtaking work fills the lane for the whole horizon
         return Forecast(floor_ns, min(floor_ns, low[0] if low else floor_ns), None, 0, 0)
     finish = point[0]

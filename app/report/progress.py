@@ -155,6 +155,18 @@ def progress(
                 own_var += var_s2 * lines * (1 + lines / n)
             else:
                 finish += lines * expected.run(model)
+        # Others' open requests: today's arrivals the history learns once they end.
+        own_ids = {*waiting, *running}
+        open_work = [
+            (
+                r.enqueued_ns,
+                state.running.get(rid) or r.model,
+                r.priority,
+                expected.of(r.model, r.expected_run_ns) / NS_PER_S,
+            )
+            for rid, r in state.requests.items()
+            if rid not in own_ids
+        ]
         lane = {
             m
             for m in history.models | set(state.in_use)
@@ -168,6 +180,7 @@ def progress(
             lane=lane,
             run_models=models,
             own_var_s2=own_var,
+            open_work=open_work,
         )
         finish, low, high = f.finish_ns, f.low_ns, f.high_ns
         overtaking, earlier_days = f.overtaking, f.earlier_days

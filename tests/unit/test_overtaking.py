@@ -102,6 +102,8 @@ def test_todays_busy_stretch_is_taken_to_end_busy_hours_after_it_began() -> None
     f = forecast(history, now, 3 * HOUR_NS)
     # Half the lane for its last hour, then the lane is the run's: 3 h of work take 3.5.
     assert abs(f.finish_ns - (now + 3 * HOUR_NS + 30 * MIN)) < NS_PER_S  # type: ignore[attr-defined]
+    # The interval's early end takes the stretch to end BUSY_SPREAD_HOURS sooner: now.
+    assert f.low_ns == now + 3 * HOUR_NS  # type: ignore[attr-defined]
 
 
 def test_a_log_too_short_to_forecast_from_gives_the_floor() -> None:
@@ -124,6 +126,45 @@ def test_a_log_too_short_to_forecast_from_gives_the_floor() -> None:
     f = forecast(history, night, HOUR_NS)
     assert f.finish_ns == night + HOUR_NS and f.overtaking == 0  # type: ignore[attr-defined]
     assert f.high_ns is not None and f.high_ns > night + HOUR_NS + 5 * MIN  # type: ignore[attr-defined]
+
+
+def test_open_requests_count_in_todays_rate_so_far() -> None:
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=2)
+    now = MONDAY_8 + 2 * HOUR_NS
+    f = forecast(history, now, HOUR_NS)
+    # Three more image runs of 10 minutes arrived and have not ended: the history
+    # has not learnt them yet, the rate so far counts them.
+    more = [(now - 10 * MIN, "image", 100, 600.0)] * 3
+    g = forecast(history, now, HOUR_NS, open_work=more)
+    assert g.finish_ns > f.finish_ns + 10 * MIN  # type: ignore[attr-defined]
+    # Not of the run's lane, or not of a higher priority: they do not overtake it.
+    others = [(now - 10 * MIN, "elsewhere", 100, 600.0), (now - 10 * MIN, "image", RUN, 600.0)]
+    assert forecast(history, now, HOUR_NS, open_work=others) == f
+
+
+def test_a_runs_estimate_counts_others_open_requests_in_the_rate_so_far() -> None:
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=2)
+    d = CoreDriver(ScoringParams(), resident="video", now_ns=MONDAY_8 + 2 * HOUR_NS)
+    d.enqueue("shot0", "video", RUN, caller="render")
+    d.enqueue("img", "image", 100, caller="alice")  # waits for the shot
+    args = (d.state, {}, d.now, TIMES, ["shot0"])
+    floor = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9)
+    p = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9, history=history)
+    assert floor.estimated_finish_at is not None and p.estimated_finish_at is not None
+    lane = {"video", "image", "chat"}
+    alone = forecast_finish(
+        history,
+        d.now,
+        round(floor.estimated_finish_at * NS_PER_S),
+        priority=RUN,
+        lane=lane,
+        run_models={"video"},
+    )
+    assert p.estimated_finish_at > alone.finish_ns / NS_PER_S + 5 * 60
 
 
 def test_a_busier_day_than_the_earlier_one_raises_the_forecast() -> None:
@@ -310,4 +351,26 @@ def test_the_forecast_is_never_below_the_floor_and_the_interval_holds_the_point(
     # More overtaking work today so far never brings the finish forward.
     more = [*found, (now_min - extra[0], "image", 100, extra[1], False)]
     g = forecast_finish(learnt(more), now, floor, own_var_s2=own_var, **kw)  # type: ignore[arg-type]
+    assert g.finish_ns >= f.finish_ns
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    found=arrivals,
+    extra=st.tuples(st.integers(0, 59), st.integers(1, 3600)),
+    now_min=st.integers(0, 24 * 60),
+    work_s=st.integers(0, 20 * 3600),
+)
+def test_on_a_one_day_log_more_work_in_the_last_hour_never_brings_the_finish_forward(
+    found: list[Arrival], extra: tuple[int, int], now_min: int, work_s: int
+) -> None:
+    now = MONDAY_8 + now_min * MIN
+    today = [a for a in found if a[0] < now_min]
+    floor = now + work_s * NS_PER_S
+    kw = {"priority": RUN, "lane": {"video", "image"}, "run_models": {"video"}}
+    f = forecast_finish(learnt(today), now, floor, **kw)  # type: ignore[arg-type]
+    assert f.finish_ns >= floor and f.low_ns <= f.finish_ns
+    assert f.high_ns is None or f.high_ns >= f.finish_ns
+    more = [*today, (max(0, now_min - extra[0]), "image", 100, extra[1], False)]
+    g = forecast_finish(learnt(more), now, floor, **kw)  # type: ignore[arg-type]
     assert g.finish_ns >= f.finish_ns
