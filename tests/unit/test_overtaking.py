@@ -300,7 +300,7 @@ def test_the_one_line_of_a_run_shows_the_interval_and_the_overtaking_work() -> N
     short.begins(d.now - 10 * MIN)
     p = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9, history=short)
     assert "(in 40m00s, 80% in 40m00s to ?)" in progress_text(p)
-    assert "0 overtaking (no earlier day to forecast from)" in progress_text(p)
+    assert "0 overtaking (no earlier day: from today's rate so far)" in progress_text(p)
     floor = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9)
     assert "80%" not in progress_text(floor) and "overtaking" not in progress_text(floor)
 
