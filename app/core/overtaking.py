@@ -24,12 +24,13 @@ of the run's own jobs.
 
 An hour no earlier day covers (a log shorter than a day) is forecast from
 today's busy stretch: the overtaking work that arrived since it began (after
-`QUIET_HOURS` without any, or the log's start) goes on at its rate so far
-until `BUSY_HOURS` after it began, with the variance of a rate learnt from
-that window added. Past that end, or with less than `MIN_OBSERVED_NS` of the
-stretch, nothing overtaking is forecast for the point and the low end, and
-the high end is the last day's rate going on (unknown with less than
-`MIN_OBSERVED_NS` of log).
+`QUIET_HOURS` without any, or the log's start; open requests counted at their
+expected run) goes on at its rate so far until `BUSY_HOURS` after it began,
+with the variance of a rate learnt from that window added. The interval's
+ends take the stretch to end `BUSY_SPREAD_HOURS` sooner and later. Past its
+end nothing overtaking is forecast. With less than `MIN_OBSERVED_NS` of the
+stretch (or of log) there is no rate yet: the point and the low end forecast
+nothing, the high end is unknown.
 
 Pure: no clock (`now_ns` is an argument), no I/O, floats only for estimates.
 """
@@ -46,15 +47,15 @@ from app.core.scoring import NS_PER_S
 Z80: Final = 1.2816
 """A normal's 90th percentile in standard deviations: the 80% interval's ends."""
 MIN_OBSERVED_NS: Final = 30 * 60 * NS_PER_S
-"""Less log than this before now: no rate to extrapolate, the high end is unknown."""
+"""Less of today's stretch (or of log) than this: no rate yet, the high end is unknown."""
 MAX_LEVEL: Final = 2.0
 """Today against the earlier days moves the forecast at most to double or half."""
 BUSY_HOURS: Final = 14
 """With no earlier day, today's busy stretch is taken to last this long from its
-first overtaking work (a working day and its evening), for the point and the
-high end (after which the high end takes the last day's rate to go on)."""
+first overtaking work (a working day and its evening)."""
 BUSY_SPREAD_HOURS: Final = 4
-"""The interval's early end takes the stretch to end this much sooner."""
+"""The interval's early end takes the stretch to end this much sooner, its late
+end this much later."""
 QUIET_HOURS: Final = 4
 """Hours without overtaking work that end a busy stretch (a night)."""
 HORIZON_HOURS: Final = 60 * DAY_HOURS
@@ -65,7 +66,7 @@ class Forecast(NamedTuple):
     finish_ns: int
     low_ns: int
     high_ns: int | None
-    """None: unknown (too little log to extrapolate, or no end within the horizon)."""
+    """None: unknown (no rate yet to forecast from, or no end within the horizon)."""
     overtaking: int
     """Expected arrivals that go first before the point estimate."""
     earlier_days: int
@@ -162,14 +163,6 @@ def forecast_finish(
                 n += 0 if load else sums.n
         return s, s2, n
 
-    # The rate of the last day (the high end's, for hours nothing else covers).
-    since = max(first, now_ns - DAY_HOURS * HOUR_NS)
-    observed_s = (now_ns - since) / NS_PER_S
-    recent = [taken(h) for h in range(since // HOUR_NS, now_hour + 1)]
-    rate = (sum(r[0] for r in recent) / observed_s) if observed_s > 0 else 0.0
-    rate_var = (sum(r[1] for r in recent) / observed_s) if observed_s > 0 else 0.0
-    rate_known = now_ns - first >= MIN_OBSERVED_NS
-
     # Today's busy stretch: from the first hour with overtaking work after the last
     # QUIET_HOURS without any (or the log's start) to BUSY_HOURS later. For hours
     # of it no earlier day covers, its rate so far goes on.
@@ -182,11 +175,13 @@ def forecast_finish(
             quiet += 1
             if quiet >= QUIET_HOURS:
                 break
-    today = _Today(0.0, 0.0, 0.0, 0.0, now_ns, now_ns - BUSY_HOURS * HOUR_NS)
+    today = _Today(0.0, 0.0, 0.0, 0.0, now_ns, now_ns)  # no stretch: nothing goes on
+    rate_known = now_ns - first >= MIN_OBSERVED_NS
     if busy_hour is not None:
         start = max(first, busy_hour * HOUR_NS)
         window_s = (now_ns - start) / NS_PER_S
-        if now_ns - start >= MIN_OBSERVED_NS:
+        rate_known = now_ns - start >= MIN_OBSERVED_NS
+        if rate_known:
             sums = [taken(h) for h in range(busy_hour, now_hour + 1)]
             sums += [(s, s * s, 1.0) for at, s in opened if at >= busy_hour * HOUR_NS]
             today = _Today(
@@ -241,9 +236,7 @@ def forecast_finish(
     own_sd = math.sqrt(max(0.0, own_var_s2))
     lowest_days = [DAYS]
 
-    def crossing(
-        z: float, busy_hours: int, extrapolate: bool, point: bool
-    ) -> tuple[int, float] | None:
+    def crossing(z: float, busy_hours: int, point: bool) -> tuple[int, float] | None:
         """The least T where the lane time left to the run reaches its work (at
         the z-quantile of both), and the overtaking runs expected until then,
         today's busy stretch taken to last `busy_hours`."""
@@ -259,9 +252,6 @@ def forecast_finish(
             else:
                 until = max(a, min(b, today.start_ns + busy_hours * HOUR_NS))
                 m, v, c = today.over(a, until)
-                if extrapolate:  # past the stretch's end, the last day's rate
-                    m += rate * (b - until) / NS_PER_S
-                    v += rate_var * (b - until) / NS_PER_S
             if point:
                 lowest_days[0] = min(lowest_days[0], h.days)
 
@@ -287,9 +277,13 @@ def forecast_finish(
             mean, var, count = mean + m, var + v, count + c
         return None
 
-    point = crossing(0.0, BUSY_HOURS, False, True)
-    low = crossing(-Z80, BUSY_HOURS - BUSY_SPREAD_HOURS, False, False)
-    high = crossing(Z80, BUSY_HOURS, True, False) if rate_known or lowest_days[0] else None
+    point = crossing(0.0, BUSY_HOURS, True)
+    low = crossing(-Z80, BUSY_HOURS - BUSY_SPREAD_HOURS, False)
+    high = (
+        crossing(Z80, BUSY_HOURS + BUSY_SPREAD_HOURS, False)
+        if rate_known or lowest_days[0]
+        else None
+    )
     if point is None:  # overtaking work fills the lane for the whole horizon
         return Forecast(floor_ns, min(floor_ns, low[0] if low else floor_ns), None, 0, 0)
     finish = point[0]

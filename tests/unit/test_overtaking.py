@@ -118,14 +118,18 @@ def test_a_log_too_short_to_forecast_from_gives_the_floor() -> None:
     assert f.finish_ns == now + HOUR_NS and f.high_ns is None
     assert f.overtaking == 0 and f.earlier_days == 0
     # After a quiet night (QUIET_HOURS without overtaking work), yesterday's evening
-    # says nothing of today: the floor, and the high end the last day's rate going on.
+    # says nothing of today: nothing overtaking, the floor and its own spread.
     history = LaneHistory()
     history.begins(MONDAY_8)
     busy_day(history, MONDAY_8, hours=2)
     night = MONDAY_8 + (2 + QUIET_HOURS) * HOUR_NS
     f = forecast(history, night, HOUR_NS)
     assert f.finish_ns == night + HOUR_NS and f.overtaking == 0  # type: ignore[attr-defined]
-    assert f.high_ns is not None and f.high_ns > night + HOUR_NS + 5 * MIN  # type: ignore[attr-defined]
+    assert f.low_ns == f.high_ns == f.finish_ns  # type: ignore[attr-defined]
+    # A stretch begun a few minutes ago has no rate yet: the high end is unknown.
+    history.add_run(night + 5 * MIN, "image", 100, 10 * MIN)
+    f = forecast(history, night + 10 * MIN, HOUR_NS)
+    assert f.finish_ns == night + 70 * MIN and f.high_ns is None  # type: ignore[attr-defined]
 
 
 def test_open_requests_count_in_todays_rate_so_far() -> None:
