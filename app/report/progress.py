@@ -55,8 +55,8 @@ class Basis(msgspec.Struct, frozen=True):
     estimated finish."""
     earlier_days: int = 0
     """Earlier days of the log the forecast rests on (the fewest of any hour it
-    covers); 0: the log is too short, the estimate is the floor (nothing
-    overtaking) and the interval's high end today's rate going on."""
+    covers); 0: some hour has none, and is forecast from today's rate so far
+    (nothing, with less than 30 minutes of it)."""
 
 
 class Progress(msgspec.Struct, frozen=True):
