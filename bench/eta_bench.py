@@ -16,8 +16,8 @@ counted as lines not queued yet. It is compared with when the chain's last
 shot actually ended, as a share of the time left: `floor` is the estimate as
 it was before the forecast (the queue as it stands), `estimated` adds the
 overtaking work and the producer's mean gap between shots so far, with the
-80% interval. A chain whose day has no earlier day in the log gets the floor
-and a wide interval (docs/jobs.md, "The finish estimate").
+80% interval. A chain whose day has no earlier day in the log is forecast from
+today's rate so far (docs/jobs.md, "The finish estimate").
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A chain's progress as its caller and the console read it: its shots done,
 running, waiting and failed, the shots the caller said are still to come, and
-an estimated finish, by the one estimator batches use (app/report/progress.py).
+an estimated finish, by the one estimator batches use (app/report/progress.py),
+with the forecast of overtaking work and the producer's gap between shots.
 
 A chain (`X-Gpulane-Chain`) is named by its requests' enqueues in the log; the
 chains are kept in memory (app/jobs/chain_index.py), each enqueue read once.
@@ -15,6 +16,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Engine
 
+from app.core.lane_history import LaneHistory
 from app.core.scoring import NS_PER_S
 from app.jobs.chain_index import Chain, ChainIndex, ChainKey
 from app.jobs.errors import Conflict, NotFound
@@ -164,11 +166,19 @@ class ChainProgress:
         rows = await asyncio.to_thread(shot_rows, self.engine, chain.shots)
         times = self.scheduler.durations()  # the queue's own
         live = self.scheduler.live()  # one snapshot for the count and the estimate
-        return chain_progress(chain, rows, live, times)
+        return chain_progress(chain, rows, live, times, self.scheduler.lane_history)
 
 
-def chain_progress(chain: Chain, rows: dict[str, Any], live: LiveState, times: Times) -> Progress:
-    """`progress` of a chain whose shots' `requests` rows are `rows`."""
+def chain_progress(
+    chain: Chain,
+    rows: dict[str, Any],
+    live: LiveState,
+    times: Times,
+    history: LaneHistory | None = None,
+) -> Progress:
+    """`progress` of a chain whose shots' `requests` rows are `rows`: with
+    `history`, the forecast of overtaking work and the interval, and the
+    producer's mean gap before each shot not sent yet."""
     done = failed = 0
     open_ids: list[str] = []
     for rid in chain.shots:
@@ -191,7 +201,21 @@ def chain_progress(chain: Chain, rows: dict[str, Any], live: LiveState, times: T
         done=done,
         failed=failed,
         unqueued_models=[chain.model] * unsent,
+        history=history,
+        gap_s=producer_gap_s(chain.shots, rows),
     )
+
+
+def producer_gap_s(shots: list[str], rows: dict[str, Any]) -> float:
+    """The producer's mean gap: from a shot's end to the next shot's enqueue (0
+    when none is known). Shots sent before the previous one ended have none."""
+    gaps = []
+    for before, after in zip(shots, shots[1:], strict=False):
+        ended = rows.get(before, {}).get("finished_at")
+        sent = rows.get(after, {}).get("enqueued_at")
+        if ended is not None and sent is not None and sent >= ended:
+            gaps.append(sent - ended)
+    return sum(gaps) / len(gaps) if gaps else 0.0
 
 
 def _more_may_come(chain: Chain) -> bool:

@@ -55,8 +55,8 @@ class Basis(msgspec.Struct, frozen=True):
     estimated finish."""
     earlier_days: int = 0
     """Earlier days of the log the forecast rests on (the fewest of any hour it
-    covers); 0: the log is too short, the estimate is the floor (nothing
-    overtaking) and the interval's high end today's rate going on."""
+    covers); 0: some hour has none, and is forecast from today's rate so far
+    (nothing, with less than 30 minutes of it)."""
 
 
 class Progress(msgspec.Struct, frozen=True):
@@ -155,6 +155,18 @@ def progress(
                 own_var += var_s2 * lines * (1 + lines / n)
             else:
                 finish += lines * expected.run(model)
+        # Others' open requests: today's arrivals the history learns once they end.
+        own_ids = {*waiting, *running}
+        open_work = [
+            (
+                r.enqueued_ns,
+                state.running.get(rid) or r.model,
+                r.priority,
+                expected.of(r.model, r.expected_run_ns) / NS_PER_S,
+            )
+            for rid, r in state.requests.items()
+            if rid not in own_ids
+        ]
         lane = {
             m
             for m in history.models | set(state.in_use)
@@ -168,6 +180,7 @@ def progress(
             lane=lane,
             run_models=models,
             own_var_s2=own_var,
+            open_work=open_work,
         )
         finish, low, high = f.finish_ns, f.low_ns, f.high_ns
         overtaking, earlier_days = f.overtaking, f.earlier_days

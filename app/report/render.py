@@ -293,7 +293,7 @@ def progress_text(p: Progress) -> str:
             f"{'?' if high is None else duration(high)}"
         )
         ahead += f", {b.overtaking} overtaking" + (
-            "" if b.earlier_days else " (no earlier day to forecast from)"
+            "" if b.earlier_days else " (no earlier day: from today's rate so far)"
         )
     else:
         interval = ""

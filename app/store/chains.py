@@ -86,10 +86,17 @@ def chain_place(
 
 
 def shot_rows(engine: Engine, request_ids: Collection[str]) -> dict[str, Any]:
-    """`requests` rows (status, http_status, finished_at) of the ids, by id."""
+    """`requests` rows (status, http_status, enqueued_at, finished_at) of the ids,
+    by id."""
     ids = list(request_ids)
     out: dict[str, Any] = {}
-    columns = (requests.c.id, requests.c.status, requests.c.http_status, requests.c.finished_at)
+    columns = (
+        requests.c.id,
+        requests.c.status,
+        requests.c.http_status,
+        requests.c.enqueued_at,
+        requests.c.finished_at,
+    )
     with engine.connect() as conn:
         for i in range(0, len(ids), _IN_CHUNK):
             chunk = ids[i : i + _IN_CHUNK]

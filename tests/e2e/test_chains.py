@@ -90,6 +90,12 @@ def test_a_film_sent_shot_by_shot_is_one_run_with_progress(gateway: Start) -> No
             assert p["basis"]["unqueued"] == 2 and p["estimated_finish_in_s"] > 0
             # Two shots not sent yet, one median run each after the running one.
             assert p["estimated_finish_in_s"] >= 2 * p["basis"]["run_s"]["video"]
+            # The lane's history is the forecast's: an interval's early end, and no late
+            # end yet (under 30 minutes of log, too little to extrapolate from).
+            assert p["estimated_finish_low_in_s"] is not None
+            assert 0 < p["estimated_finish_low_in_s"] <= p["estimated_finish_in_s"]
+            assert p["estimated_finish_high_in_s"] is None
+            assert p["basis"]["earlier_days"] == 0
             # Bob's film-1 is his own: one shot of nine.
             theirs = http.get("/api/chains/film-1", headers=as_key(BOB)).json()
             assert theirs["caller"] == "bob" and theirs["progress"]["done"] == 1

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from app.core.lane_history import LaneHistory
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.jobs.chain_index import ChainIndex
-from app.jobs.chain_progress import chain_progress
+from app.jobs.chain_progress import chain_progress, producer_gap_s
 from app.report.render import runs_text
 from app.report.run_times import RunTimes
 from app.runtime.api import LiveState
@@ -109,6 +110,64 @@ def test_a_chain_whose_length_is_unknown_counts_what_came() -> None:
     p = chain_progress(index.chains[("alice", "film-1")], rows, live, TIMES)
     assert (p.total, p.done, p.waiting) == (2, 1, 1)
     assert p.basis is not None and p.basis.unqueued == 0
+
+
+def test_a_chains_estimate_forecasts_from_the_lanes_history_with_an_interval() -> None:
+    d = CoreDriver(ScoringParams(), resident="video")
+    index = ChainIndex()
+    index.fold([shot(i, f"s{i}", length=10) for i in range(1, 3)], 2)
+    d.enqueue("s2", "video", -100, caller="alice")
+    # Three hours of log: interactive video a minute in every ten, a rate to go on.
+    history = LaneHistory()
+    history.begins(d.now - 3 * 3600 * NS_PER_S)
+    for k in range(18):
+        history.add_run(d.now - (3 * 3600 - k * 600) * NS_PER_S, "video", 100, 60 * NS_PER_S)
+    rows = {"s1": {"status": "completed", "http_status": 200}}
+    live = LiveState(d.state, {}, d.now)
+    chain = index.chains[("alice", "film-1")]
+    floor = chain_progress(chain, rows, live, TIMES)
+    p = chain_progress(chain, rows, live, TIMES, history)
+    assert floor.estimated_finish_low_at is None and floor.estimated_finish_high_at is None
+    assert p.estimated_finish_at is not None and floor.estimated_finish_at is not None
+    assert p.estimated_finish_low_at is not None and p.estimated_finish_high_at is not None
+    assert p.estimated_finish_low_at <= p.estimated_finish_at < p.estimated_finish_high_at
+    assert p.estimated_finish_at >= floor.estimated_finish_at
+
+
+def test_a_chains_producer_gap_is_its_mean_from_a_shots_end_to_the_next_enqueue() -> None:
+    d = CoreDriver(ScoringParams(), resident="video")
+    index = ChainIndex()
+    index.fold([shot(i, f"s{i}", length=6) for i in range(1, 5)], 4)
+    d.enqueue("s4", "video", -100, caller="alice")
+    t = d.now / NS_PER_S
+    rows = {  # gaps of 10 s and 30 s; s4 was sent before s3 ended (no gap)
+        "s1": {
+            "status": "completed",
+            "http_status": 200,
+            "enqueued_at": t - 900,
+            "finished_at": t - 700,
+        },
+        "s2": {
+            "status": "completed",
+            "http_status": 200,
+            "enqueued_at": t - 690,
+            "finished_at": t - 500,
+        },
+        "s3": {
+            "status": "completed",
+            "http_status": 200,
+            "enqueued_at": t - 470,
+            "finished_at": t - 1,
+        },
+        "s4": {"status": "queued", "http_status": None, "enqueued_at": t - 2, "finished_at": None},
+    }
+    assert producer_gap_s(["s1", "s2", "s3", "s4"], rows) == 20.0
+    assert producer_gap_s(["s1"], rows) == 0.0
+    p = chain_progress(
+        index.chains[("alice", "film-1")], rows, LiveState(d.state, {}, d.now), TIMES
+    )
+    # s4's run, then two shots not sent yet, each after the producer's gap.
+    assert p.estimated_finish_in_s == 3 * 240.0 + 2 * 20.0
 
 
 def test_gpulane_queue_prints_a_line_per_chain_its_total_when_known() -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from app.core import events as ev
 from app.core.lane_history import HOUR_NS, LaneHistory
-from app.core.overtaking import forecast_finish
+from app.core.overtaking import BUSY_HOURS, QUIET_HOURS, forecast_finish
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.progress import progress
@@ -78,7 +78,7 @@ def test_only_higher_priorities_in_the_runs_lane_overtake() -> None:
     assert f.finish_ns == now + HOUR_NS and f.overtaking == 0
 
 
-def test_a_log_too_short_to_forecast_from_gives_the_floor_and_a_wider_interval() -> None:
+def test_with_no_earlier_day_todays_rate_so_far_goes_on() -> None:
     history = LaneHistory()
     history.begins(MONDAY_8)
     busy_day(history, MONDAY_8, hours=2)  # two hours of today, half the lane busy
@@ -86,17 +86,89 @@ def test_a_log_too_short_to_forecast_from_gives_the_floor_and_a_wider_interval()
     f = forecast_finish(
         history, now, now + HOUR_NS, priority=RUN, lane={"video", "image"}, run_models={"video"}
     )
-    # No earlier day says whether the busy hours go on: the point is the floor ...
-    assert f.finish_ns == now + HOUR_NS and f.earlier_days == 0
-    # ... and the high end is today's rate going on (half the lane: about 2 h).
-    assert f.high_ns is not None and f.high_ns > now + 2 * HOUR_NS
+    # No earlier day: today's rate so far (half the lane) goes on, an hour of work takes two.
+    assert abs(f.finish_ns - (now + 2 * HOUR_NS)) < NS_PER_S and f.earlier_days == 0
+    assert f.overtaking == 6  # three image runs an hour
+    # The rate is learnt from two hours only: a wide interval around the point.
+    assert f.low_ns < now + 2 * HOUR_NS - 10 * MIN
+    assert f.high_ns is not None and f.high_ns > now + 2 * HOUR_NS + 10 * MIN
+
+
+def test_todays_busy_stretch_is_taken_to_end_busy_hours_after_it_began() -> None:
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=BUSY_HOURS - 1)
+    now = MONDAY_8 + (BUSY_HOURS - 1) * HOUR_NS
+    f = forecast(history, now, 3 * HOUR_NS)
+    # Half the lane for its last hour, then the lane is the run's: 3 h of work take 3.5.
+    assert abs(f.finish_ns - (now + 3 * HOUR_NS + 30 * MIN)) < NS_PER_S  # type: ignore[attr-defined]
+    # The interval's early end takes the stretch to end BUSY_SPREAD_HOURS sooner: now.
+    assert f.low_ns == now + 3 * HOUR_NS  # type: ignore[attr-defined]
+
+
+def test_a_log_too_short_to_forecast_from_gives_the_floor() -> None:
     # Less than half an hour of log: no rate to go on, the high end is unknown.
+    now = MONDAY_8 + 2 * HOUR_NS
     young = LaneHistory()
     young.begins(now - 10 * MIN)
+    young.add_run(now - 5 * MIN, "image", 100, 4 * MIN)
     f = forecast_finish(
-        young, now, now + HOUR_NS, priority=RUN, lane={"video"}, run_models={"video"}
+        young, now, now + HOUR_NS, priority=RUN, lane={"video", "image"}, run_models={"video"}
     )
     assert f.finish_ns == now + HOUR_NS and f.high_ns is None
+    assert f.overtaking == 0 and f.earlier_days == 0
+    # After a quiet night (QUIET_HOURS without overtaking work), yesterday's evening
+    # says nothing of today: nothing overtaking, the floor and its own spread.
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=2)
+    night = MONDAY_8 + (2 + QUIET_HOURS) * HOUR_NS
+    f = forecast(history, night, HOUR_NS)
+    assert f.finish_ns == night + HOUR_NS and f.overtaking == 0  # type: ignore[attr-defined]
+    assert f.low_ns == f.high_ns == f.finish_ns  # type: ignore[attr-defined]
+    # A stretch begun a few minutes ago has no rate yet: the high end is unknown.
+    history.add_run(night + 5 * MIN, "image", 100, 10 * MIN)
+    f = forecast(history, night + 10 * MIN, HOUR_NS)
+    assert f.finish_ns == night + 70 * MIN and f.high_ns is None  # type: ignore[attr-defined]
+
+
+def test_open_requests_count_in_todays_rate_so_far() -> None:
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=2)
+    now = MONDAY_8 + 2 * HOUR_NS
+    f = forecast(history, now, HOUR_NS)
+    # Three more image runs of 10 minutes arrived and have not ended: the history
+    # has not learnt them yet, the rate so far counts them.
+    more = [(now - 10 * MIN, "image", 100, 600.0)] * 3
+    g = forecast(history, now, HOUR_NS, open_work=more)
+    assert g.finish_ns > f.finish_ns + 10 * MIN  # type: ignore[attr-defined]
+    # Not of the run's lane, or not of a higher priority: they do not overtake it.
+    others = [(now - 10 * MIN, "elsewhere", 100, 600.0), (now - 10 * MIN, "image", RUN, 600.0)]
+    assert forecast(history, now, HOUR_NS, open_work=others) == f
+
+
+def test_a_runs_estimate_counts_others_open_requests_in_the_rate_so_far() -> None:
+    history = LaneHistory()
+    history.begins(MONDAY_8)
+    busy_day(history, MONDAY_8, hours=2)
+    d = CoreDriver(ScoringParams(), resident="video", now_ns=MONDAY_8 + 2 * HOUR_NS)
+    d.enqueue("shot0", "video", RUN, caller="render")
+    d.enqueue("img", "image", 100, caller="alice")  # waits for the shot
+    args = (d.state, {}, d.now, TIMES, ["shot0"])
+    floor = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9)
+    p = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9, history=history)
+    assert floor.estimated_finish_at is not None and p.estimated_finish_at is not None
+    lane = {"video", "image", "chat"}
+    alone = forecast_finish(
+        history,
+        d.now,
+        round(floor.estimated_finish_at * NS_PER_S),
+        priority=RUN,
+        lane=lane,
+        run_models={"video"},
+    )
+    assert p.estimated_finish_at > alone.finish_ns / NS_PER_S + 5 * 60
 
 
 def test_a_busier_day_than_the_earlier_one_raises_the_forecast() -> None:
@@ -232,7 +304,7 @@ def test_the_one_line_of_a_run_shows_the_interval_and_the_overtaking_work() -> N
     short.begins(d.now - 10 * MIN)
     p = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9, history=short)
     assert "(in 40m00s, 80% in 40m00s to ?)" in progress_text(p)
-    assert "0 overtaking (no earlier day to forecast from)" in progress_text(p)
+    assert "0 overtaking (no earlier day: from today's rate so far)" in progress_text(p)
     floor = progress(*args, done=0, failed=0, unqueued_models=["video"] * 9)
     assert "80%" not in progress_text(floor) and "overtaking" not in progress_text(floor)
 
@@ -283,4 +355,28 @@ def test_the_forecast_is_never_below_the_floor_and_the_interval_holds_the_point(
     # More overtaking work today so far never brings the finish forward.
     more = [*found, (now_min - extra[0], "image", 100, extra[1], False)]
     g = forecast_finish(learnt(more), now, floor, own_var_s2=own_var, **kw)  # type: ignore[arg-type]
+    assert g.finish_ns >= f.finish_ns
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    found=arrivals,
+    extra=st.tuples(st.integers(0, 59), st.integers(1, 3600)),
+    now_min=st.integers(0, 24 * 60),
+    work_s=st.integers(0, 20 * 3600),
+)
+def test_on_a_one_day_log_more_work_this_hour_never_brings_the_finish_forward(
+    found: list[Arrival], extra: tuple[int, int], now_min: int, work_s: int
+) -> None:
+    now = MONDAY_8 + now_min * MIN
+    today = [a for a in found if a[0] < now_min]
+    floor = now + work_s * NS_PER_S
+    kw = {"priority": RUN, "lane": {"video", "image"}, "run_models": {"video"}}
+    f = forecast_finish(learnt(today), now, floor, **kw)  # type: ignore[arg-type]
+    assert f.finish_ns >= floor and f.low_ns <= f.finish_ns
+    assert f.high_ns is None or f.high_ns >= f.finish_ns
+    # In the current clock hour: one in an earlier hour may start today's stretch
+    # sooner (the log knows hours), spreading its work over a longer window.
+    more = [*today, (now_min - extra[0] % (now_min % 60 + 1), "image", 100, extra[1], False)]
+    g = forecast_finish(learnt(more), now, floor, **kw)  # type: ignore[arg-type]
     assert g.finish_ns >= f.finish_ns

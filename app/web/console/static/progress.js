@@ -26,7 +26,7 @@ export function progressSection(p, { prefix, ended = false, unit = "lines" }) {
     parts.push(h("p", { id: prefix + "-eta" }, `Expected to end at ${stamp(p.estimated_finish_at)} (in ${duration(p.estimated_finish_in_s)}).${interval}`));
     const later = !forecast ? " Work that arrives later and goes first is not foreseen."
       : b.earlier_days ? ` Forecast from the same hours of ${b.earlier_days} earlier day${b.earlier_days === 1 ? "" : "s"}: ${b.overtaking} requests expected to arrive and go first.`
-      : " No earlier day in the log to forecast the work that arrives later from: the estimate is the queue as it stands, the interval today's rate going on.";
+      : ` No earlier day in the log: ${b.overtaking} requests expected to arrive and go first, from today's rate so far (none with under half an hour of it, or after a quiet night); the interval's late end is that rate going on.`;
     parts.push(h("p", { class: "muted", id: prefix + "-basis" }, `From the queue as it stands: ${b.ahead} other requests expected first, ${b.swaps} model loads, median run ${runs}` + (b.unqueued ? `, ${b.unqueued} ${unit} not queued yet` : "") + "." + later));
   }
   return h("section", {}, parts);
