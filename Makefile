@@ -36,7 +36,7 @@ test: lint llama chromium postgres ## lint, then every test (builds llama.cpp, i
 test-fast: $(STAMP) postgres ## tests that need no llama.cpp build and no browser
 	$(PY) -m pytest -q -m 'not llama and not browser'
 
-bench: $(STAMP) ## benchmarks that print figures (see docs/benchmarks.md)
+bench: $(STAMP) postgres ## benchmarks that print figures (see docs/benchmarks.md)
 	$(PY) -m bench.core_bench
 	$(PY) -m bench.activity_bench
 	$(PY) -m bench.event_store_bench

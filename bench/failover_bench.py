@@ -1,9 +1,15 @@
 """Failover: from the leader's death to the standby's first dispatch. Prints figures.
 
     python -m bench.failover_bench [--rounds 20] [--how kill|freeze] [--lease SECONDS]
+                                   [--apart] [--db URL]
 
-Two `gpulane serve --standby` on one SQLite file, started as a user starts
-them, in front of a fake upstream (tools.fake_upstream). Each round the leader
+Two `gpulane serve --standby` on one database, started as a user starts them,
+in front of a fake upstream (tools.fake_upstream): by default a SQLite file and
+then a throwaway PostgreSQL cluster (tests/postgres.py), side by side in one
+run; `--db URL` measures that database alone (an empty one: the bench fills
+it). `--apart` gives each front a host name of its own (GPULANE_HOST), as fronts
+on two machines have: a killed leader is then found only by its lease lapsing,
+as a frozen one is. Each round the leader
 runs a durable job (it hangs) with another waiting behind it; then the bench
 notes the time and kills the leader (`kill`: SIGKILL; `freeze`: SIGSTOP, as a
 hung leader or a lost host looks to a standby: only the lease's expiry tells)
@@ -22,16 +28,19 @@ lease must lapse first, so leaseSeconds dominates.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from tests.e2e.gateway import Gateway, fake_model, free_port_block
+from tests.postgres import Cluster
 
 
 def config(first_port: int, lease: float) -> str:
@@ -39,12 +48,14 @@ def config(first_port: int, lease: float) -> str:
     return f"startPort: {first_port}\ndatabase: {{leaseSeconds: {lease:g}}}\nmodels:{model}\n"
 
 
-def front(tmp: Path, name: str, text: str) -> Gateway:
+def front(tmp: Path, name: str, text: str, db: str, apart: bool) -> Gateway:
     home = tmp / name
     home.mkdir()
     gw = Gateway(home, text)
-    gw.db = tmp / "gpulane.db"
+    gw.db = db  # type: ignore[assignment]
     gw.args = ["--standby"]
+    if apart:
+        gw.env = {"GPULANE_HOST": f"front-{name}"}
     return gw
 
 
@@ -87,12 +98,14 @@ def steps_after(gw: Gateway, seq: int, timeout: float) -> list[float]:
     raise TimeoutError(f"no dispatch within {timeout} s:\n{gw.log.read_text()[-3000:]}")
 
 
-def run(rounds: int, how: str, lease: float) -> list[list[float]]:
+def run(db: str, rounds: int, how: str, lease: float, apart: bool) -> list[list[float]]:
     """Per round: seconds from the kill to each of STEPS."""
     times: list[list[float]] = []
     with tempfile.TemporaryDirectory(prefix="gpulane-failover-") as tmp:
         text = config(free_port_block(), lease)
-        leader, standby = front(Path(tmp), "a", text), front(Path(tmp), "b", text)
+        db = db or str(Path(tmp) / "gpulane.db")
+        leader = front(Path(tmp), "a", text, db, apart)
+        standby = front(Path(tmp), "b", text, db, apart)
         try:
             leader.start()
             standby.start()
@@ -124,21 +137,44 @@ def run(rounds: int, how: str, lease: float) -> list[list[float]]:
     return times
 
 
+@contextlib.contextmanager
+def databases(url: str | None) -> Iterator[dict[str, str]]:
+    """Name -> database (`""`: a new SQLite file in the round's directory)."""
+    if url:
+        yield {"given": url}
+        return
+    with Cluster.started(fsync=True) as cluster:
+        yield {"sqlite": "", "postgres": cluster.new_database()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--how", choices=("kill", "freeze"), default="kill")
     parser.add_argument("--lease", type=float, default=15.0, help="database.leaseSeconds")
+    parser.add_argument("--apart", action="store_true", help="a host name per front")
+    parser.add_argument("--db", help="one database's URL (default: SQLite and PostgreSQL)")
     args = parser.parse_args()
-    times = run(args.rounds, args.how, args.lease)
-    what = f"{args.how}, leaseSeconds {args.lease:g}, {args.rounds} rounds"
-    print(f"failover ({what}), from the kill:")
+    with databases(args.db) as dbs:
+        times = {
+            name: run(db, args.rounds, args.how, args.lease, args.apart) for name, db in dbs.items()
+        }
+    apart = ", fronts on two host names" if args.apart else ""
+    what = f"{args.how}{apart}, leaseSeconds {args.lease:g}, {args.rounds} rounds"
+    print(f"failover ({what}), from the kill, ms:")
+    names = list(times)
+    header = "".join(f"{name + ' median':>17} {name + ' max':>14}" for name in names)
+    ratio = "   pg/sqlite (medians)" if names == ["sqlite", "postgres"] else ""
+    print(f"  {'to':<20}{header}{ratio}")
     for i, step in enumerate(STEPS):
-        ms = sorted(t[i] * 1000 for t in times)
-        print(
-            f"  to {step:<20} median {statistics.median(ms):6.0f} ms   max {ms[-1]:6.0f} ms"
-            f"   min {ms[0]:6.0f} ms"
+        medians = [statistics.median(t[i] for t in times[name]) * 1000 for name in names]
+        line = "".join(
+            f"{median:17.0f} {max(t[i] for t in times[name]) * 1000:14.0f}"
+            for name, median in zip(names, medians, strict=True)
         )
+        if ratio:
+            line += f"   {medians[1] / medians[0]:.2f}"
+        print(f"  {step:<20}{line}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ def run_online() -> None:
         with engine.connect() as connection:
             # Our BEGIN (engine.py) makes SQLite DDL transactional: a failed
             # migration leaves the previous schema, not half of the next one.
+            # IMMEDIATE takes SQLite's write lock before alembic reads the revision:
+            # two servers starting on a new file migrate one after the other, the
+            # second finding the head (a deferred BEGIN's read snapshot could not be
+            # upgraded to a write once the first committed: "database is locked").
+            if connection.dialect.name == "sqlite":
+                connection.execution_options(sqlite_begin="IMMEDIATE")
             context.configure(
                 connection=connection,
                 target_metadata=metadata,
@@ -41,7 +47,7 @@ def run_online() -> None:
             )
             with context.begin_transaction():
                 if connection.dialect.name == "postgresql":
-                    # Two servers starting on a new database migrate one after the other.
+                    # The same on PostgreSQL.
                     connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
                 context.run_migrations()
             connection.commit()

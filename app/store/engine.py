@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -213,7 +214,7 @@ def create_engine(db: str | Path, synchronous: Synchronous = "full") -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _use_wal(cursor)
         # A large job body passes through the WAL; cut it back after the checkpoint,
         # so the body takes its size on disk once, not twice (app/store/job_bodies.py).
         cursor.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
@@ -229,6 +230,21 @@ def create_engine(db: str | Path, synchronous: Synchronous = "full") -> Engine:
         connection.exec_driver_sql(f"BEGIN {mode}".strip())
 
     return engine
+
+
+def _use_wal(cursor: sqlite3.Cursor) -> None:
+    """PRAGMA journal_mode = WAL, retried for as long as busy_timeout: SQLite does not
+    wait for the lock that turning a new file to WAL takes, so two servers opening a
+    new file at once saw "database is locked"."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _postgres_engine(url: URL, synchronous: Synchronous, read_only: bool = False) -> Engine:

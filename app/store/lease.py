@@ -56,6 +56,17 @@ RENEW_EVERY_S: Final = LEASE_TTL_S / 3
 
 _PROC: Final = Path("/proc")
 
+HOST_VAR: Final = "GPULANE_HOST"
+"""Environment variable naming this gpulane's host in the lease, instead of its
+host name: fronts on machines that share a host name (containers on the host's
+network, cloned images) must not take each other for a process on their own
+host, whose pid they could look up."""
+
+
+def host_name() -> str:
+    """This host as the lease names it: `GPULANE_HOST`, else the host name."""
+    return os.environ.get(HOST_VAR) or socket.gethostname()
+
 
 class LeaseHeld(DatabaseError):
     """Another live gpulane holds the lease; the message names it and what to do."""
@@ -134,7 +145,7 @@ class Lease:
 def this_process(engine: Engine, listen: str) -> Holder:
     """The holder this gpulane process is, serving `engine`'s database on `listen`."""
     pid = os.getpid()
-    host = socket.gethostname()
+    host = host_name()
     name = holder_name(host, pid, process_start(pid), database_id(engine))
     return Holder(pid, host, listen, name)
 
@@ -178,7 +189,7 @@ def holder_alive(row: LeaseRow, database: str) -> bool | None:
     when its pid is gone, a zombie, or now another process (its start differs),
     or when it serves another file (`row` was copied with this one).
     """
-    if row.host != socket.gethostname():
+    if row.host != host_name():
         return None
     try:
         os.kill(row.pid, 0)
@@ -368,7 +379,7 @@ def release(engine: Engine, lease: Lease, now: float) -> bool:
 
 def held_message(row: LeaseRow, now: float, ttl: float = LEASE_TTL_S) -> str:
     """Why a second server refuses to start, and what to do."""
-    here = row.host == socket.gethostname()
+    here = row.host == host_name()
     where = f"host {row.host}" + (" (this host)" if here else "")
     stop = f"`kill {row.pid}`" + ("" if here else f" on {row.host}")
     return (

@@ -11,12 +11,12 @@ gate, and every request goes to the application as on any leader.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from litestar.types import ASGIApp, Send
 
 from app.runtime.leadership import Leadership
+from app.store.lease import host_name
 from app.web.errors import retry_after, send_error, send_websocket_error
 
 
@@ -25,7 +25,7 @@ def standby_text(leadership: Leadership) -> str:
     row = leadership.leader
     if row is None:
         return "standby: taking over the server lease"
-    here = " (this host)" if row.host == socket.gethostname() else ""
+    here = " (this host)" if row.host == host_name() else ""
     return (
         f"standby: the leader is pid {row.pid} on host {row.host}{here}, listening on "
         f"{row.listen} (lease term {row.term}); send requests there. This gpulane "

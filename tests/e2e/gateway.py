@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
+import psycopg.rows
+import sqlalchemy
 
 from tests.processes import carrying, kill_and_wait
 
@@ -91,9 +94,11 @@ class Gateway:
         """SIGKILLed, and not started since: its upstreams may still run."""
         self.args: list[str] = []
         """More `gpulane serve` arguments (`--watch-config`)."""
+        self.env: dict[str, str] = {}
+        """More environment variables for `gpulane serve`."""
 
     def start(self, timeout: float = 30) -> Gateway:
-        env = os.environ | {"PYTHONUNBUFFERED": "1", GATEWAY_VAR: self.marker}
+        env = os.environ | self.env | {"PYTHONUNBUFFERED": "1", GATEWAY_VAR: self.marker}
         self.killed = False  # the next start's recovery stops what the last one left
         self.proc = subprocess.Popen(
             [
@@ -168,7 +173,10 @@ class Gateway:
         return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60), **kw)
 
     def sql(self, query: str, *params: Any) -> list[sqlite3.Row]:
-        """Plain SQL against the gateway's database, as a user would run it."""
+        """Plain SQL against the gateway's database, as a user would run it (`?`
+        placeholders; rows by column name on PostgreSQL too)."""
+        if str(self.db).startswith("postgresql"):
+            return postgres_sql(str(self.db), query, *params)  # type: ignore[return-value]
         conn = sqlite3.connect(self.db, timeout=10)
         conn.row_factory = sqlite3.Row
         try:
@@ -187,6 +195,20 @@ class Gateway:
             if len(rows) >= count or time.monotonic() > deadline:
                 return rows
             time.sleep(0.05)
+
+
+def postgres_sql(url: str, query: str, *params: Any) -> list[dict[str, Any]]:
+    """`Gateway.sql` on a PostgreSQL database named by its SQLAlchemy URL."""
+    parts = sqlalchemy.make_url(url)
+    with psycopg.connect(
+        host=parts.query.get("host") or parts.host,
+        port=parts.query.get("port") or parts.port,
+        user=parts.username,
+        dbname=parts.database,
+        row_factory=psycopg.rows.dict_row,
+        autocommit=True,
+    ) as conn:
+        return conn.execute(query.replace("?", "%s"), params).fetchall()  # type: ignore[arg-type]
 
 
 def raw_request(

@@ -1,5 +1,6 @@
 """One leader, standbys that take over (issue 30): `gpulane serve --standby`
-processes on one SQLite file, started as a user starts them.
+processes on one database, started as a user starts them: every test runs on a
+SQLite file and on PostgreSQL (a throwaway cluster, `postgres_url`).
 
 A standby answers 503 `standby` naming the leader and starts no upstream; it
 takes over when the leader is killed or frozen past its lease, by the same
@@ -42,12 +43,23 @@ def config(first_port: int, extra: str = "") -> str:
     )
 
 
-def front(tmp: Path, name: str, config_text: str, *, standby: bool = True) -> Gateway:
-    """A gpulane of its own (port, log, marker) on the shared database tmp/gpulane.db."""
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The database the fronts share, as `--db` takes it: a new SQLite file's
+    path, or the URL of a new PostgreSQL database."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return str(tmp_path / "gpulane.db")
+
+
+def front(
+    tmp: Path, name: str, config_text: str, database: str, *, standby: bool = True
+) -> Gateway:
+    """A gpulane of its own (port, log, marker) on the shared `database`."""
     home = tmp / name
     home.mkdir(exist_ok=True)
     gw = Gateway(home, config_text)
-    gw.db = tmp / "gpulane.db"
+    gw.db = database  # type: ignore[assignment]
     if standby:
         gw.args = ["--standby"]
     return gw
@@ -143,11 +155,11 @@ def terminal_counts(gw: Gateway) -> Counter[tuple[str, str]]:
 
 
 def test_a_standby_answers_503_naming_the_leader_and_takes_over_when_it_is_killed(
-    tmp_path: Path,
+    tmp_path: Path, database: str
 ) -> None:
     first_port = free_port_block()
     text = config(first_port)
-    leader, standby = front(tmp_path, "a", text), front(tmp_path, "b", text)
+    leader, standby = front(tmp_path, "a", text, database), front(tmp_path, "b", text, database)
     try:
         leader.start()
         assert leads(leader)
@@ -200,13 +212,52 @@ def test_a_standby_answers_503_naming_the_leader_and_takes_over_when_it_is_kille
     assert_log_sound(standby)
 
 
+def test_a_leader_killed_on_another_host_is_taken_over_once_its_lease_lapses(
+    tmp_path: Path, database: str
+) -> None:
+    """Fronts on PostgreSQL run on different hosts: a standby cannot see that the
+    leader's process is gone, only that its lease was not renewed. (GPULANE_HOST
+    makes each front name a host of its own.)"""
+    text = config(free_port_block())
+    leader, standby = front(tmp_path, "a", text, database), front(tmp_path, "b", text, database)
+    leader.env, standby.env = {"GPULANE_HOST": "front-a"}, {"GPULANE_HOST": "front-b"}
+    try:
+        leader.start()
+        standby.start()
+        assert leader.proc is not None and standby.proc is not None
+        assert "on host front-a, listening" in health(standby).text
+        job = submit_job(leader, "long", delay=LEASE_S + 1.0, reply="done")
+        leader.wait_for(
+            "SELECT 1 FROM events WHERE type = 'request_started' AND request_id = ?", job
+        )
+        killed_pid = leader.proc.pid
+        leader.kill()
+        # Until the lease's expiry the standby waits (the leader may only be slow).
+        [lapses] = leader.sql("SELECT expires_at FROM server_lease")
+        assert health(standby).status_code == 503
+        poll(lambda: leads(standby), "the standby to lead", timeout=LEASE_S + 20)
+        [taken_at] = standby.sql("SELECT acquired_at FROM server_lease")
+        assert taken_at["acquired_at"] >= lapses["expires_at"]
+        *_, taken = leases(standby)
+        assert taken["term"] == 2 and taken["pid"] == standby.proc.pid
+        assert (taken["previous_pid"], taken["previous_host"]) == (killed_pid, "front-a")
+        assert taken["previous_ended"] == "expired"
+        with standby.client() as client:
+            poll(lambda: client.get(f"/v1/jobs/{job}").json()["status"] == "completed", "the job")
+        assert terminal_counts(standby) == Counter({(job, "request_completed"): 1})
+    finally:
+        standby.stop()
+        leader.stop()
+    assert_log_sound(standby)
+
+
 def test_a_rolling_restart_hands_the_queue_to_the_standby_without_a_gap(
-    tmp_path: Path,
+    tmp_path: Path, database: str
 ) -> None:
     """What was measured: with one front, a rolling upgrade meant a gap. A clean
     stop (SIGTERM) releases the lease, and the standby leads at its next read."""
     text = config(free_port_block(), "shutdownGrace: 0\n")
-    leader, standby = front(tmp_path, "a", text), front(tmp_path, "b", text)
+    leader, standby = front(tmp_path, "a", text, database), front(tmp_path, "b", text, database)
     try:
         leader.start()
         standby.start()
@@ -232,9 +283,12 @@ def test_a_rolling_restart_hands_the_queue_to_the_standby_without_a_gap(
     assert_log_sound(standby)
 
 
-def test_without_standby_a_second_instance_still_refuses(tmp_path: Path) -> None:
+def test_without_standby_a_second_instance_still_refuses(tmp_path: Path, database: str) -> None:
     text = config(free_port_block())
-    leader, second = front(tmp_path, "a", text), front(tmp_path, "b", text, standby=False)
+    leader, second = (
+        front(tmp_path, "a", text, database),
+        front(tmp_path, "b", text, database, standby=False),
+    )
     try:
         leader.start()
         with pytest.raises(RuntimeError, match="exited with 1") as refused:
@@ -246,13 +300,13 @@ def test_without_standby_a_second_instance_still_refuses(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("standby", [True, False], ids=["standby", "plain"])
-def test_two_instances_started_at_once_exactly_one_leads(tmp_path: Path, standby: bool) -> None:
+def test_two_instances_started_at_once_exactly_one_leads(
+    tmp_path: Path, database: str, standby: bool
+) -> None:
     text = config(free_port_block())
-    # A database that exists, as one two fronts share does. (Two first starts on a
-    # file that does not exist yet race in its migration: one exits 1, "locked".)
-    upgraded = cli("db", "upgrade", "--db", str(tmp_path / "gpulane.db"))
-    assert upgraded.returncode == 0, upgraded.stderr
-    both = [front(tmp_path, name, text, standby=standby) for name in ("a", "b")]
+    # What was measured: two first starts on a SQLite file that did not exist yet
+    # raced in its migration, and one exited 1, "database is locked".
+    both = [front(tmp_path, name, text, database, standby=standby) for name in ("a", "b")]
     errors: dict[str, BaseException] = {}
 
     def start(gw: Gateway) -> None:
@@ -285,10 +339,12 @@ def test_two_instances_started_at_once_exactly_one_leads(tmp_path: Path, standby
             gw.stop()
 
 
-def test_a_frozen_leader_appends_nothing_once_a_standby_took_over(tmp_path: Path) -> None:
+def test_a_frozen_leader_appends_nothing_once_a_standby_took_over(
+    tmp_path: Path, database: str
+) -> None:
     first_port = free_port_block()
     text = config(first_port)
-    leader, standby = front(tmp_path, "a", text), front(tmp_path, "b", text)
+    leader, standby = front(tmp_path, "a", text, database), front(tmp_path, "b", text, database)
     try:
         leader.start()
         standby.start()
@@ -331,23 +387,25 @@ def test_a_frozen_leader_appends_nothing_once_a_standby_took_over(tmp_path: Path
     assert_log_sound(standby)
 
 
-ROUNDS = 50
+ROUNDS = {"sqlite": 50, "postgres": 15}
+"""Failovers in the loop, per database."""
 
 
 def test_fifty_sigkills_of_the_leader_lose_no_job_and_complete_none_twice(
-    tmp_path: Path,
+    tmp_path: Path, database: str
 ) -> None:
+    rounds = ROUNDS["postgres" if database.startswith("postgresql") else "sqlite"]
     rng = random.Random(30)
     first_port = free_port_block()
     text = config(first_port)
-    leader, standby = front(tmp_path, "a", text), front(tmp_path, "b", text)
+    leader, standby = front(tmp_path, "a", text, database), front(tmp_path, "b", text, database)
     started = time.monotonic()
     jobs: list[str] = []
     try:
         leader.start()
         standby.start()
         batch = submit_batch(leader, 40, rng)
-        for number in range(ROUNDS):
+        for number in range(rounds):
             for i in range(2):
                 delay = rng.uniform(0.02, 0.3)
                 jobs.append(
@@ -377,8 +435,8 @@ def test_fifty_sigkills_of_the_leader_lose_no_job_and_complete_none_twice(
         assert all(n == 1 for n in counts.values()), counts
         assert {rid for rid, _ in counts} >= set(jobs)
         assert len(counts) == len(jobs) + 40
-        assert [lease["term"] for lease in leases(leader)] == list(range(1, ROUNDS + 2))
-        print(f"\n{ROUNDS} failovers in {took:.1f} s ({took / ROUNDS:.2f} s a round)")
+        assert [lease["term"] for lease in leases(leader)] == list(range(1, rounds + 2))
+        print(f"\n{rounds} failovers in {took:.1f} s ({took / rounds:.2f} s a round)")
     finally:
         leader.stop()
         standby.stop()

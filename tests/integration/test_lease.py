@@ -202,6 +202,25 @@ def test_a_lease_on_another_host_lapses_only_by_expiry(engine: Engine) -> None:
     assert lease.previous_ended == "expired"
 
 
+def test_gpulane_host_names_the_host_in_the_lease_in_place_of_the_host_name(
+    engine: Engine, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fronts on two machines with one host name: each names its own with
+    GPULANE_HOST, so neither looks the other's pid up on its own machine."""
+    monkeypatch.setenv("GPULANE_HOST", "front-1")
+    first = this_process(engine, "127.0.0.1:9000")
+    assert first.host == "front-1" and first.name.startswith("front-1:")
+    acquire(engine, first, NOW)
+    monkeypatch.setenv("GPULANE_HOST", "front-2")
+    # Its pid exists on no host here; as front-2 this process does not look it up.
+    gone = holder(sleeper.pid + 999_999, host="front-1")
+    assert holder_alive(LeaseRow(1, gone.name, gone.pid, "front-1", "", NOW, NOW, NOW), "") is None
+    with pytest.raises(LeaseHeld, match="on host front-1, listening"):
+        acquire(engine, this_process(engine, "127.0.0.1:9001"), NOW + 1)
+    monkeypatch.setenv("GPULANE_HOST", "front-1")
+    assert holder_alive(LeaseRow(1, gone.name, gone.pid, "front-1", "", NOW, NOW, NOW), "") is False
+
+
 def test_a_copy_of_the_file_does_not_name_the_server_of_the_original(
     tmp_path: Path, engine: Engine, sleeper: subprocess.Popen[bytes]
 ) -> None:

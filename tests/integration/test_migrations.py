@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from app.store import commands, migrate
 from app.store.engine import create_engine, open_database
 from app.store.queries import activity
 from app.store.tables import metadata
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tables(engine: sqlalchemy.Engine) -> set[str]:
@@ -37,6 +41,52 @@ def test_downgrade_base_then_upgrade_head(tmp_path: Path) -> None:
     assert _tables(engine) == {"alembic_version"}
     migrate.upgrade_to_head(engine)
     assert set(metadata.tables) <= _tables(engine)
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+    engine.dispose()
+
+
+OPEN_WHEN_TOLD = """
+import os, sys, time
+from app.store.engine import DatabaseError, open_database
+db, go = sys.argv[1:]
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.001)
+try:
+    open_database(db).dispose()
+    print("opened")
+except DatabaseError as exc:
+    print(exc)
+"""
+"""Imports first, then opens (and so migrates) the database once the file `go` exists."""
+
+
+def test_two_processes_opening_a_new_database_at_once_both_migrate_it(
+    tmp_path: Path, database: str
+) -> None:
+    """What was measured: two servers started at once on a SQLite file that did
+    not exist yet raced in its migration, and one failed, "database is locked"
+    (every round of this test did, before)."""
+    rounds = 1 if "://" in database else 3  # one PostgreSQL database per test
+    for round_ in range(rounds):
+        db = database if "://" in database else str(tmp_path / f"round-{round_}.db")
+        go = tmp_path / f"go-{round_}"
+        both = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPEN_WHEN_TOLD, db, str(go)],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in "ab"
+        ]
+        for process in both:
+            assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        go.touch()
+        answers = [process.communicate(timeout=60)[0].strip() for process in both]
+        assert answers == ["opened", "opened"], answers
+    engine = open_database(db)
     with engine.connect() as conn:
         assert migrate.current_revision(conn) == migrate.head_revision()
     engine.dispose()
