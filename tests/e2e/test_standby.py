@@ -15,8 +15,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -29,7 +27,8 @@ import openai
 import pytest
 
 from app.web.serve import FENCED_EXIT
-from tests.e2e.gateway import REPO, Gateway, fake_model, free_port_block, poll, upstreams_alive
+from tests.e2e.gateway import Gateway, fake_model, free_port_block, poll, upstreams_alive
+from tests.e2e.log_replay import gpulane as cli
 
 LEASE_S = 2
 """database.leaseSeconds in these tests: a frozen leader is taken over after 2 s."""
@@ -127,16 +126,6 @@ def submit_batch(gw: Gateway, count: int, rng: random.Random) -> str:
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     return batch.id
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def assert_log_sound(gw: Gateway) -> None:

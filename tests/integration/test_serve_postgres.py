@@ -9,27 +9,16 @@ What was measured before: the URL was read as a file path.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.e2e.gateway import REPO, Gateway, fake_model, free_port, poll
+from tests.e2e.gateway import Gateway, fake_model, free_port, poll
+from tests.e2e.log_replay import gpulane as cli
 
 pytestmark = pytest.mark.postgres
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_a_server_on_postgresql_serves_keeps_its_log_and_refuses_a_second(
