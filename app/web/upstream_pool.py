@@ -11,10 +11,13 @@ the client's headers go as they came (`forward.outgoing_headers`), plus `Host`
 and `Content-Length`, with none of httpx's defaults (`User-Agent`,
 `Accept-Encoding`: a proxy adds nothing the client did not send).
 
-Below httpcore, a plain-HTTP upstream's sockets are the event loop's own
-(`SocketBackend`: `sock_recv`, `sock_sendall`), not anyio's streams, whose
-cancel scopes cost more than the system calls they wrap; TLS (an `https` peer)
-keeps httpcore's default backend.
+A plain-HTTP upstream (every local model server) is spoken to by `_Http11`:
+the request written in one system call on the event loop's own socket
+(`sock_recv`, `sock_sendall`), the answer parsed by httptools (llhttp, the
+parser uvicorn reads requests with). httpcore's HTTP/1.1 layer (h11 in pure
+Python, its locks and traces) was the largest part of gpulane's CPU per
+request once its pool had gone (docs/benchmarks.md). TLS (an `https` peer)
+keeps httpcore's connections and backend.
 
 Errors are httpcore's (`ConnectError`, `ReadError`, `RemoteProtocolError`, ...,
 all `httpcore.NetworkError` or `httpcore.ProtocolError`), named as httpx names
@@ -26,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpcore
+import httptools
 
 KEEP = 64
 """Idle connections kept per model (httpx's `max_keepalive_connections` before)."""
@@ -150,6 +155,119 @@ class SocketBackend(httpcore.AsyncNetworkBackend):
 
 _SOCKETS = SocketBackend()
 
+READ_SIZE = 64 * 1024
+"""Bytes asked of an upstream's socket at a time (httpcore's figure)."""
+
+
+class _Http11:
+    """One plain-HTTP/1.1 connection: one exchange at a time, the answer parsed by
+    httptools as it comes. Its errors are httpcore's, so callers see one set."""
+
+    def __init__(self, sock: _Socket) -> None:
+        self._sock = sock
+        self._idle_since = time.monotonic()
+        self._busy = False
+        self._keep = False
+        self._parser: httptools.HttpResponseParser | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._pieces: list[bytes] = []
+        self._head_done = False
+        self._complete = False
+
+    # httptools' callbacks, while `feed_data` runs
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        assert self._parser is not None
+        self._keep = self._parser.should_keep_alive()
+
+    async def send(
+        self, method: bytes, target: bytes, head: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """Write the request; the answer's status and headers once they are in."""
+        if any(c <= 0x20 or c == 0x7F for c in target):
+            raise httpcore.LocalProtocolError(f"not a valid request target: {target!r}")
+        self._busy = True
+        self._keep = self._complete = self._head_done = False
+        self._pieces = []
+        lines = [method, b" ", target, b" HTTP/1.1\r\n"]
+        for name, value in head:
+            lines += (name, b": ", value, b"\r\n")
+        lines += (b"\r\n", body)
+        await self._sock._send(b"".join(lines), None)
+        parser = self._parser = httptools.HttpResponseParser(self)
+        while True:
+            self._headers = []
+            while not self._head_done:
+                await self._feed()
+            status = parser.get_status_code()
+            if status >= 200 or status == 101:
+                break
+            self._head_done = self._complete = False  # 100 Continue: the answer follows
+        if method == b"HEAD":  # no body follows, whatever the headers say
+            self._complete, self._keep = True, False
+        return status, self._headers
+
+    async def aiter_stream(self) -> AsyncIterator[bytes]:
+        """The body, piece by piece as it arrives."""
+        while True:
+            if self._pieces:
+                pieces, self._pieces = self._pieces, []
+                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self._complete:
+                return
+            await self._feed()
+
+    async def _feed(self) -> None:
+        data = await self._sock.read(READ_SIZE)
+        if not data:
+            if self._head_done and not any(
+                name.lower() in (b"content-length", b"transfer-encoding")
+                for name, _ in self._headers
+            ):
+                self._complete = True  # a body that ends when the connection does
+                return
+            raise httpcore.RemoteProtocolError(
+                "peer closed connection without sending complete message body"
+                if self._head_done
+                else "Server disconnected without sending a response."
+            )
+        assert self._parser is not None
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            raise httpcore.RemoteProtocolError(f"invalid HTTP response: {exc}") from exc
+
+    async def finish(self) -> None:
+        """The exchange is over: reusable if the answer was read to its end."""
+        self._busy = False
+        self._idle_since = time.monotonic()
+        if not (self._complete and self._keep):
+            self._keep = False
+            await self.aclose()
+
+    def is_idle(self) -> bool:
+        return not self._busy and self._keep
+
+    def has_expired(self) -> bool:
+        stale = time.monotonic() - self._idle_since > KEEPALIVE_S
+        return stale or bool(self._sock.get_extra_info("is_readable"))
+
+    async def aclose(self) -> None:
+        self._keep = False
+        await self._sock.aclose()
+
+
+_Connection = _Http11 | httpcore.AsyncHTTPConnection
+
 
 class UpstreamResponse:
     """An upstream's answer, its body read as it comes (`chunks`); `aclose`
@@ -161,28 +279,38 @@ class UpstreamResponse:
         self,
         pool: UpstreamPool,
         origin: str,
-        conn: httpcore.AsyncHTTPConnection,
-        response: httpcore.Response,
+        conn: _Connection,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        response: httpcore.Response | None = None,
     ) -> None:
         self._pool = pool
         self._origin = origin
         self._conn = conn
         self._response = response
-        self.status_code = response.status
-        self.headers: list[tuple[bytes, bytes]] = response.headers
+        self.status_code = status
+        self.headers = headers
 
     def chunks(self) -> AsyncIterator[bytes]:
-        return self._response.aiter_stream()
+        if self._response is not None:
+            return self._response.aiter_stream()
+        assert isinstance(self._conn, _Http11)
+        return self._conn.aiter_stream()
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        if self._response is not None:
+            await self._response.aclose()
+        else:
+            assert isinstance(self._conn, _Http11)
+            await self._conn.finish()
         await self._pool.give_back(self._origin, self._conn)
 
 
 class UpstreamPool:
     def __init__(self, connect_timeout: float | None) -> None:
+        self._connect_timeout = connect_timeout
         self._extensions = {"timeout": {"connect": connect_timeout}}
-        self._idle: dict[str, list[httpcore.AsyncHTTPConnection]] = {}
+        self._idle: dict[str, list[_Connection]] = {}
         """Base URL -> its idle connections, the last to go idle last."""
         self._origins: dict[str, tuple[httpcore.Origin, bytes]] = {}
         """Base URL (scheme and host) -> its origin and Host header, parsed once."""
@@ -205,34 +333,42 @@ class UpstreamPool:
         if body or method in ("POST", "PUT", "PATCH"):
             head.append((b"content-length", str(len(body)).encode()))
         target = url[len(base) :] or "/"
-        request = httpcore.Request(
-            method.encode(),
-            httpcore.URL(scheme=origin.scheme, host=origin.host, port=origin.port, target=target),
-            headers=head,
-            content=body,
-            extensions=self._extensions,
-        )
         conn = await self._take(base, origin)
         try:
+            if isinstance(conn, _Http11):
+                status, answer = await conn.send(method.encode(), target.encode(), head, body)
+                return UpstreamResponse(self, base, conn, status, answer)
+            request = httpcore.Request(
+                method.encode(),
+                httpcore.URL(
+                    scheme=origin.scheme, host=origin.host, port=origin.port, target=target
+                ),
+                headers=head,
+                content=body,
+                extensions=self._extensions,
+            )
             response = await conn.handle_async_request(request)
         except BaseException:
             await conn.aclose()
             raise
-        return UpstreamResponse(self, base, conn, response)
+        return UpstreamResponse(self, base, conn, response.status, response.headers, response)
 
-    async def _take(self, base: str, origin: httpcore.Origin) -> httpcore.AsyncHTTPConnection:
+    async def _take(self, base: str, origin: httpcore.Origin) -> _Connection:
         idle = self._idle.get(base)
         while idle:
             conn = idle.pop()  # the last to go idle: the least likely to have expired
             if conn.is_idle() and not conn.has_expired():
                 return conn
             await conn.aclose()
-        backend = _SOCKETS if origin.scheme == b"http" else None
-        return httpcore.AsyncHTTPConnection(
-            origin, keepalive_expiry=KEEPALIVE_S, network_backend=backend
-        )
+        if origin.scheme == b"http":
+            sock = await _SOCKETS.connect_tcp(
+                origin.host.decode("ascii"), origin.port, self._connect_timeout
+            )
+            assert isinstance(sock, _Socket)
+            return _Http11(sock)
+        return httpcore.AsyncHTTPConnection(origin, keepalive_expiry=KEEPALIVE_S)
 
-    async def give_back(self, base: str, conn: httpcore.AsyncHTTPConnection) -> None:
+    async def give_back(self, base: str, conn: _Connection) -> None:
         idle = self._idle.setdefault(base, [])
         if self._closed or not conn.is_idle() or len(idle) >= KEEP:
             await conn.aclose()
