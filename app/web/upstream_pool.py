@@ -30,8 +30,7 @@ import asyncio
 import select
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httpcore
@@ -48,112 +47,63 @@ NoAnswer = (httpcore.ConnectError, httpcore.ReadError, httpcore.RemoteProtocolEr
 """An upstream that gave no answer at all (it may have just died)."""
 
 
-CORK = 16 * 1024
-"""Bytes of a request held back until it is complete (`_Socket.write`)."""
-
-
-class _Socket(httpcore.AsyncNetworkStream):
-    """A connected non-blocking socket, read and written through the event loop.
-    A small request goes in one system call: httpcore writes its head and its
-    body apart, and what is written is held (up to `CORK` bytes) until the
-    answer is read."""
+class _Socket:
+    """A connected non-blocking socket, read and written through the event loop."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._loop = asyncio.get_running_loop()
-        self._held = b""
 
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if self._held:
-            held, self._held = self._held, b""
-            await self._send(held, timeout)
+    async def read(self, max_bytes: int) -> bytes:
         try:
-            if timeout is None:
-                return await self._loop.sock_recv(self._sock, max_bytes)
-            async with asyncio.timeout(timeout):
-                return await self._loop.sock_recv(self._sock, max_bytes)
-        except TimeoutError as exc:
-            raise httpcore.ReadTimeout(str(exc)) from exc
+            return await self._loop.sock_recv(self._sock, max_bytes)
         except OSError as exc:
             raise httpcore.ReadError(str(exc)) from exc
 
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if len(self._held) + len(buffer) <= CORK:
-            self._held += buffer
-            return
-        if self._held:
-            held, self._held = self._held, b""
-            await self._send(held, timeout)
-        await self._send(buffer, timeout)
-
-    async def _send(self, buffer: bytes, timeout: float | None) -> None:
+    async def send(self, buffer: bytes) -> None:
         try:
-            if timeout is None:
-                await self._loop.sock_sendall(self._sock, buffer)
-                return
-            async with asyncio.timeout(timeout):
-                await self._loop.sock_sendall(self._sock, buffer)
-        except TimeoutError as exc:
-            raise httpcore.WriteTimeout(str(exc)) from exc
+            await self._loop.sock_sendall(self._sock, buffer)
         except OSError as exc:
             raise httpcore.WriteError(str(exc)) from exc
 
-    async def aclose(self) -> None:
+    def closed_by_server(self) -> bool:
+        """Readable while idle: the server closed it (or sent what nobody asked for)."""
+        if self._sock.fileno() < 0:
+            return True
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        return bool(poller.poll(0))
+
+    def close(self) -> None:
         self._sock.close()
 
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable":
-            # Readable while idle: the server closed it (or sent what nobody asked for).
-            if self._sock.fileno() < 0:
-                return True
-            poller = select.poll()
-            poller.register(self._sock, select.POLLIN)
-            return bool(poller.poll(0))
-        if info == "socket":
-            return self._sock
-        return None
 
+async def _connect(host: str, port: int, timeout: float | None) -> _Socket:
+    """A plain TCP connection on the running event loop, without Nagle's delay."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            failures = []
+            for family, kind, proto, _, address in infos:
+                sock = socket.socket(family, kind, proto)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await loop.sock_connect(sock, address)
+                except BaseException as exc:
+                    sock.close()
+                    if not isinstance(exc, OSError):
+                        raise
+                    failures.append(f"{host}:{port}: {exc.strerror or exc}")
+                    continue
+                return _Socket(sock)
+    except TimeoutError as exc:
+        raise httpcore.ConnectTimeout(f"no connection within {timeout:g} s") from exc
+    except OSError as exc:  # the name did not resolve
+        raise httpcore.ConnectError(str(exc)) from exc
+    raise httpcore.ConnectError("; ".join(failures) or f"{host} has no address")
 
-class SocketBackend(httpcore.AsyncNetworkBackend):
-    """Connects plain TCP sockets on the running event loop (see the module's docstring)."""
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(timeout):
-                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                failures = []
-                for family, kind, proto, _, address in infos:
-                    sock = socket.socket(family, kind, proto)
-                    try:
-                        sock.setblocking(False)
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        await loop.sock_connect(sock, address)
-                    except BaseException as exc:
-                        sock.close()
-                        if not isinstance(exc, OSError):
-                            raise
-                        failures.append(f"{host}:{port}: {exc.strerror or exc}")
-                        continue
-                    return _Socket(sock)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"no connection within {timeout:g} s") from exc
-        except OSError as exc:  # the name did not resolve
-            raise httpcore.ConnectError(str(exc)) from exc
-        raise httpcore.ConnectError("; ".join(failures) or f"{host} has no address")
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-_SOCKETS = SocketBackend()
 
 READ_SIZE = 64 * 1024
 """Bytes asked of an upstream's socket at a time (httpcore's figure)."""
@@ -202,7 +152,7 @@ class _Http11:
         for name, value in head:
             lines += (name, b": ", value, b"\r\n")
         lines += (b"\r\n", body)
-        await self._sock._send(b"".join(lines), None)
+        await self._sock.send(b"".join(lines))
         parser = self._parser = httptools.HttpResponseParser(self)
         while True:
             self._headers = []
@@ -259,11 +209,11 @@ class _Http11:
 
     def has_expired(self) -> bool:
         stale = time.monotonic() - self._idle_since > KEEPALIVE_S
-        return stale or bool(self._sock.get_extra_info("is_readable"))
+        return stale or self._sock.closed_by_server()
 
     async def aclose(self) -> None:
         self._keep = False
-        await self._sock.aclose()
+        self._sock.close()
 
 
 _Connection = _Http11 | httpcore.AsyncHTTPConnection
@@ -361,10 +311,7 @@ class UpstreamPool:
                 return conn
             await conn.aclose()
         if origin.scheme == b"http":
-            sock = await _SOCKETS.connect_tcp(
-                origin.host.decode("ascii"), origin.port, self._connect_timeout
-            )
-            assert isinstance(sock, _Socket)
+            sock = await _connect(origin.host.decode("ascii"), origin.port, self._connect_timeout)
             return _Http11(sock)
         return httpcore.AsyncHTTPConnection(origin, keepalive_expiry=KEEPALIVE_S)
 
