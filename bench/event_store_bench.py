@@ -15,19 +15,28 @@ not depend on what else the machine is doing.
 Two runs per setting: "max", producers as fast as commits allow (throughput),
 and "paced", producers together offering the target rate (20,000 events/s
 for full, 50,000 for normal), which is the load the latency target is for.
+
+`--serial N`: instead, one request at a time, each of its three groups
+(enqueue with its dispatch, started, completed) awaited before the next, with
+the lease's fence on every transaction as `gpulane serve` has it: the CPU a
+commit costs when nothing shares it (the proxy's one-request-at-a-time case).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import uvloop
+
 from app.core import events as ev
 from app.core.scoring import Breakdown
+from app.store import lease
 from app.store.engine import Synchronous, open_database
 from app.store.event_store import SqlEventStore, last_seq
 
@@ -150,13 +159,53 @@ async def run(
     return events / elapsed
 
 
+async def serial(path: Path, synchronous: Synchronous, requests: int) -> None:
+    """One request at a time, three commits each, fenced; prints the CPU per commit."""
+    engine = open_database(path, synchronous=synchronous)
+    held = lease.acquire(engine, lease.this_process(engine, "127.0.0.1:0"), time.time())
+    store = SqlEventStore(engine, fence=functools.partial(lease.fence, held.term))
+    store.start()
+
+    async def one(rid: str) -> None:
+        now = time.time_ns()
+        store.submit([_enqueued(rid, now)])
+        scores = ev.ScoresComputed(
+            at=now, request_id=rid, queue_depth=1, resident="qwen-7b", winner=_BREAKDOWN
+        )
+        await store.submit([scores, ev.RequestDispatched(at=now, request_id=rid, model="qwen-7b")])
+        await store.submit([ev.RequestStarted(at=now, request_id=rid)])
+        done = ev.RequestCompleted(at=now, request_id=rid, http_status=200, bytes=100, run_ms=1.0)
+        await store.submit([done])
+
+    for n in range(200):  # warm up: connection, statement cache
+        await one(f"warm-{n}")
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for n in range(requests):
+        await one(f"r{n}")
+    cpu, elapsed = time.process_time() - cpu0, time.perf_counter() - t0
+    await store.close()
+    engine.dispose()
+    print(
+        f"synchronous={synchronous:6} serial: {cpu / requests / 3 * 1e6:.0f} us CPU per commit, "
+        f"{elapsed / requests / 3 * 1e3:.2f} ms per commit ({requests:,} requests, 3 commits each)",
+        flush=True,
+    )
+
+
 def main() -> None:
     synchronous: Synchronous
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="load duration per setting")
     parser.add_argument("--producers", type=int, default=64, help="concurrent producer tasks")
     parser.add_argument("--dir", default="/tmp", help="directory for the temporary database")
+    parser.add_argument("--serial", type=int, metavar="N", help="N requests one at a time")
     args = parser.parse_args()
+    if args.serial:
+        for synchronous in ("full", "normal"):
+            with tempfile.TemporaryDirectory(dir=args.dir, prefix="gpulane-bench-") as tmp:
+                # On uvloop, as `gpulane serve` runs.
+                uvloop.run(serial(Path(tmp) / "events.db", synchronous, args.serial))
+        return
     for synchronous in ("full", "normal"):
         for rate in (None, TARGET_RATE[synchronous]):
             with tempfile.TemporaryDirectory(dir=args.dir, prefix="gpulane-bench-") as tmp:

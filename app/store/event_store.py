@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import sqlalchemy
@@ -138,6 +139,49 @@ def _label(group: Sequence[AnyEvent]) -> str:
     return label + (f" (+{len(group) - 1} more)" if len(group) > 1 else "")
 
 
+class _Worker:
+    """One thread that runs, in order, the calls handed to it: the writer's BEGIN
+    and COMMIT. `run_in_executor` on a ThreadPoolExecutor cost more CPU than the
+    hop needs (a Python queue with its locks, two chained futures); one request
+    at a time it was a tenth of the event store's CPU (docs/benchmarks.md)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None]
+        self._calls = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
+        """`call()` in the thread; its result (or exception) on the running loop."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls.put((call, future))
+        return future
+
+    def _work(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            try:
+                result = call()
+            except BaseException as exc:
+                future.get_loop().call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                future.get_loop().call_soon_threadsafe(_settle, future, result, None)
+
+    def shutdown(self) -> None:
+        """Wait for the calls handed over so far, then end the thread."""
+        self._calls.put(None)
+        self._thread.join()
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
 class _EventFault(Exception):
     """A batch failed because of one of its events, not because of the database."""
 
@@ -166,7 +210,7 @@ class SqlEventStore:
         self._closing = False
         self._closed = False
         # One thread for BEGIN and COMMIT, so they never block the event loop.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulane-events")
+        self._thread = _Worker("gpulane-events")
 
     def start(self) -> None:
         if self._task is not None:
@@ -227,10 +271,10 @@ class SqlEventStore:
             self._conn.close()
             self._conn = None
         try:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._checkpoint)
+            await self._thread.run(self._checkpoint)
         except Exception as exc:  # the data is safe in the WAL; only the copy-the-file case suffers
             log.warning("event store: WAL not checkpointed at close: %s", describe(exc))
-        self._thread.shutdown(wait=True)
+        self._thread.shutdown()
         self._closed = True
 
     def _checkpoint(self) -> None:
@@ -338,8 +382,7 @@ class SqlEventStore:
         Raises _EventFault when the failure came from one of the events rather
         than from the database (nothing is stored either way).
         """
-        loop = asyncio.get_running_loop()
-        conn = await loop.run_in_executor(self._thread, self._begin)
+        conn = await self._thread.run(self._begin)
         try:
             cur = driver_cursor(conn)
             first = next_seq(cur)
@@ -352,7 +395,7 @@ class SqlEventStore:
                     if is_storage_fault(exc):
                         raise
                     raise _EventFault from exc
-            await loop.run_in_executor(self._thread, conn.commit)
+            await self._thread.run(conn.commit)
         except Exception:
             await self._discard(conn)
             raise
@@ -360,8 +403,7 @@ class SqlEventStore:
 
     async def _commit_isolating(self, batch: list[_Pending]) -> list[list[int] | Exception]:
         """One transaction, one savepoint per group: each group's seqs, or why it was left out."""
-        loop = asyncio.get_running_loop()
-        conn = await loop.run_in_executor(self._thread, self._begin)
+        conn = await self._thread.run(self._begin)
         outcomes: list[list[int] | Exception] = []
         try:
             cur = driver_cursor(conn)
@@ -384,7 +426,7 @@ class SqlEventStore:
                     outcomes.append(list(range(seq, seq + len(group))))
                     seq += len(group)
                 cur.execute("RELEASE event_group")
-            await loop.run_in_executor(self._thread, conn.commit)
+            await self._thread.run(conn.commit)
         except Exception:
             await self._discard(conn)
             raise
@@ -393,7 +435,7 @@ class SqlEventStore:
     async def _discard(self, conn: sqlalchemy.Connection) -> None:
         # Start the next batch on a fresh connection, whatever state this one is in.
         self._conn = None
-        await asyncio.get_running_loop().run_in_executor(self._thread, conn.close)
+        await self._thread.run(conn.close)
 
     def _begin(self) -> sqlalchemy.Connection:
         try:

@@ -39,6 +39,7 @@ from sqlalchemy.engine import Engine
 
 from app.config.raw import DEFAULT_LEASE_SECONDS
 from app.core import events as ev
+from app.store.cursor import driver_cursor
 from app.store.engine import DatabaseError, describe
 from app.store.tables import server_lease
 
@@ -251,8 +252,17 @@ def ended_by(
 def holds(conn: Connection, term: int) -> bool:
     """Whether `term` is still the lease's term, read in `conn`'s transaction: a
     write that checks it in the transaction that writes is fenced."""
-    found = conn.execute(select(server_lease.c.term).where(server_lease.c.name == NAME))
-    return found.scalar() == term
+    # Plain SQL on the driver's cursor: this runs in every write transaction of
+    # the event store, where SQLAlchemy's compile of a select cost a fifth of a commit.
+    cur = driver_cursor(conn)
+    try:
+        found = cur.execute(_TERM, (NAME,)).fetchone()
+    finally:
+        cur.close()
+    return found is not None and found[0] == term
+
+
+_TERM = "SELECT term FROM server_lease WHERE name = ?"
 
 
 def fence(term: int, conn: Connection) -> None:

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from app.web.upstream_pool import UpstreamPool
+import pytest
+
+from app.web.upstream_pool import NoAnswer, UpstreamError, UpstreamPool
 
 
 class Server:
@@ -46,7 +49,7 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(server: Server) -> AsyncIterator[str]:
+async def serving(server: Any) -> AsyncIterator[str]:
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     try:
@@ -113,3 +116,137 @@ def test_concurrent_requests_each_get_a_connection_and_give_it_back() -> None:
 
     opened = asyncio.run(main())
     assert opened == 8 and server.connections == 8  # the second round reused all eight
+
+
+class Scripted:
+    """A server that reads one request head (and `content-length` bytes) per
+    answer and writes the next of `answers` as raw bytes, in the pieces given,
+    a moment apart; then closes when `close_after` is set."""
+
+    def __init__(self, *answers: list[bytes], close_after: bool = False) -> None:
+        self.answers = list(answers)
+        self.close_after = close_after
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while self.answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                self.requests.append(head + await reader.readexactly(length))
+                for piece in self.answers.pop(0):
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)  # so the pieces arrive apart
+                if self.close_after:
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+
+async def answered(server: Scripted, method: str = "POST") -> tuple[int, list[bytes]]:
+    async with serving(server) as base:
+        pool = UpstreamPool(connect_timeout=5)
+        response = await pool.send(method, f"{base}/x", [], b"{}" if method == "POST" else b"")
+        try:
+            return response.status_code, [chunk async for chunk in response.chunks()]
+        finally:
+            await response.aclose()
+            await pool.aclose()
+
+
+def test_a_chunked_answer_comes_piece_by_piece() -> None:
+    server = Scripted(
+        [
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"6\r\ndata: \r\n",
+            b"3\r\none\r\n",
+            b"0\r\n\r\n",
+        ]
+    )
+    status, chunks = asyncio.run(answered(server))
+    assert status == 200 and chunks == [b"data: ", b"one"]
+
+
+def test_a_body_without_length_ends_with_the_connection() -> None:
+    server = Scripted([b"HTTP/1.1 200 OK\r\n\r\n", b"until ", b"closed"], close_after=True)
+    assert b"".join(asyncio.run(answered(server))[1]) == b"until closed"
+
+
+def test_a_head_answer_has_no_body_whatever_its_length_says() -> None:
+    server = Scripted([b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n"])
+    assert asyncio.run(answered(server, "HEAD")) == (200, [])
+
+
+def test_a_100_continue_before_the_answer_is_skipped() -> None:
+    server = Scripted(
+        [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok"]
+    )
+    assert asyncio.run(answered(server)) == (201, [b"ok"])
+
+
+def test_a_server_that_closes_without_answering_is_no_answer() -> None:
+    server = Scripted([], close_after=True)
+    server.answers = [[]]  # reads the request, answers nothing, closes
+    with pytest.raises(NoAnswer) as raised:
+        asyncio.run(answered(server))
+    assert "without sending a response" in str(raised.value)
+
+
+def test_an_answer_cut_short_is_an_upstream_error_and_the_connection_is_dropped() -> None:
+    server = Scripted(
+        [b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n", b"only part"], close_after=True
+    )
+    with pytest.raises(UpstreamError) as raised:
+        asyncio.run(answered(server))
+    assert "complete message body" in str(raised.value)
+
+
+def test_garbage_instead_of_an_answer_is_a_protocol_error() -> None:
+    server = Scripted([b"SSH-2.0-OpenSSH\r\n\r\n"])
+    with pytest.raises(UpstreamError) as raised:
+        asyncio.run(answered(server))
+    assert "invalid HTTP response" in str(raised.value)
+
+
+def test_an_answer_not_read_to_its_end_is_not_reused() -> None:
+    server = Scripted(
+        [b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n", b"ab", b"cd"],
+        [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"],
+    )
+
+    async def main() -> bytes:
+        async with serving(server) as base:
+            pool = UpstreamPool(connect_timeout=5)
+            first = await pool.send("POST", f"{base}/x", [], b"{}")
+            await first.aclose()  # the body left unread
+            second = await pool.send("POST", f"{base}/x", [], b"{}")
+            body = b"".join([chunk async for chunk in second.chunks()])
+            await second.aclose()
+            await pool.aclose()
+            return body
+
+    assert asyncio.run(main()) == b"ok"
+    assert server.connections == 2
+
+
+def test_a_target_with_whitespace_is_refused_before_anything_is_sent() -> None:
+    server = Scripted([b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"])
+
+    async def main() -> None:
+        async with serving(server) as base:
+            pool = UpstreamPool(connect_timeout=5)
+            try:
+                await pool.send("POST", f"{base}/a b", [], b"{}")
+            finally:
+                await pool.aclose()
+
+    with pytest.raises(UpstreamError):
+        asyncio.run(main())
+    assert server.requests == []
