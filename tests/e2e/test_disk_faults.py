@@ -132,6 +132,13 @@ def test_a_full_disk_while_a_job_runs_loses_nothing_and_runs_nothing_twice(
             assert r.status_code == 202, r.text
             job = r.json()["id"]
             poll(lambda: client.get(f"/v1/jobs/{job}").json()["status"] == "running", "running")
+            # Its load's events are on disk too (on a slow host they may still be
+            # on their way when the job reads running): nothing more is written for
+            # it until the test releases it.
+            started = (
+                "SELECT count(*) FROM events WHERE type = 'request_started' AND request_id = ?"
+            )
+            poll(lambda: gw.sql(started, job)[0][0] == 1, "the job sent to its upstream, on disk")
 
             filler = fill(small_disk)
 
