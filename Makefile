@@ -54,6 +54,9 @@ bench: $(STAMP) postgres ## benchmarks that print figures (see docs/benchmarks.m
 	$(PY) -m bench.job_body_bench
 	$(PY) -m bench.batch_bench
 	$(PY) -m bench.failover_bench
+	$(PY) -m bench.queue_fill_bench
+	for seed in 1 2 3; do $(PY) -m tools.replay generate film --seed $$seed --out /tmp/gpulane-film-$$seed.db --force \
+		&& $(PY) -m bench.eta_bench /tmp/gpulane-film-$$seed.db || exit 1; done
 
 screenshots: $(STAMP) chromium ## PNGs of every console page from a real run, into docs/ui/
 	$(PY) -m tests.browser.screenshots docs/ui
