@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Engine, RowMapping
 
-from app.report.progress import Progress, progress
+from app.report.progress import Progress, ended_well, progress
 from app.runtime.scheduler import Scheduler
 from app.store.batches import (
     OPEN_BATCH_STATUSES,
@@ -111,9 +111,7 @@ class BatchProgress:
                 open_ids.append(rid)
             elif rid is not None and s["status"] is None and s["line_error"] is None:
                 unqueued.append(s["model"] or "")
-            elif s["status"] in ("queued", "running"):
-                done += 1  # ended a moment ago; the log's group commit is on its way
-            elif s["status"] == "completed" and 200 <= (s["http_status"] or 0) < 300:
+            elif s["status"] is not None and ended_well(s["status"], s["http_status"]):
                 done += 1
             else:
                 failed += 1

@@ -21,7 +21,7 @@ from app.core.scoring import NS_PER_S
 from app.jobs.chain_index import Chain, ChainIndex, ChainKey
 from app.jobs.errors import Conflict, NotFound
 from app.report.live_queue import Times
-from app.report.progress import Progress, progress
+from app.report.progress import Progress, ended_well, progress
 from app.runtime.api import LiveState
 from app.runtime.scheduler import Scheduler
 from app.store.chains import chain_enqueues, shot_rows
@@ -34,7 +34,6 @@ RECENT_S = 86400.0
 """Chains whose latest shot arrived longer ago than this, with nothing open, are
 not looked at for `/api/queue`'s open runs."""
 PROGRESS_MAX_AGE_S = 1.0
-SUCCEEDED = "completed"
 
 
 class ChainProgress:
@@ -185,9 +184,7 @@ def chain_progress(
         row = rows.get(rid)
         if rid in live.state.requests:
             open_ids.append(rid)
-        elif row is None or row["status"] in ("queued", "running"):
-            done += 1  # ended a moment ago; the log's group commit is on its way
-        elif row["status"] == SUCCEEDED and 200 <= (row["http_status"] or 0) < 300:
+        elif row is None or ended_well(row["status"], row["http_status"]):
             done += 1
         else:
             failed += 1

@@ -80,6 +80,15 @@ class Progress(msgspec.Struct, frozen=True):
     estimated_finish_high_in_s: float | None = None
 
 
+def ended_well(status: str | None, http_status: int | None) -> bool:
+    """Whether a run's line no longer open counts as done (else failed), from its
+    `requests` row: a success answer, or a row not yet past queued/running (it
+    ended a moment ago; the log's group commit is on its way)."""
+    if status is None or status in ("queued", "running"):
+        return True
+    return status == "completed" and 200 <= (http_status or 0) < 300
+
+
 def progress(
     state: SchedulerState,
     running_since: Mapping[str, int],
