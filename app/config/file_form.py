@@ -21,6 +21,7 @@ import sqlalchemy
 from app.config.matrix import is_name_char
 from app.config.peers import CHOICE_GROUP, PEER_GROUP
 from app.config.resolved import ApiKey, Config, ModelConfig
+from app.config.sleep import SleepSpec
 from app.core.residency import DEFAULT_GROUP, GroupRouter, MatrixRouter, Router
 
 SECRET: Final = "***"
@@ -70,6 +71,11 @@ def file_form(config: Config) -> dict[str, Any]:
         "loadFailureLimit": config.load_failure_limit,
         "maxQueued": config.max_queued,
         "maxQueuedPerCaller": config.max_queued_per_caller,
+        **(
+            {}
+            if config.sleep_host_memory is None
+            else {"sleepHostMemory": config.sleep_host_memory}
+        ),
         "apiKeys": [_api_key(i, key) for i, key in enumerate(config.api_keys)],
         "hooks": {"on_startup": {"preload": list(config.preload)}},
         "routing": routing,
@@ -84,6 +90,8 @@ def file_form(config: Config) -> dict[str, Any]:
         "upstream": {"ignorePaths": config.ignore_paths},
         "models": {k: _model(m) for k, m in own.items()},
     }
+    if config.sleep_host_memory is not None:
+        out["sleepHostMemory"] = config.sleep_host_memory
     if config.peers:
         out["peers"] = {
             name: _peer(pool.slots, [config.models[e] for e in pool.models])
@@ -132,7 +140,26 @@ def _model(m: ModelConfig) -> dict[str, Any]:
         "streamIdleTimeout": _limit(m.stream_idle_timeout),
         "passCredentials": list(m.pass_credentials),
     }
+    if m.sleep is not None:
+        out["sleep"] = _sleep(m.sleep)
     return out
+
+
+def _sleep(spec: SleepSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if spec.preset == "custom":
+        out |= {"sleep": str(spec.sleep[0]), "wake": str(spec.wake[0])}
+        if spec.check is not None:
+            out["check"] = str(spec.check)
+    else:
+        out["preset"] = spec.preset
+        if spec.level is not None:
+            out["level"] = spec.level
+    return out | {
+        "hostMemory": spec.host_memory,
+        "timeout": spec.sleep_timeout,
+        "wakeTimeout": spec.wake_timeout,
+    }
 
 
 def _filters(m: ModelConfig) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from app.config.raw import (
     RawModel,
 )
 from app.config.resolved import Capabilities, ModelConfig
+from app.config.sleep import resolve_sleep
 from app.config.values import RunLimits, limit, non_negative
 from app.core.state import default_concurrency
 
@@ -157,6 +158,7 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         ),
         capabilities=_capabilities(issues, m.capabilities, f"{path}.capabilities"),
         ignore_websockets=m.compat.ignore_websockets,
+        sleep=resolve_sleep(issues, m.sleep, f"{path}.sleep"),
     )
 
 

@@ -126,6 +126,8 @@ class RawModel(_Raw, frozen=True):
     # gpulane only: credential headers forwarded to this model; unset = forward
     # them when no apiKeys are configured, strip them when some are.
     pass_credentials: bool | list[str] | None = None
+    # gpulane only: how the server sleeps instead of stopping (app/config/sleep.py).
+    sleep: str | dict[str, Any] | None = None
 
 
 class RawPeer(_Raw, frozen=True):
@@ -258,6 +260,8 @@ class RawConfig(_Raw, frozen=True):
     load_failure_limit: int = DEFAULT_LOAD_FAILURE_LIMIT
     max_queued: int = DEFAULT_MAX_QUEUED
     max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
+    # gpulane only: the host memory sleeping models may hold together (bytes or "64GiB").
+    sleep_host_memory: int | str | None = None
     macros: dict[str, MacroValue] = {}
     api_keys: list[str | RawApiKey] = []
     hooks: RawHooks = msgspec.field(default_factory=RawHooks)

@@ -39,6 +39,7 @@ from app.config.raw import (
 from app.config.resolved import Config, ModelConfig
 from app.config.routers import resolve_router
 from app.config.scheduling import aging_divisor, check_bands, check_fifo_keys, fifo_priorities
+from app.config.sleep import resolve_host_memory
 from app.config.values import (
     DURATION_FORMS,
     RunLimits,
@@ -176,6 +177,7 @@ class Resolver:
             max_queued_per_caller=at_least_one(
                 issues, raw.max_queued_per_caller, "maxQueuedPerCaller"
             ),
+            sleep_host_memory=resolve_host_memory(issues, raw.sleep_host_memory, "sleepHostMemory"),
             name_index=index,
         )
         _check_preload(issues, config)

@@ -23,6 +23,7 @@ from app.config.raw import (
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STREAM_IDLE_TIMEOUT,
 )
+from app.config.sleep import SleepSpec
 from app.core.peers import PeerPool
 from app.core.priority import DEFAULT_TIER_SPAN
 from app.core.residency import Router
@@ -90,6 +91,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     choices: tuple[str, ...] = ()
     """A bare id several peers serve: the entries (`<peer>/<model>`) a request
     for it may be sent to; the scheduler picks one at dispatch."""
+    sleep: SleepSpec | None = None
+    """`sleep`: how its server sleeps instead of stopping (None: it is stopped)."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +146,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     max_queued: int = DEFAULT_MAX_QUEUED
     """Waiting requests of everyone before a new one gets 429."""
     max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
+    sleep_host_memory: int | None = None
+    """`sleepHostMemory`: bytes of host memory sleeping models may hold together;
+    a sleep that would pass it stops the longest-asleep sleepers first, or, when
+    even alone it does not fit, the model itself (None: no bound)."""
     """The same for one caller, unless its key sets its own `maxQueued`."""
     database_synchronous: str  # "full" | "normal"
     database_lease_s: float = DEFAULT_LEASE_SECONDS

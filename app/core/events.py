@@ -29,6 +29,8 @@ StopReason = Literal[
     "recovered",
     "hung",
     "reload",
+    "host_memory",
+    "wake_failed",
 ]
 CancelReason = Literal["client_gone", "explicit", "shutdown", "deadline"]
 
@@ -236,6 +238,56 @@ class ProcessStopped(Event, tag="process_stopped", frozen=True):
     """With reason `evicted`: the model whose load evicted it."""
     evicted_by: str | None = None
     """With reason `evicted`: the request that load is for (None: a preload)."""
+    duration_ms: float | None = None
+    """How long the stop took, from its `process_stopping` (None: a crash, a
+    failed start, and every log before it)."""
+
+
+class ProcessSleeping(Event, tag="process_sleeping", frozen=True):
+    """gpulane began to put a model's server to sleep (its `sleep` config) instead
+    of stopping it: from here on it is not resident, as after a
+    `process_stopping`; its `process_slept` (or a `sleep_skipped` and a stop)
+    follows."""
+
+    model: str
+    pid: int | None
+    evicted_for: str | None = None
+    """The model whose load evicted it."""
+    evicted_by: str | None = None
+    """The request that load is for (None: a preload)."""
+
+
+class ProcessSlept(Event, tag="process_slept", frozen=True):
+    """The server answered its sleep calls (and its check says asleep): its process
+    runs, its GPU memory is free, it holds `host_memory` bytes of host memory."""
+
+    model: str
+    pid: int
+    duration_ms: float
+    host_memory: int = 0
+    """What it counts against `sleepHostMemory` (its `hostMemory`, 0: undeclared)."""
+
+
+class ProcessWoken(Event, tag="process_woken", frozen=True):
+    """A sleeping server answered its wake calls: the load of `model` (its
+    `swap_started`) ends with its `swap_finished` next, with no cold start."""
+
+    model: str
+    pid: int
+    duration_ms: float
+
+
+class SleepSkipped(Event, tag="sleep_skipped", frozen=True):
+    """A sleep or a wake that did not happen: it failed, ran past its bound, or
+    (a sleep) the host memory for sleepers had no room. The process is stopped
+    instead (`process_stopping` follows), and after a wake, cold-started."""
+
+    model: str
+    pid: int | None
+    action: Literal["sleep", "wake"]
+    why: str
+    duration_ms: float = 0.0
+    """How long the attempt took before gpulane gave up on it."""
 
 
 class RequestStarted(Event, tag="request_started", frozen=True):
@@ -368,6 +420,10 @@ AnyEvent = (
     | SwapFailed
     | ProcessStopping
     | ProcessStopped
+    | ProcessSleeping
+    | ProcessSlept
+    | ProcessWoken
+    | SleepSkipped
     | RequestStarted
     | RequestCompleted
     | RequestFailed

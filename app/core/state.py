@@ -654,6 +654,7 @@ _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.SwapFailed: _swap_failed,
     ev.ProcessStopping: _process_stopped,  # not resident from the moment the stop begins
     ev.ProcessStopped: _process_stopped,
+    ev.ProcessSleeping: _process_stopped,  # asleep is not resident, as stopping is not
     ev.RequestCompleted: _ended,
     ev.RequestFailed: _ended,
     ev.RequestCancelled: _ended,

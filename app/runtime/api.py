@@ -96,8 +96,9 @@ class LiveState(msgspec.Struct, frozen=True):
 
 
 class ModelStatus(msgspec.Struct, frozen=True):
-    state: Literal["starting", "ready", "stopping", "stopped"]
-    """llama-swap's words: a process being stopped is `stopping`."""
+    state: Literal["starting", "ready", "stopping", "sleeping", "stopped"]
+    """llama-swap's words: a process being stopped is `stopping`; gpulane's
+    `sleeping`: its process runs, put to sleep (its `sleep` config)."""
     pid: int | None
     in_flight: int
 

@@ -81,6 +81,9 @@ class Processes:
         """Loads a peer's model: a reachability check (app/runtime/peer.py)."""
         self.before_stop: Callable[[str], Awaitable[None]] | None = None
         """Closes idle connections to a model before it is stopped (serve sets it)."""
+        self.wake: Callable[[ModelConfig], Awaitable[Upstream | None]] | None = None
+        """Wakes a sleeping server of the model before a load would start one:
+        its process, woken, or None to start one (app/runtime/sleepers.py)."""
         self._upstreams: dict[str, Upstream] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
@@ -123,6 +126,10 @@ class Processes:
             if spec.peer is not None:
                 await self.probe_peer(spec)  # no process: is the peer there?
             elif (proc := self._upstreams.get(model)) is None or not proc.running:
+                if self.wake is not None and (woken := await self.wake(spec)) is not None:
+                    self._upstreams[model] = woken  # its watcher runs since its spawn
+                    self._facts.load_ended(model, None, (self._clock() - t0) / 1e9, None)
+                    return
                 proc = self.new_upstream(spec, lambda p: self._facts.process_spawned(model, p))
                 self._upstreams[model] = proc
                 await proc.start()
@@ -135,10 +142,16 @@ class Processes:
             return
         self._facts.load_ended(model, None, (self._clock() - t0) / 1e9, None)
 
-    def stop(self, model: str, stopped: Callable[[Upstream, int | None], None]) -> Upstream | None:
+    def stop(
+        self,
+        model: str,
+        stopped: Callable[[Upstream, int | None], None],
+        aside: Upstream | None = None,
+    ) -> Upstream | None:
         """Begin stopping `model`'s process and forget it; `stopped(proc, exit
-        code)` once it has exited. None: it has no process."""
-        proc = self._upstreams.pop(model, None)
+        code)` once it has exited. None: it has no process. `aside`: a process
+        of the model kept out of this table (a sleeping one), stopped instead."""
+        proc = self._upstreams.pop(model, None) if aside is None else aside
         if proc is None:
             return None
 
@@ -153,6 +166,22 @@ class Processes:
             stopped(proc, code)
 
         self._stopping[model] = self._spawn(stop())
+        return proc
+
+    def put_aside(self, model: str, work: Callable[[Upstream], Awaitable[None]]) -> Upstream | None:
+        """Take `model`'s process out of the table and run `work` on it (a sleep)
+        as a stop is run: loads that wait for the model's stop wait for it."""
+        proc = self._upstreams.pop(model, None)
+        if proc is None:
+            return None
+
+        async def run() -> None:
+            try:
+                await work(proc)
+            finally:
+                self._stopping.pop(model, None)
+
+        self._stopping[model] = self._spawn(run())
         return proc
 
     def _watch(self, model: str, proc: Upstream) -> None:

@@ -178,11 +178,13 @@ class Scheduler:
     def model_status(self, model: str) -> ModelStatus:
         proc = self.processes.get(model)
         if model in self.state.loads:
-            state: Literal["starting", "ready", "stopping", "stopped"] = "starting"
+            state: Literal["starting", "ready", "stopping", "sleeping", "stopped"] = "starting"
         elif proc is not None and proc.running:
             state = "ready"
         elif model in self.processes.stopping():
             state = "stopping"
+        elif model in self.swaps.sleepers:
+            state, proc = "sleeping", self.swaps.sleepers.asleep[model].proc
         else:
             state = "stopped"
         pid = None if proc is None else proc.pid
@@ -200,8 +202,8 @@ class Scheduler:
         return self.metrics.registry
 
     def loaded_models(self) -> list[str]:
-        """Models with a server process (running or starting), in spawn order."""
-        return self.processes.models()
+        """Models with a server process (running, starting or asleep)."""
+        return self.processes.models() + self.swaps.sleepers.models()
 
     def stopping_models(self) -> list[str]:
         """Models whose process is being stopped now, sorted."""
@@ -494,7 +496,7 @@ class Scheduler:
         have stopped. What runs on it ends as at the end of a drain's grace
         (`drain.after_grace`: a durable job is re-queued, a synchronous request
         fails with 503); what waits stays queued and loads it again in its turn."""
-        targets = [m for m in self.processes.models() if model is None or m == model]
+        targets = [m for m in self.loaded_models() if model is None or m == model]
         for name in targets:
             self.swaps.stop(name, "unload")
         for name in targets:

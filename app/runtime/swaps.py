@@ -24,6 +24,7 @@ from app.core.state import SchedulerState
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.ports import Timers
 from app.runtime.processes import Processes, Upstream, UpstreamFactory
+from app.runtime.sleepers import Sleepers
 from app.runtime.upstream import UpstreamProcess
 
 log = logging.getLogger("gpulane.scheduler")
@@ -57,6 +58,8 @@ class Swaps:
         self._logs = logs
         self._owner = owner
         self.processes = Processes(self, upstreams or self._upstream_process, loop.clock)
+        self.sleepers = Sleepers(self, self.processes, loop.clock)
+        """Servers put to sleep instead of stopped (a model's `sleep` config)."""
         self._last_used: dict[str, int] = {}
         self._retiring: set[str] = set()
         """Models a reload removed or changed, busy then: stopped once idle."""
@@ -101,7 +104,8 @@ class Swaps:
             state.router, model, names, self.processes.models(), self.processes.stopping()
         )
         for other in plan.stop:
-            self.stop(other, "evicted", evicted_for=model, evicted_by=request_id)
+            if not self.sleepers.evict(other, evicted_for=model, evicted_by=request_id):
+                self.stop(other, "evicted", evicted_for=model, evicted_by=request_id)
         self.processes.load(self.spec(model), plan.wait_for)
 
     def preload_all(self, models: Iterable[str]) -> list[str]:
@@ -134,6 +138,12 @@ class Swaps:
             on_spawn=on_spawn,
             owner=self._owner,
         )
+
+    def record(self, events: Iterable[ev.AnyEvent]) -> None:
+        """Record facts about a model's server (the sleepers'), then pump: a
+        stop may let a load go on."""
+        self._loop.emit(events)
+        self._loop.pump()
 
     # -- facts from the processes ---------------------------------------------
 
@@ -171,6 +181,7 @@ class Swaps:
 
     def process_crashed(self, model: str, proc: Upstream, exit_code: int) -> None:
         assert proc.pid is not None
+        self.sleepers.forget(model, proc)
         self._loop.emit(
             [
                 ev.ProcessStopped(
@@ -204,24 +215,30 @@ class Swaps:
         evicted_for: str | None = None,
         evicted_by: str | None = None,
     ) -> None:
+        began = self._loop.clock()
+
         def stopped(proc: Upstream, code: int | None) -> None:
             if proc.pid is not None:
+                now = self._loop.clock()
                 self._loop.emit(
                     [
                         ev.ProcessStopped(
-                            at=self._loop.clock(),
+                            at=now,
                             model=model,
                             pid=proc.pid,
                             reason=reason,
                             exit_code=code,
                             evicted_for=evicted_for,
                             evicted_by=evicted_by,
+                            duration_ms=(now - began) / 1e6,
                         )
                     ]
                 )
             self._loop.pump()
 
-        proc = self.processes.stop(model, stopped)
+        # A sleeping server has no place in the table: stopped all the same.
+        aside = self.sleepers.take(model) if self.processes.get(model) is None else None
+        proc = self.processes.stop(model, stopped, aside)
         if proc is None:
             return
         log.info("stopping %s (pid %s): %s", model, proc.pid, reason)
@@ -269,7 +286,8 @@ class Swaps:
                 self.stop(model, "reload")
 
     def _ttl_check(self, model: str) -> None:
-        if self.processes.get(model) is None or self._loop.state.busy(model):
+        idle = self.processes.get(model) is not None or model in self.sleepers
+        if not idle or self._loop.state.busy(model):
             return  # busy: the request's end arms the TTL again
         ttl = self.spec(model).ttl
         early = ttl - (self._loop.clock() - self._last_used.get(model, 0)) / 1e9
@@ -281,7 +299,7 @@ class Swaps:
 
     async def shutdown(self) -> None:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
-        for model in self.processes.models():
+        for model in [*self.processes.models(), *self.sleepers.models()]:
             self.stop(model, "shutdown")
         # Each load's process is stopped, so it ends now and records how (a load
         # cancelled instead would leave its swap_started unfinished).

@@ -72,7 +72,7 @@ def _record(
     entry["meta"] = meta
     # llama-swap counts a starting or stopping model as loaded, as its running list does.
     entry["status"] = {"value": "unloaded" if state == "stopped" else "loaded"}
-    entry["state"] = state  # gpulane's: starting | ready | stopping | stopped
+    entry["state"] = state  # gpulane's: starting | ready | stopping | sleeping | stopped
     return entry
 
 

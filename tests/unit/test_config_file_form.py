@@ -41,6 +41,7 @@ loadBackoffMax: 20
 loadFailureLimit: 0
 maxQueued: 50
 maxQueuedPerCaller: 9
+sleepHostMemory: 64GiB
 macros:
   srv: /usr/bin/env python3
 apiKeys:
@@ -92,6 +93,7 @@ models:
     compat: {ignoreWebsockets: true}
     passCredentials: [authorization]
     streamIdleTimeout: 9
+    sleep: {preset: vllm, level: 2, hostMemory: 20GB, timeout: 30, wakeTimeout: 9}
   b:
     cmd: server-b --port ${PORT}
     proxy: http://127.0.0.1:${PORT}/
@@ -101,8 +103,10 @@ models:
     description: the b
     sendLoadingState: false
     maxRunTime: 0
+    sleep: {sleep: "POST /free", wake: "POST /load", check: "GET /state"}
   "qwen:7b":
     cmd: server-q --port ${PORT}
+    sleep: sglang
 """
 
 # Peers, and the older spelling of a group router.
@@ -219,6 +223,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "load_backoff",
             "load_backoff_max",
             "load_failure_limit",
+            "sleep_host_memory",
         },
         ModelConfig: {
             "cmd",
@@ -247,6 +252,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "pass_credentials",
             "capabilities",
             "ignore_websockets",
+            "sleep",
         },
     }
     for struct, fields in printed.items():
