@@ -29,11 +29,21 @@ class Durations(msgspec.Struct, frozen=True):
     load_ns: dict[str, int] = {}
     default_run_ns: int = 0
     default_load_ns: int = 0
+    wake_ns: dict[str, int] = {}
+    """Each model's wake (a sleeping server's load), learnt apart from its cold loads."""
+    asleep: frozenset[str] = frozenset()
+    """Models whose server sleeps now: their load is a wake."""
 
     def run(self, model: str) -> int:
         return self.run_ns.get(model, self.default_run_ns)
 
     def load(self, model: str) -> int:
+        """What loading `model` now takes: its wake when it sleeps (and a wake was
+        seen), else its load."""
+        if model in self.asleep:
+            wake = self.wake_ns.get(model)
+            if wake is not None:
+                return wake
         return self.load_ns.get(model, self.default_load_ns)
 
     def of(self, model: str, expected_run_ns: int | None) -> int:
@@ -71,28 +81,34 @@ class RunEstimates:
         replay asks at every arrival)."""
         self._model_runs: dict[tuple[str, str], _Window] = {}
         self._loads: dict[tuple[str, str], _Window] = {}
+        self._wakes: dict[tuple[str, str], _Window] = {}
 
     def observe(self, model: str, endpoint: str, run_ns: int) -> None:
         _add(self._runs, (model, endpoint), run_ns)
         _add(self._model_runs, (model, ""), run_ns)
 
-    def observe_load(self, model: str, load_ns: int) -> None:
-        """A load of `model` that succeeded, taking `load_ns`."""
-        _add(self._loads, (model, ""), load_ns)
+    def observe_load(self, model: str, load_ns: int, *, woke: bool = False) -> None:
+        """A load of `model` that succeeded, taking `load_ns`; `woke`: it woke a
+        sleeping server (learnt as its wake, not its load)."""
+        _add(self._wakes if woke else self._loads, (model, ""), load_ns)
 
     def expected(self, model: str, endpoint: str) -> int | None:
         """The (lower) median run time, or None before the first completed run."""
         window = self._runs.get((model, endpoint))
         return None if window is None else _median(window[1])
 
-    def durations(self) -> Durations:
-        """Per model the (lower) median of its last runs and loads; for a model
-        never seen, the lower median of those medians (0 before any)."""
+    def durations(self, asleep: frozenset[str] = frozenset()) -> Durations:
+        """Per model the (lower) median of its last runs, loads and wakes; for a
+        model never seen, the lower median of those medians (0 before any).
+        `asleep`: the models whose load is a wake now."""
         runs = {m: _median(w[1]) for (m, _), w in self._model_runs.items()}
         loads = {m: _median(w[1]) for (m, _), w in self._loads.items()}
+        wakes = {m: _median(w[1]) for (m, _), w in self._wakes.items()}
         return Durations(
             runs,
             loads,
             _median(sorted(runs.values())) if runs else 0,
             _median(sorted(loads.values())) if loads else 0,
+            wake_ns=wakes,
+            asleep=asleep,
         )

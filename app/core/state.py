@@ -183,6 +183,12 @@ class SchedulerState:
         self._most_attained = 0
         """The most of any caller's `attained` (it only grows): kept, not
         searched for, when a caller arrives at an idle server."""
+        self.asleep: frozenset[str] = frozenset()
+        """Models whose server sleeps (`process_slept`, until it is woken or stops):
+        not resident; a load of one is a wake, which estimates count at its cost."""
+        self.waking: frozenset[str] = frozenset()
+        """Loads in progress that woke their model (`process_woken`, until the
+        load's `swap_finished`): what the run loop learns as a wake, not a load."""
         self.load_backoff = load_backoff
         self.load_failures: dict[str, LoadFailures] = {}
         """Models whose last loads failed: how many in a row, the last one's time
@@ -585,6 +591,8 @@ def _swap_started(state: SchedulerState, event: Any) -> None:
 
 def _swap_finished(state: SchedulerState, event: Any) -> None:
     state.load_failures.pop(event.model, None)  # a load that works ends the series
+    if event.model in state.waking:
+        state.waking = state.waking - {event.model}
     if state.router is None:
         state.residents.clear()  # one model at a time
     state.residents[event.model] = None
@@ -593,6 +601,8 @@ def _swap_finished(state: SchedulerState, event: Any) -> None:
 
 
 def _swap_failed(state: SchedulerState, event: Any) -> None:
+    if event.model in state.waking:
+        state.waking = state.waking - {event.model}
     before = state.load_failures.get(event.model)
     state.load_failures[event.model] = LoadFailures(
         count=1 if before is None else before.count + 1, last_ns=event.at, error=event.error
@@ -605,6 +615,17 @@ def _swap_failed(state: SchedulerState, event: Any) -> None:
 def _process_stopped(state: SchedulerState, event: Any) -> None:
     if state.residents.pop(event.model, 1) is None:
         state._residency_changed()
+    if event.model in state.asleep:
+        state.asleep = state.asleep - {event.model}
+
+
+def _slept(state: SchedulerState, event: Any) -> None:
+    state.asleep = state.asleep | {event.model}
+
+
+def _woken(state: SchedulerState, event: Any) -> None:
+    state.asleep = state.asleep - {event.model}
+    state.waking = state.waking | {event.model}
 
 
 def _ended(state: SchedulerState, event: Any) -> None:
@@ -655,6 +676,9 @@ _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.ProcessStopping: _process_stopped,  # not resident from the moment the stop begins
     ev.ProcessStopped: _process_stopped,
     ev.ProcessSleeping: _process_stopped,  # asleep is not resident, as stopping is not
+    ev.ProcessSlept: _slept,
+    ev.ProcessWoken: _woken,
+    ev.SleepSkipped: _process_stopped,  # a sleeper whose wake failed sleeps no more
     ev.RequestCompleted: _ended,
     ev.RequestFailed: _ended,
     ev.RequestCancelled: _ended,

@@ -30,7 +30,7 @@ The replay (documented in docs/queries.md, "How explain works"):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy
@@ -42,6 +42,7 @@ from app.core.priority import band_of
 from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL, SchedulerState, apply
+from app.core.swap_costs import SwapCosts, slept_instead
 from app.core.wait import wait_ns
 from app.report.live_queue import position_of
 from app.report.run_times import RunTimes, load_run_times
@@ -190,6 +191,8 @@ class _Swap:
     error: str | None = None
     waited_ns: int = 0
     caller: str | None = None
+    woke_ms: float | None = None
+    slept: list[str] = field(default_factory=list)
 
     def value(self, waited_ns: int | None = None) -> SwapWaited:
         return SwapWaited(
@@ -201,6 +204,8 @@ class _Swap:
             error=self.error,
             waited_s=(self.waited_ns if waited_ns is None else waited_ns) / NS_PER_S,
             caller=self.caller,
+            woke_s=None if self.woke_ms is None else self.woke_ms / 1000.0,
+            slept=list(self.slept),
         )
 
 
@@ -226,6 +231,8 @@ class _Replay:
         self.state = SchedulerState()
         self.running_since: dict[str, int] = {}
         self.swap: _Swap | None = None
+        self.costs = SwapCosts()
+        """Each model's swap costs as the events seen so far teach them."""
 
     def prime(self, conn: sqlalchemy.Connection, start: int) -> None:
         """Parameters and resident model as of just before seq `start`."""
@@ -270,6 +277,14 @@ class _Replay:
                     self.swap.duration_ms = event.duration_ms
                     self.swap.error = event.error if isinstance(event, ev.SwapFailed) else None
                     self.swap = None
+            case ev.ProcessWoken():
+                if self.swap is not None and self.swap.to_model == event.model:
+                    self.swap.woke_ms = event.duration_ms
+            case ev.ProcessSleeping():
+                if self.swap is not None:
+                    self.swap.slept.append(
+                        slept_instead(event.model, self.costs.costs(event.model))
+                    )
             case ev.RequestDispatched():
                 if event.request_id in self.state.requests:
                     self.running_since[event.request_id] = event.at
@@ -279,6 +294,7 @@ class _Replay:
                 self.running_since.pop(event.request_id, None)
             case _:
                 pass
+        self.costs.observe(event)
         apply(self.state, event)
 
 

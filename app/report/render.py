@@ -8,9 +8,10 @@ from typing import Any
 import msgspec
 
 from app.core.scoring import Breakdown
+from app.core.swap_costs import woke
 from app.report.live_queue import QueueView
 from app.report.progress import Progress
-from app.report.story import Cause, Explanation
+from app.report.story import Cause, Explanation, SwapWaited
 from app.report.visibility import ANOTHER_CALLER
 
 CAUSE_TEXT: dict[Cause, str] = {
@@ -185,7 +186,7 @@ def explanation_text(x: Explanation) -> str:
             failed = f" FAILED: {s.error}" if s.error else ""
             out.append(
                 f"  {s.from_model or 'none'} -> {s.to_model} {cause}: {seconds(s.duration_s)} "
-                f"({seconds(s.waited_s)} of its wait){failed}"
+                f"({seconds(s.waited_s)} of its wait){failed}{_sleep_note(s)}"
             )
     out.append("")
     if x.dispatched_at is not None:
@@ -193,7 +194,7 @@ def explanation_text(x: Explanation) -> str:
         if x.own_swap is not None:
             own = (
                 f"swap {x.own_swap.from_model or 'none'} -> {x.own_swap.to_model} "
-                f"{seconds(x.own_swap.duration_s)}"
+                f"{seconds(x.own_swap.duration_s)}{_sleep_note(x.own_swap)}"
             )
         out.append(
             f"Its turn: dispatched {clock(x.dispatched_at)}, {own}, "
@@ -332,3 +333,12 @@ def duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _sleep_note(swap: SwapWaited) -> str:
+    """What sleep did in a swap: `; woke qwen in 1.2 s; a cold start of flux costs 48 s:
+    it was put to sleep instead` (empty when the swap stopped and cold-started)."""
+    notes = list(swap.slept)
+    if swap.woke_s is not None:
+        notes.append(woke(swap.to_model, round(swap.woke_s * 1e9)))
+    return "".join(f"; {note}" for note in notes)

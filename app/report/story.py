@@ -113,6 +113,11 @@ class SwapWaited(msgspec.Struct, frozen=True):
     """The caller of the request that caused it."""
     another_caller: bool = False
     """As `Ahead.another_caller`: caused by another caller's request."""
+    woke_s: float | None = None
+    """The load woke `to_model`'s sleeping server in this long (no cold start)."""
+    slept: list[str] = []
+    """Why each model it evicted was put to sleep instead of stopped, a sentence
+    in what its cold start costs (`app.core.swap_costs.slept_instead`)."""
 
 
 class HeldFor(msgspec.Struct, frozen=True):

@@ -153,7 +153,7 @@ class Scheduler:
         """Each model's run and load times as learnt so far (`run_estimates`): what
         every estimate of this server counts (the live queue, a batch's ETA,
         Retry-After; app/core/start_estimate.py)."""
-        return self.run_estimates.durations()
+        return self.run_estimates.durations(self.state.asleep)
 
     def live(self) -> LiveState:
         return LiveState(state=self.state, running_since=self.running_since, now_ns=self.clock())
@@ -763,8 +763,9 @@ class Scheduler:
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
             log.info("%s is ready (loaded in %.1f s)", model, seconds)
+            woke = model in self.state.waking  # until the swap_finished below
             self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
-            self.run_estimates.observe_load(model, int(seconds * 1e9))
+            self.run_estimates.observe_load(model, int(seconds * 1e9), woke=woke)
             for rid in waiting:
                 self._release(rid, model)
             self.swaps.arm_ttl(model)

@@ -32,7 +32,8 @@ SELECT min(enqueue_seq) FROM (
 _RESIDENCY = (
     "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq AND at >= :since "
     "AND type IN ('server_started', 'config_reloaded', 'swap_started', 'swap_finished', "
-    "'swap_failed', 'process_stopped') ORDER BY seq"
+    "'swap_failed', 'process_stopped', 'process_started', 'process_sleeping', 'process_slept', "
+    "'process_woken') ORDER BY seq"
 )
 
 

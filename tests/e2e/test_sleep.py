@@ -7,6 +7,7 @@ stop and a cold start, each recorded."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -113,6 +114,16 @@ def test_eviction_sleeps_and_a_load_wakes_the_same_process(gateway: Start, tmp_p
     slept = events(gw, "process_slept")[0][1]
     assert slept["duration_ms"] >= 200
     assert_log_sound(gw)
+    # explain tells the third request's swap as it was: a wake, B put to sleep.
+    third = gw.sql("SELECT id FROM requests ORDER BY enqueued_at")[2]["id"]
+    told = subprocess.run(
+        [sys.executable, "-m", "app.cli", "explain", third, "--db", str(gw.db)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "woke A in " in told, told
+    assert "a cold start of B costs " in told and "it was put to sleep instead" in told, told
 
 
 def test_sglang_releases_and_resumes_memory(gateway: Start, tmp_path: Path) -> None:
