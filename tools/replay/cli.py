@@ -7,6 +7,8 @@
               [--json | --csv] [--by caller,model] [--plot FILE.png] [--jobs N]
               [--fifo-concurrency N] [--chain-gap S] [--no-reference]
               [--config OTHER.yaml ...] [--slot-slowdown F]
+    replay DB --what-if sleep=MODEL[,MODEL] [--costs MODEL=sleep:S,wake:S[,start:S,stop:S] ...]
+              [--json]
     replay generate SCENARIO --out DB [--seed N] [--days N] [--aging-divisor S]
               [--swap-affinity-bonus N] [--fair-share-bonus N] [--short-job-bonus N]
               [--force]
@@ -154,6 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="a request that starts beside k others on its model runs x (1 + F x k) in the "
         "--config runs (default 0: its recorded run time, unaffected by its neighbours)",
     )
+    p.add_argument(
+        "--what-if",
+        metavar="sleep=MODEL,...",
+        help="what if these models slept instead of stopping: the recorded parameters and "
+        "arrival order, each with stop and cold start and with sleep, side by side "
+        "(interactive waits, swaps, the lane's busy share)",
+    )
+    p.add_argument(
+        "--costs",
+        action="append",
+        default=[],
+        metavar="MODEL=sleep:S,wake:S",
+        help="with --what-if: a model's swap costs in seconds (sleep, wake, start, stop), "
+        "instead of the log's; repeatable",
+    )
     return p
 
 
@@ -199,6 +216,10 @@ def replay_command(argv: Sequence[str] | None = None) -> int:
     try:
         if args.verify:
             return _verify(args.db)
+        if args.what_if:
+            return _what_if(args)
+        if args.costs:
+            parser.error("--costs goes with --what-if")
         return _report(parser, args)
     except DatabaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -210,6 +231,38 @@ def replay_command(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {problem}", file=sys.stderr)
         return 1
+
+
+def _what_if(args: argparse.Namespace) -> int:
+    from tools.replay import sleep_whatif as w
+
+    workload = extract(args.db, chain_gap_ns=round(args.chain_gap * 1e9))
+    try:
+        sleepers = w.parse_what_if(args.what_if, workload.models)
+        given = w.parse_costs(args.costs)
+    except w.WhatIfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    costs = w.learnt_costs((e for _, e in iter_log(args.db)), given)
+    for model in sleepers:
+        known = costs.get(model)
+        if known is None or known.sleep_ns is None or known.wake_ns is None:
+            print(
+                f"error: the log has no sleep and wake of {model}: give them "
+                f"(--costs {model}=sleep:S,wake:S)",
+                file=sys.stderr,
+            )
+            return 2
+    rows = w.compare(workload, sleepers, costs)
+    if args.json:
+        print(w.to_json(rows, costs))
+        return 0
+    header = (
+        f"{args.db}: {len(workload.requests)} requests, models {', '.join(workload.models)}; "
+        f"what if {', '.join(sleepers)} slept instead of stopping"
+    )
+    print(w.table(rows, header) + "\n" + w.costs_lines(costs, workload.models), end="")
+    return 0
 
 
 def _verify(db: str) -> int:
