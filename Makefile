@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help run test test-fast lint bench llama clean screenshots
+.PHONY: help run test test-fast lint bench bench-gpu llama clean screenshots
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ bench: $(STAMP) postgres ## benchmarks that print figures (see docs/benchmarks.m
 	$(PY) -m bench.queue_fill_bench
 	for seed in 1 2 3; do $(PY) -m tools.replay generate film --seed $$seed --out /tmp/gpulane-film-$$seed.db --force \
 		&& $(PY) -m bench.eta_bench /tmp/gpulane-film-$$seed.db || exit 1; done
+
+bench-gpu: ## real GPU work under score, arrival order, sleep (needs an NVIDIA GPU, PyTorch; installs nothing)
+	$(PYTHON) -m bench.gpu_bench $(BENCH_GPU_ARGS)
 
 screenshots: $(STAMP) chromium ## PNGs of every console page from a real run, into docs/ui/
 	$(PY) -m tests.browser.screenshots docs/ui
