@@ -543,7 +543,7 @@ class Scheduler:
         old = self.config
         before = dict(old.models)
         plan = plan_reload(
-            self.state, process_identity(old), process_identity(new), self.processes.models()
+            self.state, process_identity(old), process_identity(new), self.loaded_models()
         )
         for rid in plan.failed:
             model = self.state.requests[rid].model

@@ -7,6 +7,7 @@ stop and a cold start, each recorded."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -124,6 +125,12 @@ def test_eviction_sleeps_and_a_load_wakes_the_same_process(gateway: Start, tmp_p
     ).stdout
     assert "woke A in " in told, told
     assert "a cold start of B costs " in told and "it was put to sleep instead" in told, told
+    verified = subprocess.run(
+        [sys.executable, "-m", "tools.replay", str(gw.db), "--verify"],
+        capture_output=True,
+        text=True,
+    )
+    assert verified.returncode == 0 and verified.stdout.startswith("ok: "), verified.stdout
 
 
 def test_sglang_releases_and_resumes_memory(gateway: Start, tmp_path: Path) -> None:
@@ -222,4 +229,22 @@ def test_a_sleepers_ttl_and_an_unload_stop_it(gateway: Start, tmp_path: Path) ->
     gw.wait_for("SELECT 1 FROM events WHERE type = 'process_stopped'", count=2)
     reasons = [d["reason"] for _, d in events(gw, "process_stopped")]
     assert reasons == ["ttl", "unload"]
+    assert_log_sound(gw)
+
+
+def test_a_reload_that_changes_a_sleeping_model_stops_it(gateway: Start, tmp_path: Path) -> None:
+    gw = gateway(config(tmp_path))
+    with gw.client() as client:
+        assert chat(client, "A").status_code == 200
+        assert chat(client, "B").status_code == 200  # A sleeps
+        start_port = gw.config.read_text().splitlines()[0]
+        gw.config.write_text(start_port + "\n" + config(tmp_path, a="--sleep-time 0.01"))
+        assert gw.proc is not None
+        gw.proc.send_signal(signal.SIGHUP)
+        poll(lambda: events(gw, "config_reloaded"), "the reload")
+        assert events(gw, "config_reloaded")[0][1]["restarted"] == ["A"]
+        poll(lambda: events(gw, "process_stopped"), "A's stop")
+        assert chat(client, "A").status_code == 200  # its new command, cold-started
+    assert [e["ev"] for e in fake_log(tmp_path / "A.jsonl")] == ["start", "sleep", "exit", "start"]
+    assert [d["reason"] for _, d in events(gw, "process_stopped")] == ["reload"]
     assert_log_sound(gw)

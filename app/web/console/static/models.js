@@ -57,7 +57,7 @@ export async function render(main, info) {
         h("td", {}, data.live ? [
           h("button", { onclick: () => load(m), disabled: m.state !== "stopped" }, "Load"), " ",
           h("button", {
-            class: "danger", onclick: () => unload(m), disabled: m.state !== "ready",
+            class: "danger", onclick: () => unload(m), disabled: m.state !== "ready" && m.state !== "sleeping",
             title: m.in_flight ? `busy: ${m.in_flight} running` : null,
           }, m.in_flight ? "Unload (busy)…" : "Unload"),
         ] : null),
