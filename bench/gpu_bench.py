@@ -80,12 +80,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def config(arm: str, server: str, log: Path, start_port: int, gib: float, dry: bool) -> str:
+def config(
+    arm: str,
+    server: str,
+    log: Path,
+    start_port: int,
+    gib: float,
+    dry: bool,
+    fake: tuple[float, float, float] = (1.0, 0.05, 0.1),
+) -> str:
+    """An arm's config; `fake`: the fake servers' cold start, sleep and wake (--dry-run)."""
+
     def model(name: str) -> str:
         if dry:
             cmd = (
                 f"{sys.executable} -m tools.fake_sleeper --port ${{PORT}} --name {name} "
-                f"--kind vllm --start-delay 1 --sleep-time 0.05 --wake-time 0.1 --log {log}"
+                f"--kind vllm --start-delay {fake[0]:g} --sleep-time {fake[1]:g} "
+                f"--wake-time {fake[2]:g} --log {log}"
             )
         else:
             cmd = f"{sys.executable} {server} --port ${{PORT}} --gib {gib:g} --name {name}"
@@ -138,7 +149,15 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     db = tmp / f"{arm}.db"
     cfg = tmp / f"{arm}.yaml"
     cfg.write_text(
-        config(arm, str(REPO / "bench" / "gpu_upstream.py"), log, 21000, args.gib, args.dry_run)
+        config(
+            arm,
+            str(REPO / "bench" / "gpu_upstream.py"),
+            log,
+            getattr(args, "start_port", 21000),
+            args.gib,
+            args.dry_run,
+            getattr(args, "fake", (1.0, 0.05, 0.1)),
+        )
     )
     import httpx  # gpulane's own dependency: not needed to say there is no GPU
 
@@ -213,7 +232,8 @@ def traffic(url: str, arm: str, args: argparse.Namespace) -> dict[str, dict[str,
         send(B, args.chat_steps, f"chat-{k}", "interactive")
 
     k = 0
-    while (due := t0 + k * args.chat_every) < t0 + args.span:
+    offset = getattr(args, "chat_offset", 0.0)
+    while (due := t0 + offset + k * args.chat_every) < t0 + args.span:
         time.sleep(max(0.0, due - time.time()))
         thread = threading.Thread(target=chat, args=(k,))
         thread.start()
@@ -286,6 +306,7 @@ def figures(
     latency = [c["answered"] - c["sent"] for c in chats]
     return {
         "arm": arm,
+        "events": events,
         "cold_starts": len(cold),
         "cold_start_s": _med(cold),
         "sleep_s": _med([x["s"] for x in lines if x["ev"] == "sleep"]),
@@ -360,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             t = time.monotonic()
             rows.append(run_arm(arm, args, Path(tmp)))
             print(f"  {arm}: {time.monotonic() - t:.0f} s", file=sys.stderr)
+    for r in rows:
+        r.pop("events", None)
     head = (
         f"{'arm':<8} {'cold':>4} {'cold s':>7} {'sleep s':>7} {'wake s':>7} {'swaps':>5} "
         f"{'gap ms':>7} {'swap+ s':>7} {'chat p50':>8} {'max':>6} {'busy':>6} {'makespan':>8}"

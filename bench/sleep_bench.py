@@ -92,12 +92,143 @@ def bounds(
     return out
 
 
+def live(scale: float, cold_s: float, sleep_s: float, wake_s: float) -> int:
+    """The same mix through `gpulane serve` and tools/fake_sleeper.py processes, every
+    time scaled by `scale` (0.1: a 3 s job, a 2 s cold start), by the GPU bench's
+    harness (bench/gpu_bench.py --dry-run)."""
+    import tempfile
+    from pathlib import Path
+
+    from bench import gpu_bench
+
+    step = gpu_bench.DRY_STEP_S
+    args = argparse.Namespace(
+        dry_run=True,
+        gib=1.0,
+        jobs=JOBS,
+        job_steps=round(JOB_S * scale / step),
+        chat_steps=max(1, round(CHAT_RUN_S * scale / step)),
+        chat_every=CHAT_EVERY_S * scale,
+        chat_offset=CHAT_EVERY_S * scale / 2,
+        span=ARRIVALS_S * scale,
+        fake=(cold_s * scale, sleep_s * scale, wake_s * scale),
+    )
+    print(
+        f"live, every time x{scale:g}: {JOBS} jobs of {JOB_S * scale:g} s, a "
+        f"{CHAT_RUN_S * scale:g} s chat every {CHAT_EVERY_S * scale:g} s for "
+        f"{ARRIVALS_S * scale:g} s; cold start {cold_s * scale:g} s, sleep {sleep_s * scale:g} s, "
+        f"wake {wake_s * scale:g} s (tools/fake_sleeper.py behind gpulane serve)\n"
+    )
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="gpulane-sleep-bench-") as tmp:
+        for arm in ("score", "sleep", "arrival"):
+            rows[arm] = gpu_bench.run_arm(arm, args, Path(tmp))
+    print(f"{'run':<26} {'chat start p50':>14} {'max':>6} {'swaps':>5} {'busy':>6} {'makespan':>9}")
+    for arm, label in (
+        ("score", "score, cold swaps"),
+        ("sleep", "score, sleep"),
+        ("arrival", "arrival order, cold swaps"),
+    ):
+        r = rows[arm]
+        starts = [took for took, _ in _live_chats(r["events"], 0, 0, 0, gpu_bench.B)]
+        print(
+            f"{label:<26} {_q(starts, 0.5):>13.2f}s {max(starts, default=0):>5.2f}s "
+            f"{r['swaps']:>5} {r['gpu_busy']:>6.1%} {r['makespan_s']:>8.1f}s"
+        )
+    share = rows["sleep"]["gpu_busy"] / rows["arrival"]["gpu_busy"]
+    cold = rows["score"]["gpu_busy"] / rows["arrival"]["gpu_busy"]
+    print(
+        f"\nbusy share vs arrival order's: score with sleep {share:.2f}x, "
+        f"score with cold swaps {cold:.2f}x (target with sleep: >= 0.85x)"
+    )
+    chats = _live_chats(
+        rows["sleep"]["events"],
+        round(sleep_s * scale * S),
+        round(wake_s * scale * S),
+        round(CHAT_RUN_S * scale * S),
+        gpu_bench.B,
+    )
+    judged = [(t, b) for t, b in chats if b is not None]
+    over = [t - b for t, b in judged if t > b]
+    print(
+        f"\nscore with sleep: {len(judged) - len(over)}/{len(judged)} chats within their bound "
+        f"(the first load aside); past it by {max(over, default=0) * 1000:.0f} ms at most "
+        "(gpulane's own time per swap, which the bound leaves out)"
+    )
+    return 0
+
+
+_TIMES = ("request_enqueued", "request_dispatched", "request_started", "request_completed")
+
+
+def _live_chats(
+    events: list[tuple[str, dict[str, object]]],
+    sleep_ns: int,
+    wake_ns: int,
+    run_ns: int,
+    chat_model: str,
+) -> list[tuple[float, float | None]]:
+    """(time to start, bound) of each chat of a live run, from gpulane's events (as
+    `bounds`: None for a chat before the chat model's first load ended)."""
+    at: dict[str, dict[str, int]] = {}
+    for kind, d in events:
+        rid = str(d.get("request_id", ""))
+        if kind in (
+            "request_enqueued",
+            "request_dispatched",
+            "request_started",
+            "request_completed",
+        ):
+            at.setdefault(rid, {})[kind] = int(d["at"])  # type: ignore[call-overload]
+            if kind == "request_enqueued":
+                at[rid]["chat"] = int(d["model"] == chat_model)
+    chats = sorted(
+        (v for v in at.values() if v.get("chat") and "request_started" in v),
+        key=lambda v: v["request_enqueued"],
+    )
+    jobs = [v for v in at.values() if not v.get("chat") and "request_completed" in v]
+    first_ready = min((v["request_started"] for v in chats), default=0)
+    out: list[tuple[float, float | None]] = []
+    for v in chats:
+        arrival = v["request_enqueued"]
+        took = (v["request_started"] - arrival) / S
+        if arrival < first_ready:
+            out.append((took, None))
+            continue
+        rest = max(
+            (
+                j["request_completed"] - arrival
+                for j in jobs
+                if j["request_dispatched"] <= arrival < j["request_completed"]
+            ),
+            default=0,
+        )
+        ahead = sum(
+            run_ns
+            for o in chats
+            if o is not v and o["request_enqueued"] <= arrival < o["request_started"]
+        )
+        out.append((took, (rest + sleep_ns + wake_ns + ahead) / S))
+    return out
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))] if ordered else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sleep_bench", description=__doc__)
     p.add_argument("--cold", type=float, default=20.0, help="cold start, seconds (default 20)")
     p.add_argument("--sleep", type=float, default=0.5, help="sleep, seconds (default 0.5)")
     p.add_argument("--wake", type=float, default=1.0, help="wake, seconds (default 1)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--live",
+        type=float,
+        metavar="SCALE",
+        help="also run the mix live: gpulane serve and fake servers, every time x SCALE (0.1)",
+    )
     args = p.parse_args(argv)
     w = workload(args.cold)
     sleep_ns, wake_ns, cold_ns = round(args.sleep * S), round(args.wake * S), round(args.cold * S)
@@ -165,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         mark = "ok" if took <= limit + 1e-9 else "OVER"
         print(f"  {chat_id}: {took:6.2f} s  bound {limit:6.2f} s  {mark}")
+    if args.live:
+        print()
+        return live(args.live, args.cold, args.sleep, args.wake)
     return 0
 
 

@@ -307,3 +307,4 @@ class Swaps:
         for model in self.processes.models():
             self.stop(model, "shutdown")  # one that a load had not spawned yet
         await self.processes.stops_ended()
+        await self.sleepers.close()

@@ -248,3 +248,24 @@ def test_a_reload_that_changes_a_sleeping_model_stops_it(gateway: Start, tmp_pat
     assert [e["ev"] for e in fake_log(tmp_path / "A.jsonl")] == ["start", "sleep", "exit", "start"]
     assert [d["reason"] for _, d in events(gw, "process_stopped")] == ["reload"]
     assert_log_sound(gw)
+
+
+def test_to_make_room_the_longest_asleep_is_stopped(gateway: Start, tmp_path: Path) -> None:
+    each = "{preset: vllm, hostMemory: 8GiB}"
+    text = "sleepHostMemory: 10GiB\nmodels:\n" + "".join(
+        sleeper(m, tmp_path / f"{m}.jsonl", sleep=each) for m in ("A", "B", "C")
+    )
+    gw = gateway(text)
+    with gw.client() as client:
+        for model in ("A", "B", "C"):  # A sleeps; then B's sleep needs A's room
+            assert chat(client, model).status_code == 200
+        poll(lambda: "exit" in [e["ev"] for e in fake_log(tmp_path / "A.jsonl")], "A's stop")
+        running = {r["model"]: r["state"] for r in client.get("/running").json()["running"]}
+        assert running == {"B": "sleeping", "C": "ready"}
+    assert [e["ev"] for e in fake_log(tmp_path / "A.jsonl")] == ["start", "sleep", "exit"]
+    assert [e["ev"] for e in fake_log(tmp_path / "B.jsonl")] == ["start", "sleep"]
+    gw.wait_for("SELECT 1 FROM events WHERE type = 'process_stopped'")
+    assert [(d["model"], d["reason"]) for _, d in events(gw, "process_stopped")] == [
+        ("A", "host_memory")
+    ]
+    assert_log_sound(gw)
