@@ -307,4 +307,7 @@ class Swaps:
         for model in self.processes.models():
             self.stop(model, "shutdown")  # one that a load had not spawned yet
         await self.processes.stops_ended()
+        for model in self.sleepers.models():
+            self.stop(model, "shutdown")  # one whose sleep was under way until now
+        await self.processes.stops_ended()
         await self.sleepers.close()

@@ -6,6 +6,7 @@ stop and a cold start, each recorded."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import signal
 import subprocess
@@ -269,3 +270,17 @@ def test_to_make_room_the_longest_asleep_is_stopped(gateway: Start, tmp_path: Pa
         ("A", "host_memory")
     ]
     assert_log_sound(gw)
+
+
+def test_a_shutdown_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_path: Path) -> None:
+    gw = gateway(config(tmp_path, "--sleep-time 3", extra="shutdownGrace: 0\n"))
+    with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
+        assert chat(client, "A").status_code == 200
+        pool.submit(chat, client, "B")  # evicts A: its sleep takes 3 s
+        poll(lambda: events(gw, "process_sleeping"), "A's sleep to begin")
+        gw.stop()  # SIGTERM while A's sleep is under way
+    a_log = [e["ev"] for e in fake_log(tmp_path / "A.jsonl")]
+    assert a_log[-1] == "exit", a_log  # not left asleep behind a stopped gpulane
+    assert [d["reason"] for _, d in events(gw, "process_stopped") if d["model"] == "A"] == [
+        "shutdown"
+    ]
