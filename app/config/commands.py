@@ -100,6 +100,9 @@ def summary(path: str, config: Config, missing: dict[str, str]) -> str:
         extra = [f"aliases {', '.join(model.aliases)}"] if model.aliases else []
         extra.append(f"ttl {model.ttl:g} s" if model.ttl else "no ttl")
         extra.append(f"{model.concurrency_limit} slot{'s' if model.concurrency_limit != 1 else ''}")
+        if model.sleep is not None:
+            level = f" level {model.sleep.level}" if model.sleep.level else ""
+            extra.append(f"sleeps: {model.sleep.preset}{level}")
         lines.append(f"  {model.id:<{width}}  {start}  ({'; '.join(extra)})")
     lines.append(f"router: {describe(config.router)}")
     aging = f"{config.aging_divisor:g} s per point" if config.aging_divisor else "off"
