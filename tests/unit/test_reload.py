@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+import pytest
+
 from app.config import parse_config
 from app.core import events as ev
 from app.core.policy import ahead_of
@@ -192,3 +195,40 @@ async def test_an_idle_changed_model_stops_at_once_and_an_unchanged_one_stays() 
     )
     await settle()
     assert lane.upstreams.calls == [("start", "A"), ("stop", "A")]
+
+
+# Each part of a model's process identity, changed alone (app/core/reload.py:
+# command, stop command, address, environment, readiness check).
+PROCESS_CHANGES = {
+    "cmd": {"cmd": "other-server --port ${PORT}"},
+    "cmdStop": {"cmdStop": "stop-server --port ${PORT}"},
+    "proxy": {"proxy": "http://127.0.0.2:${PORT}"},
+    "env": {"env": ["NEW=1"]},
+    "checkEndpoint": {"checkEndpoint": "/ready"},
+}
+
+
+@pytest.mark.parametrize("key", sorted(PROCESS_CHANGES))
+async def test_a_model_whose_process_changed_in_one_key_is_restarted(key: str) -> None:
+    lane = Lane(cfg(ABC))
+    await lane.finish(lane.admit("A"))
+    same = lane.scheduler.reload(parse_config(cfg(ABC)))
+    assert same is not None and same.restarted == []  # a reload alone restarts nothing
+    changed = parse_config(cfg({"A": PROCESS_CHANGES[key], "B": {}, "C": {}}))
+    assert changed.models["A"] != lane.config.models["A"], key  # the change took
+    event = lane.scheduler.reload(changed)
+    assert event is not None and event.restarted == ["A"], key
+    await settle()
+    assert lane.upstreams.calls == [("start", "A"), ("stop", "A")]
+
+
+async def test_a_model_whose_peer_changed_is_restarted() -> None:
+    """The peer a model's entry reaches: no config file changes it alone (a peer's
+    entries are named `<peer>/<model>`), so the new config is made by hand."""
+    lane = Lane(cfg(ABC))
+    await lane.finish(lane.admit("A"))
+    new = parse_config(cfg(ABC))
+    moved = msgspec.structs.replace(new.models["A"], peer="elsewhere")
+    new = msgspec.structs.replace(new, models={**new.models, "A": moved})
+    event = lane.scheduler.reload(new)
+    assert event is not None and event.restarted == ["A"]
