@@ -114,6 +114,8 @@ class Scheduler:
         """Open Batch API lines: outside the per-caller bound (docs/jobs.md)."""
         self._max_waits: dict[str, Cancellable] = {}
         """X-Gpulane-Max-Wait timers of waiting requests."""
+        self._send_again: Callable[[Ticket, Any], None] | None = None
+        """Sends a durable job put back in the queue while it ran (`on_put_back`)."""
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
@@ -600,9 +602,11 @@ class Scheduler:
             self.emit(decision.events)
             self.running_since[dispatched.request_id] = now
             ticket = self.tickets.get(dispatched.request_id)
-            if ticket is not None:
-                ticket.score = decision.scores.winner.total
-                ticket.queue_wait_ms = wait_ns(enqueued, now, now) / 1e6
+            if ticket is None:
+                self._no_sender(dispatched.request_id, "was dispatched")
+                continue
+            ticket.score = decision.scores.winner.total
+            ticket.queue_wait_ms = wait_ns(enqueued, now, now) / 1e6
             if decision.action == "swap":
                 self.swaps.begin(dispatched.model, dispatched.request_id, decision.evicted)
             elif decision.action == "run":
@@ -631,15 +635,24 @@ class Scheduler:
             detach,
         )
 
+    def on_put_back(self, send: Callable[[Ticket, Any], None]) -> None:
+        """`send(ticket, job)` sends a durable job again on a fresh ticket when
+        its server stops under it and it goes back in the queue (an unload): the
+        jobs layer registers `Jobs.run` (imports go web -> jobs -> runtime)."""
+        self._send_again = send
+
     def _cut_off(self, fates: list[tuple[str, Fate]], why: str, detach: Detached) -> None:
         """End (`why`) or re-queue running requests whose server stops under them."""
         for request_id, fate in fates:
             if fate == "requeue":
                 attempt = self.state.requests[request_id].attempt
+                ticket = self.tickets.get(request_id)
                 self.emit(
                     [ev.RequestRequeued(at=self.clock(), request_id=request_id, attempt=attempt)]
                 )
                 self._detach(request_id, detach)
+                if not self.draining:  # a drain's requeue runs at the next start
+                    self._send_fresh(request_id, ticket)
             else:
                 self._end(
                     ev.RequestFailed(
@@ -647,6 +660,31 @@ class Scheduler:
                     ),
                     detach,
                 )
+
+    def _send_fresh(self, request_id: str, old: Ticket | None) -> None:
+        """A job put back in the queue while it ran: its serving task has been
+        told to stop (`old.detached`), so a fresh ticket, sent by the jobs layer
+        when its turn comes again. Without anyone to send it, its next dispatch
+        would hold the lane forever: it fails instead."""
+        job = None if old is None else old.job
+        if old is None or job is None or self._send_again is None:
+            self._no_sender(request_id, "was put back in the queue")
+            return
+        fresh = Ticket(request_id, old.model, old.priority, old.enqueued_ns, old.endpoint)
+        self.tickets[request_id] = fresh
+        self._send_again(fresh, job)
+
+    def _no_sender(self, request_id: str, what: str) -> None:
+        """A request that nobody would send upstream: a defect, logged and ended
+        as the request's failure rather than left holding its lane."""
+        message = (
+            f"internal error: request {request_id} {what} with nothing to send it "
+            "upstream; failed rather than left holding its lane"
+        )
+        log.error("%s", message)
+        self._end(
+            ev.RequestFailed(at=self.clock(), request_id=request_id, error=message, http_status=500)
+        )
 
     # -- internals -----------------------------------------------------------
 
@@ -710,11 +748,12 @@ class Scheduler:
 
     def _release(self, request_id: str, model: str) -> None:
         ticket = self.tickets.get(request_id)
+        if ticket is None:
+            self._no_sender(request_id, "was released to run")
+            return
         spec = self.swaps.spec(model)
         if spec.peer is not None:  # no process: the peer's URL, reachable when probed
-            if ticket is not None and not ticket.ready.done():
-                ticket.ready.set_result(spec.proxy)
-                self._arm_deadline(request_id, model)
+            self._hand_over(ticket, spec.proxy, model)
             return
         proc = self.processes.get(model)
         if proc is None or not proc.running:
@@ -724,17 +763,18 @@ class Scheduler:
             # load it again rather than send the request to nothing.
             self.swaps.begin(model, request_id)
             return
-        if ticket is not None and not ticket.ready.done():
-            ticket.ready.set_result(proc.spec.proxy)
-            self._arm_deadline(request_id, model)
+        self._hand_over(ticket, proc.spec.proxy, model)
 
-    def _arm_deadline(self, request_id: str, model: str) -> None:
+    def _hand_over(self, ticket: Ticket, url: str, model: str) -> None:
+        """The request may run now: its sender gets `url`, and from here its
+        model's `maxRunTime` bounds it (every run has a deadline where one is set)."""
+        if not ticket.ready.done():
+            ticket.ready.set_result(url)
         limit = self.swaps.spec(model).max_run_time
-        if limit is None or request_id in self._deadlines:
+        rid = ticket.request_id
+        if limit is None or rid in self._deadlines:
             return
-        self._deadlines[request_id] = self._timers.call_later(
-            limit, self._overran, request_id, limit
-        )
+        self._deadlines[rid] = self._timers.call_later(limit, self._overran, rid, limit)
 
     def _overran(self, request_id: str, limit: float) -> None:
         self._deadlines.pop(request_id, None)
