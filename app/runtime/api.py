@@ -128,6 +128,7 @@ class Ticket:
         "score",
         "queue_wait_ms",
         "detached",
+        "job",
     )
 
     def __init__(
@@ -147,6 +148,9 @@ class Ticket:
         self.detached: asyncio.Future[Detached] = asyncio.get_running_loop().create_future()
         """Set when the scheduler ends or re-queues the request on its own
         (time limit, operator, shutdown): the serving task stops and answers this."""
+        self.job: Any = None
+        """The durable job this ticket sends (`Jobs.run` sets it): sent again on a
+        fresh ticket if an unload puts the job back while it runs."""
 
 
 def new_request_id() -> str:
