@@ -25,7 +25,16 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap, Scope, Send
 
-from app.jobs.errors import Conflict, Invalid, JobsError, NoSpace, NotFound, Unavailable
+from app.jobs.errors import (
+    Conflict,
+    HeaderTooLarge,
+    Invalid,
+    JobsError,
+    NoSpace,
+    NotFound,
+    OverCap,
+    Unavailable,
+)
 from app.runtime.admission import Refused
 
 log = logging.getLogger("gpulane.http")
@@ -100,6 +109,8 @@ _JOBS_STATUS: dict[type[JobsError], int] = {
     Invalid: 400,
     NotFound: 404,
     Conflict: 409,
+    OverCap: 429,
+    HeaderTooLarge: 431,
     Unavailable: 503,
     NoSpace: 507,
 }
