@@ -775,6 +775,16 @@ def test_min_free_disk_is_a_byte_count_with_a_default_reserve() -> None:
     assert parse(one_model() + "jobs: {minFreeDisk: 0}\n").min_free_disk == 0
     (error,) = errors_of(one_model() + "jobs: {minFreeDisk: -1}\n")
     assert error == "jobs.minFreeDisk: -1 is out of range; expected bytes, an integer >= 0"
+    assert parse(one_model()).max_stored_bytes_per_caller == 4 << 30
+    assert (
+        parse(one_model() + "jobs: {maxStoredBytesPerCaller: 1}\n").max_stored_bytes_per_caller == 1
+    )
+    (error,) = errors_of(one_model() + "jobs: {maxStoredBytesPerCaller: 0}\n")
+    assert error == (
+        "jobs.maxStoredBytesPerCaller: 0 is out of range; expected bytes, an integer >= 1"
+    )
+    (error,) = errors_of(one_model() + "jobs: {maxStoredBytes: 1}\n")
+    assert "maxStoredBytesPerCaller" in error, error
 
 
 def test_strip_params_accepts_comma_string_or_list() -> None:
