@@ -80,7 +80,11 @@ def file_form(config: Config) -> dict[str, Any]:
             "minFreeDisk": config.min_free_disk,
             "maxFileBytes": config.max_file_bytes,
         },
-        "server": {"maxBodyBytes": config.max_body_bytes},
+        "server": {
+            "maxBodyBytes": config.max_body_bytes,
+            "allowedHosts": list(config.allowed_hosts),
+            "allowedOrigins": list(config.allowed_origins),
+        },
         "upstream": {"ignorePaths": config.ignore_paths},
         "models": {k: _model(m) for k, m in own.items()},
     }

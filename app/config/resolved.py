@@ -156,6 +156,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     """The largest file `POST /v1/files` stores (`jobs.maxFileBytes`); 413 above it."""
     max_body_bytes: int
+    allowed_hosts: tuple[str, ...] = ()
+    """`server.allowedHosts`: names a `Host` header may carry besides localhost,
+    IP addresses and the listen name (app/web/sites.py); `*`: any."""
+    allowed_origins: tuple[str, ...] = ()
+    """`server.allowedOrigins`: other sites whose pages may change state here
+    (app/web/sites.py), each as a browser writes `Origin`; `*`: any."""
     ignore_paths: str  # one regex, for re.search on the upstream path
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     """Seconds running work may take to finish after SIGTERM before upstreams are stopped."""
@@ -211,6 +217,9 @@ def config_hash(config: Config) -> str:
         data.pop("include_aliases_in_list", None)  # listing only; hashes as before
     if not data.get("log_requests"):
         data.pop("log_requests", None)  # logging only; hashes as before
+    for key in ("allowed_hosts", "allowed_origins"):
+        if not data.get(key):
+            data.pop(key, None)  # unset: hashes as before
     for key, default in _HASHED_AS_BEFORE.items():
         if data.get(key) == default:
             data.pop(key, None)  # a config that leaves them unset hashes as before

@@ -69,7 +69,7 @@ routing:
         evict_costs: {q: 4}
 database: {path: /tmp/elsewhere.db, synchronous: normal}
 jobs: {resultRetention: 1d, maxAttempts: 5, minFreeDisk: 0, maxFileBytes: 1000}
-server: {maxBodyBytes: 5000}
+server: {maxBodyBytes: 5000, allowedHosts: [gpu.example.com, .lan], allowedOrigins: ["https://chat.example.com"]}
 upstream: {ignorePaths: ["^/a$", "^/b$"]}
 models:
   a:
@@ -214,6 +214,8 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "min_free_disk",
             "max_file_bytes",
             "max_body_bytes",
+            "allowed_hosts",
+            "allowed_origins",
             "ignore_paths",
             "shutdown_grace",
             "load_backoff",
