@@ -181,7 +181,7 @@ def guard_sites(app: ASGIApp, rules: SiteRules) -> ASGIApp:
         for k, v in scope["headers"]:  # the first of each, as Go's Header.Get
             headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
         path = scope["path"]
-        method = scope.get("method", "GET")
+        method = str(scope.get("method", "GET"))  # a websocket has none: it opens with a GET
         refusal, code = rules.host_refusal(path, headers.get("host")), HOST_NOT_ALLOWED
         if refusal is None and changes_state(kind, method, path):
             reason = rules.cross_site_refusal(headers)
