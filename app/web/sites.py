@@ -21,9 +21,11 @@ before routing and before the key check, for HTTP and websockets alike:
   `same-site` (another origin of the same site, such as another port), or
   whose `Origin` is present and not this server's own (its host and port are
   the request's `Host`), gets 403 `cross_site_request`, unless its `Origin` is
-  in `server.allowedOrigins`. A request with neither header (curl, the OpenAI
-  clients, a peer gpulane) is not a browser's and passes, as does
-  `Sec-Fetch-Site: none` (the user typed the address).
+  in `server.allowedOrigins`. `Sec-Fetch-Site: same-origin` or `none` (the
+  user typed the address) passes whatever the `Origin`: no page can set it,
+  and a proxy in front may rewrite `Host`; `Origin` is compared only when a
+  browser sends no `Sec-Fetch-Site`. A request with neither header (curl, the
+  OpenAI clients, a peer gpulane) is not a browser's and passes.
 
 This is the rule of Go's `net/http.CrossOriginProtection`, plus the Host check
 of Vite's `server.allowedHosts`. CORS preflights (app/web/cors.py) are still
@@ -153,6 +155,10 @@ class SiteRules:
         site = headers.get("sec-fetch-site", "").strip().lower()
         allowed = self.config.allowed_origins
         if ANY in allowed or (origin is not None and origin_listed(origin, allowed)):
+            return None
+        if site in ("same-origin", "none"):
+            # The browser's own word, which no page can set: trusted as Go does,
+            # so a proxy in front that rewrites `Host` keeps the console working.
             return None
         if site in ("cross-site", "same-site"):
             sent = f"Sec-Fetch-Site: {site}" + (f", Origin {origin}" if origin else "")
