@@ -128,32 +128,37 @@ def origin_listed(origin: str, allowed: tuple[str, ...]) -> bool:
 
 
 class SiteRules:
-    """The two checks, read per request from `config` (a reload may change the lists)."""
+    """The two checks, read per request from `config` (a reload may change the
+    lists); None: no config (`gpulane ui`), so no list."""
 
-    def __init__(self, config: Config, listen_host: str | None) -> None:
+    def __init__(self, config: Config | None, listen_host: str | None) -> None:
         self.config = config
         self.checks_host = listen_host is not None
         self.own = own_names(listen_host) if listen_host is not None else frozenset()
+
+    def allowed_hosts(self) -> tuple[str, ...]:
+        return () if self.config is None else self.config.allowed_hosts
 
     def host_refusal(self, path: str, host: str | None) -> str | None:
         if not self.checks_host or host is None or path in HOST_EXEMPT:
             return None
         name = host_name(host)
-        if name_allowed(name, self.own, self.config.allowed_hosts):
+        listed = self.allowed_hosts()
+        if name_allowed(name, self.own, listed):
             return None
         own = ", ".join(sorted(self.own))
         return (
             f"Host {host!r} is not a name this server answers to: a page under another name "
             "that resolves to this machine (DNS rebinding) could use it through a browser. "
             f"Allowed: localhost, IP addresses, {own + ', ' if own else ''}and the names in "
-            f"server.allowedHosts ({', '.join(self.config.allowed_hosts) or 'none set'}); "
+            f"server.allowedHosts ({', '.join(listed) or 'none set'}); "
             "add this name there to reach gpulane by it"
         )
 
     def cross_site_refusal(self, headers: dict[str, str]) -> str | None:
         origin = headers.get("origin")
         site = headers.get("sec-fetch-site", "").strip().lower()
-        allowed = self.config.allowed_origins
+        allowed = () if self.config is None else self.config.allowed_origins
         if ANY in allowed or (origin is not None and origin_listed(origin, allowed)):
             return None
         if site in ("same-origin", "none"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -20,7 +21,15 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.e2e.gateway import Gateway, fake_model, raw_request, running_gateway
+from tests.e2e.gateway import (
+    REPO,
+    Gateway,
+    fake_model,
+    free_port,
+    poll,
+    raw_request,
+    running_gateway,
+)
 
 KEY = "sk-admin-sites"
 EVIL = "http://evil.example"
@@ -201,3 +210,38 @@ def test_the_openai_client_is_unaffected(keyed_gw: Gateway) -> None:
     answer = oa.chat.completions.create(model="A", messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content
     assert [m.id for m in oa.models.list()] == ["A", "W"]
+
+
+def test_the_read_only_console_refuses_a_rebinding_host(open_gw: Gateway, tmp_path: Path) -> None:
+    """`gpulane ui --db` serves a copied log: a rebinding page must not read it."""
+    with open_gw.client() as client:
+        _load(client)
+    open_gw.stop()  # a whole file, as one copied from a server
+    try:
+        port = free_port()
+        command = [sys.executable, "-m", "app.cli", "ui", "--db", str(open_gw.db)]
+        log = (tmp_path / "ui.log").open("wb")
+        proc = subprocess.Popen(
+            [*command, "--port", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+
+                def info() -> httpx.Response | None:
+                    assert proc.poll() is None, (tmp_path / "ui.log").read_text()
+                    try:
+                        return client.get("/ui/api/info")
+                    except httpx.TransportError:
+                        return None
+
+                assert poll(info, "gpulane ui to answer", timeout=30).status_code == 200
+                r = client.get("/ui/api/history", headers={"Host": f"evil.example:{port}"})
+                _refused(r, "host_not_allowed")
+                r = client.get("/ui/api/history", headers={"Host": f"localhost:{port}"})
+                assert r.status_code == 200
+        finally:
+            proc.terminate()
+            proc.wait(15)
+            log.close()
+    finally:
+        open_gw.start()
