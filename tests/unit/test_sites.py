@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.config import ConfigError, parse_config
+from app.runtime.reload import adopt
 from app.web.sites import STATE_CHANGING_GETS, SiteRules, changes_state, is_own_origin
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -154,3 +155,15 @@ def test_cross_site_rules() -> None:
     anyone = _rules("127.0.0.1", "allowedOrigins: ['*']\n")
     assert anyone.cross_site_refusal(host | {"origin": "http://evil.example"}) is None
     assert anyone.cross_site_refusal(host | {"sec-fetch-site": "cross-site"}) is None
+
+
+def test_a_reload_changes_the_lists_of_the_running_rules() -> None:
+    config = parse_config(MODELS)
+    rules = SiteRules(config, "127.0.0.1")
+    foreign = {"host": "127.0.0.1:8080", "origin": "https://app.example"}
+    assert rules.cross_site_refusal(foreign) is not None
+    assert rules.host_refusal("/", "gpu.example.com") is not None
+    listed = "server: {allowedHosts: [gpu.example.com], allowedOrigins: ['https://app.example']}\n"
+    adopt(config, parse_config(MODELS + listed))  # what SIGHUP does, in place
+    assert rules.cross_site_refusal(foreign) is None
+    assert rules.host_refusal("/", "gpu.example.com") is None
