@@ -81,7 +81,11 @@ def file_form(config: Config) -> dict[str, Any]:
             "maxFileBytes": config.max_file_bytes,
             "maxStoredBytesPerCaller": config.max_stored_bytes_per_caller,
         },
-        "server": {"maxBodyBytes": config.max_body_bytes},
+        "server": {
+            "maxBodyBytes": config.max_body_bytes,
+            "allowedHosts": list(config.allowed_hosts),
+            "allowedOrigins": list(config.allowed_origins),
+        },
         "upstream": {"ignorePaths": config.ignore_paths},
         "models": {k: _model(m) for k, m in own.items()},
     }

@@ -237,6 +237,9 @@ class RawJobs(_Raw, frozen=True):
 
 class RawServer(_Raw, frozen=True):
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Who may reach gpulane from a browser (app/config/sites.py, app/web/sites.py).
+    allowed_hosts: list[str] = []
+    allowed_origins: list[str] = []
 
 
 class RawUpstream(_Raw, frozen=True):

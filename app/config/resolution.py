@@ -39,6 +39,7 @@ from app.config.raw import (
 from app.config.resolved import Config, ModelConfig
 from app.config.routers import resolve_router
 from app.config.scheduling import aging_divisor, check_bands, check_fifo_keys, fifo_priorities
+from app.config.sites import resolve_allowed_hosts, resolve_allowed_origins
 from app.config.values import (
     DURATION_FORMS,
     RunLimits,
@@ -170,6 +171,8 @@ class Resolver:
             max_file_bytes=_max_file_bytes(raw, issues),
             max_stored_bytes_per_caller=_max_stored_bytes_per_caller(raw, issues),
             max_body_bytes=_max_body_bytes(raw, issues),
+            allowed_hosts=resolve_allowed_hosts(raw, issues),
+            allowed_origins=resolve_allowed_origins(raw, issues),
             ignore_paths=_ignore_paths(raw, issues),
             shutdown_grace=_shutdown_grace(raw, issues),
             **_load_backoff(raw, issues),

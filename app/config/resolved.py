@@ -160,6 +160,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     """Bytes one caller's open durable jobs may hold in the database: bodies,
     stored headers and idempotency keys (`jobs.maxStoredBytesPerCaller`); 429 above it."""
     max_body_bytes: int
+    allowed_hosts: tuple[str, ...] = ()
+    """`server.allowedHosts`: names a `Host` header may carry besides localhost,
+    IP addresses and the listen name (app/web/sites.py); `*`: any."""
+    allowed_origins: tuple[str, ...] = ()
+    """`server.allowedOrigins`: other sites whose pages may change state here
+    (app/web/sites.py), each as a browser writes `Origin`; `*`: any."""
     ignore_paths: str  # one regex, for re.search on the upstream path
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     """Seconds running work may take to finish after SIGTERM before upstreams are stopped."""
@@ -215,6 +221,9 @@ def config_hash(config: Config) -> str:
         data.pop("include_aliases_in_list", None)  # listing only; hashes as before
     if not data.get("log_requests"):
         data.pop("log_requests", None)  # logging only; hashes as before
+    for key in ("allowed_hosts", "allowed_origins"):
+        if not data.get(key):
+            data.pop(key, None)  # unset: hashes as before
     for key, default in _HASHED_AS_BEFORE.items():
         if data.get(key) == default:
             data.pop(key, None)  # a config that leaves them unset hashes as before

@@ -369,6 +369,7 @@ async def _serve(
         extra_handlers=extra_routes(scheduler, jobs, engine, batches),
         on_startup=[startup],
         on_shutdown=[shutdown],
+        listen_host=host,
     )
     gate.app = app
     server = _Server(
