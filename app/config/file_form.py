@@ -132,6 +132,8 @@ def _model(m: ModelConfig) -> dict[str, Any]:
         "streamIdleTimeout": _limit(m.stream_idle_timeout),
         "passCredentials": list(m.pass_credentials),
     }
+    if m.gpu_memory_mib is not None:
+        out["gpuMemory"] = f"{m.gpu_memory_mib}MiB"
     return out
 
 

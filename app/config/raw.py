@@ -126,6 +126,8 @@ class RawModel(_Raw, frozen=True):
     # gpulane only: credential headers forwarded to this model; unset = forward
     # them when no apiKeys are configured, strip them when some are.
     pass_credentials: bool | list[str] | None = None
+    # gpulane only: the GPU memory the model takes ("24GiB"), until it is measured.
+    gpu_memory: str | int | None = None
 
 
 class RawPeer(_Raw, frozen=True):

@@ -90,6 +90,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     choices: tuple[str, ...] = ()
     """A bare id several peers serve: the entries (`<peer>/<model>`) a request
     for it may be sent to; the scheduler picks one at dispatch."""
+    gpu_memory_mib: int | None = None
+    """`gpuMemory`: the GPU memory it declares (MiB), its footprint until one is
+    measured; None: not declared."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

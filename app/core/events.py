@@ -206,6 +206,10 @@ class ProcessStarted(Event, tag="process_started", frozen=True):
 class SwapFinished(Event, tag="swap_finished", frozen=True):
     model: str
     duration_ms: float
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
 
 
 class SwapFailed(Event, tag="swap_failed", frozen=True):
@@ -225,6 +229,10 @@ class ProcessStopping(Event, tag="process_stopping", frozen=True):
     """With reason `evicted`: the model whose load evicted it."""
     evicted_by: str | None = None
     """With reason `evicted`: the request that load is for (None: a preload)."""
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
 
 
 class ProcessStopped(Event, tag="process_stopped", frozen=True):
@@ -236,6 +244,10 @@ class ProcessStopped(Event, tag="process_stopped", frozen=True):
     """With reason `evicted`: the model whose load evicted it."""
     evicted_by: str | None = None
     """With reason `evicted`: the request that load is for (None: a preload)."""
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
 
 
 class RequestStarted(Event, tag="request_started", frozen=True):

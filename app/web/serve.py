@@ -28,6 +28,8 @@ from app.core.scoring import NS_PER_S
 from app.jobs.batches import Batches
 from app.jobs.chain_progress import ChainProgress
 from app.jobs.durable import Jobs
+from app.runtime.gpu import GpuMemory, footprints
+from app.runtime.gpu_nvml import open_nvml
 from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.parameters import server_started
@@ -158,6 +160,9 @@ async def _serve(
     # recovery finds what they left, and never another server's.
     owner = hashlib.sha256(os.fsencode(_database_name(engine))).hexdigest()
     scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
+    gpu = GpuMemory(open_nvml())  # None without a driver: one log line, nothing else changes
+    scheduler.swaps.gpu = gpu
+    scheduler.metrics.watch_gpu(gpu, lambda: footprints(scheduler.config, gpu))
     # A leader whose lease may have lapsed (paused, cut off) dispatches nothing.
     scheduler.may_dispatch = leadership.trusted
     leadership.on_lost = store.on_fenced = partial(_fenced, scheduler)
@@ -260,6 +265,8 @@ async def _serve(
         await forwarder.close()
         await store.close()
         await leadership.release()
+        if gpu.telemetry is not None:
+            gpu.telemetry.close()
         # The release is the last write: closing the last connection checkpoints it
         # too, so the .db file alone is still complete after a clean stop.
         engine.dispose()

@@ -245,6 +245,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "max_run_time",
             "stream_idle_timeout",
             "pass_credentials",
+            "gpu_memory_mib",
             "capabilities",
             "ignore_websockets",
         },
