@@ -21,7 +21,7 @@ import sqlalchemy
 from app.config.matrix import is_name_char
 from app.config.peers import CHOICE_GROUP, PEER_GROUP
 from app.config.resolved import ApiKey, Config, ModelConfig
-from app.core.residency import DEFAULT_GROUP, GroupRouter, MatrixRouter, Router
+from app.core.residency import DEFAULT_GROUP, GroupRouter, MemoryRouter, Router
 
 SECRET: Final = "***"
 
@@ -200,7 +200,9 @@ def _router(router: Router, peers: set[str]) -> dict[str, Any] | None:
             if g.name not in implied
         }
         return {"use": "group", "settings": {"groups": groups}} if groups else None
-    assert isinstance(router, MatrixRouter)
+    if isinstance(router, MemoryRouter):
+        memory = {"budget": f"{router.budget_mib}MiB", "sideBySide": router.side_by_side}
+        return {"use": "memory", "settings": {"memory": memory}}
     models = sorted({m for s in router.sets for m in s.models} | router.evict_costs.keys())
     # A model id an expression cannot spell is named through a var.
     names = {m: m for m in models if m and all(is_name_char(c) for c in m)}

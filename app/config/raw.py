@@ -204,13 +204,22 @@ class RawMatrix(_Raw, frozen=True):
     evict_costs: dict[str, int] = msgspec.field(default_factory=dict, name="evict_costs")
 
 
+class RawMemoryRouter(_Raw, frozen=True):
+    """gpulane only: `routing.router.settings.memory`."""
+
+    budget: str | int = "auto"  # "auto" | a size ("80GiB")
+    reserve: str | int | None = None  # with auto: what is left free (a size)
+    side_by_side: bool = False
+
+
 class RawRouterSettings(_Raw, frozen=True):
     groups: dict[str, RawGroup] = {}
     matrix: RawMatrix | None = None
+    memory: RawMemoryRouter | None = None
 
 
 class RawRouter(_Raw, frozen=True):
-    use: str = ""  # "" | "group" | "matrix"; "" is group
+    use: str = ""  # "" | "group" | "matrix" | "memory"; "" is group
     settings: RawRouterSettings = msgspec.field(default_factory=RawRouterSettings)
 
 

@@ -122,7 +122,11 @@ class Resolver:
         index = name_index(issues, self.declared, models)
         check_fifo_keys(issues, fifo, self.declared, index)
         router = resolve_router(
-            raw, index, issues, lambda name, outcome: unknown_model(name, index, outcome)
+            raw,
+            index,
+            issues,
+            lambda name, outcome: unknown_model(name, index, outcome),
+            declared_mib={m: s.gpu_memory_mib for m, s in models.items() if s.gpu_memory_mib},
         )
         # Peers after the local names (local ids and aliases first) and the router.
         peers, router = PeerResolver(

@@ -32,12 +32,14 @@ from app.runtime.gpu import GpuMemory, footprints
 from app.runtime.gpu_nvml import open_nvml
 from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.memory_history import with_history
 from app.runtime.parameters import server_started
 from app.runtime.recovery import recover
 from app.runtime.reload import ConfigSource
 from app.runtime.scheduler import Scheduler
 from app.store.engine import DatabaseError, open_database, shown
 from app.store.event_store import SqlEventStore
+from app.store.footprints import recent_footprints
 from app.store.lease import LeaseHeld, this_process
 from app.store.queries import activity
 from app.store.samples import lane_samples, recent_runs, recent_samples
@@ -187,10 +189,12 @@ async def _serve(
             log.info("standby: took over the lease (term %d); recovering", lease.term)
         background.append(asyncio.get_running_loop().create_task(leadership.keep(), name="lease"))
         now = scheduler.clock()
-        scheduler.emit([lease.event(now), server_started(config, now, os.getpid())])
+        _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
+        started = server_started(config, now, os.getpid())
+        started = with_history(started, recent_footprints(engine), reversed(loads))
+        scheduler.emit([lease.event(now), started])
         recovered = await recover(scheduler, engine, config.max_attempts)
         # What the short-job term and Retry-After expect, learnt from the log so far.
-        _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
         scheduler.learn(recent_runs(engine, RECENT_RUNS), reversed(loads))
         # What the forecast of overtaking work learns from: the log's last week, up
         # to this start (what ends later, the scheduler sees).
