@@ -67,6 +67,7 @@ def file_form(config: Config) -> dict[str, Any]:
         "shutdownGrace": config.shutdown_grace,
         "loadBackoff": config.load_backoff,
         "loadBackoffMax": config.load_backoff_max,
+        "memoryReleaseWait": config.memory_release_wait,
         "loadFailureLimit": config.load_failure_limit,
         "maxQueued": config.max_queued,
         "maxQueuedPerCaller": config.max_queued_per_caller,

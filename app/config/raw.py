@@ -49,6 +49,9 @@ DEFAULT_SHUTDOWN_GRACE: Final = 30.0
 DEFAULT_LOAD_BACKOFF: Final = 5.0
 DEFAULT_LOAD_BACKOFF_MAX: Final = 300.0
 DEFAULT_LOAD_FAILURE_LIMIT: Final = 3
+# With GPU telemetry, a load waits this long for a stopped model's memory to be
+# free again (Ollama waits up to 5 s); still held then, the load fails.
+DEFAULT_MEMORY_RELEASE_WAIT: Final = 10.0
 # Static assets a web UI behind /upstream/<model>/ asks for; they must not
 # trigger a swap. Anchored, so re.search and re.match agree.
 DEFAULT_IGNORE_PATHS: Final = (
@@ -267,6 +270,7 @@ class RawConfig(_Raw, frozen=True):
     load_backoff: float | str = DEFAULT_LOAD_BACKOFF
     load_backoff_max: float | str = DEFAULT_LOAD_BACKOFF_MAX
     load_failure_limit: int = DEFAULT_LOAD_FAILURE_LIMIT
+    memory_release_wait: float | str = DEFAULT_MEMORY_RELEASE_WAIT
     max_queued: int = DEFAULT_MAX_QUEUED
     max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
     macros: dict[str, MacroValue] = {}

@@ -250,6 +250,36 @@ class ProcessStopped(Event, tag="process_stopped", frozen=True):
     every log before footprints)."""
 
 
+class MemoryHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """A process of a stopped model that still holds GPU memory."""
+
+    pid: int
+    model: str
+    mib: int
+
+
+class MemoryWaitStarted(Event, tag="memory_wait_started", frozen=True):
+    """A load waits for GPU memory that stopped models' processes still hold
+    (GPU telemetry lists them), at most `limit_ms` (`memoryReleaseWait`)."""
+
+    model: str
+    """The model whose load waits."""
+    holders: list[MemoryHolder] = []
+    limit_ms: float = 0.0
+
+
+class MemoryWaitEnded(Event, tag="memory_wait_ended", frozen=True):
+    """The wait of `memory_wait_started` ended: the memory was released (the load
+    goes on), or not within the limit (the load fails, its `swap_failed` follows
+    naming the holders)."""
+
+    model: str
+    released: bool
+    waited_ms: float = 0.0
+    holders: list[MemoryHolder] = []
+    """Not released: the processes still holding memory."""
+
+
 class RequestStarted(Event, tag="request_started", frozen=True):
     """The request was sent to a ready upstream (after any swap)."""
 
@@ -390,6 +420,8 @@ AnyEvent = (
     | RequestRestored
     | RecoveryFinished
     | LeaseAcquired
+    | MemoryWaitStarted
+    | MemoryWaitEnded
 )
 
 TERMINAL = (RequestCompleted, RequestFailed, RequestCancelled, RequestAbandoned)

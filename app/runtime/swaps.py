@@ -23,6 +23,7 @@ from app.core.residency import plan_preload
 from app.core.state import SchedulerState
 from app.runtime.gpu import GpuMemory, tree_pids
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.memory_release import MemoryRelease
 from app.runtime.ports import Timers
 from app.runtime.processes import Processes, Upstream, UpstreamFactory
 from app.runtime.upstream import UpstreamProcess
@@ -67,6 +68,9 @@ class Swaps:
         """Models a reload removed while in use, as configured before it."""
         self.gpu = GpuMemory(None)
         """GPU telemetry and the footprints measured with it (serve sets it)."""
+        self.memory = MemoryRelease(self, loop, timers)
+        """Loads wait for stopped models' GPU memory (app/runtime/memory_release.py)."""
+        self.processes.before_start = self.memory.wait
 
     def spec(self, model: str) -> ModelConfig:
         """`model`'s config: the current one, or for a model a reload removed
@@ -200,6 +204,7 @@ class Swaps:
 
     def process_crashed(self, model: str, proc: Upstream, exit_code: int) -> None:
         assert proc.pid is not None
+        self.memory.stopping(model, proc)
         self._loop.emit(
             [
                 ev.ProcessStopped(
@@ -253,6 +258,7 @@ class Swaps:
 
         if self.gpu.telemetry is not None and self.processes.running(model):
             self.measure(model)  # its last chance: the peak includes what it grew to
+            self.memory.stopping(model, self.processes.get(model))
         proc = self.processes.stop(model, stopped)
         if proc is None:
             return

@@ -209,3 +209,91 @@ async def test_metrics_show_the_gpu_and_each_model_footprint() -> None:
     assert "gpulane_gpu_memory_free_bytes" in text
     assert 'gpulane_gpu_utilization_ratio{gpu="0",name="fake GPU"} 0.37' in text
     assert 'gpulane_model_gpu_memory_bytes{model="A"} 2.147483648e+10' in text
+
+
+# -- memory back before the next load ------------------------------------------------
+
+
+def held_lane(release_wait: float = 10.0) -> tuple[Lane, FakeGpu]:
+    """Two models, one at a time, on a fake GPU that runs on the lane's clock."""
+    lane = Lane(
+        config_text({"A": {}, "B": {}}, swapAffinityBonus=0).replace(
+            '"models"', f'"memoryReleaseWait": {release_wait}, "models"'
+        )
+    )
+    gpu = FakeGpu(81_920, clock=lambda: lane.clock.now_ns / 1e9)
+    lane.scheduler.swaps.gpu = GpuMemory(gpu)
+    return lane, gpu
+
+
+async def a_ran_and_holds(lane: Lane, gpu: FakeGpu, mib: int = 60_000) -> int:
+    """A loads (taking `mib`), serves one request, and is left resident."""
+    ticket = lane.admit("A")
+    await settle()
+    pid = lane.upstreams.last("A").pid
+    assert pid is not None
+    gpu.take(pid, mib)
+    await lane.finish(ticket)
+    return pid
+
+
+async def test_a_load_waits_until_the_stopped_model_s_memory_is_back() -> None:
+    lane, gpu = held_lane()
+    pid = await a_ran_and_holds(lane, gpu)
+    gpu.give_back(pid, after=2.0)  # the driver frees it 2 s after the exit
+    b = lane.admit("B")
+    await settle()
+    assert ("start", "B") not in lane.upstreams.calls  # A's process is gone, its memory not
+    (waiting,) = lane.events(ev.MemoryWaitStarted)
+    assert waiting.model == "B" and waiting.limit_ms == 10_000
+    assert waiting.holders == [ev.MemoryHolder(pid=pid, model="A", mib=60_000)]
+    await lane.clock.advance(1.9)
+    assert ("start", "B") not in lane.upstreams.calls
+    await lane.clock.advance(0.2)
+    assert ("start", "B") in lane.upstreams.calls
+    (ended,) = lane.events(ev.MemoryWaitEnded)
+    assert ended.released and 2000 <= ended.waited_ms <= 2100 and ended.holders == []
+    await lane.finish(b)
+    assert lane.ended(b).http_status == 200
+
+
+async def test_memory_never_released_fails_the_load_naming_who_holds_it() -> None:
+    lane, gpu = held_lane(release_wait=10.0)
+    pid = await a_ran_and_holds(lane, gpu)  # and never gives it back
+    b = lane.admit("B")
+    await settle()
+    await lane.clock.advance(10.1)
+    (ended,) = lane.events(ev.MemoryWaitEnded)
+    assert not ended.released and [h.pid for h in ended.holders] == [pid]
+    assert ("start", "B") not in lane.upstreams.calls
+    failed = lane.ended(b)
+    assert isinstance(failed, ev.RequestFailed) and failed.http_status == 502
+    assert f"GPU memory was not released: pid {pid} (model 'A') still holds 60000 MiB" in (
+        failed.error
+    )
+    (swap_failed,) = lane.events(ev.SwapFailed)
+    assert swap_failed.model == "B" and "memoryReleaseWait" in swap_failed.error
+    # The lane moves on: the next request for A is served.
+    gpu.give_back(pid)
+    a = lane.admit("A")
+    await settle()
+    await lane.finish(a)
+    assert lane.ended(a).http_status == 200
+
+
+async def test_without_telemetry_a_load_does_not_wait() -> None:
+    lane = Lane(config_text({"A": {}, "B": {}}))
+    await lane.finish(lane.admit("A"))
+    b = lane.admit("B")
+    await lane.finish(b)
+    assert not lane.events(ev.MemoryWaitStarted, ev.MemoryWaitEnded)
+
+
+def test_memory_release_wait_is_seconds_or_a_duration() -> None:
+    assert parse_config(config_text({"A": {}})).memory_release_wait == 10
+    text = config_text({"A": {}}).replace('"models"', '"memoryReleaseWait": "30s", "models"')
+    assert parse_config(text).memory_release_wait == 30
+    with pytest.raises(ConfigError, match="memoryReleaseWait"):
+        parse_config(
+            config_text({"A": {}}).replace('"models"', '"memoryReleaseWait": -1, "models"')
+        )
