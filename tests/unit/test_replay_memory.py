@@ -68,3 +68,44 @@ def test_a_budget_without_a_unit_is_refused() -> None:
 def test_models_of_unknown_size_are_named_in_the_label() -> None:
     what = memory_resources("80GiB", {"A": 100}, None, ["A", "B"])
     assert what.label == "memory 80GiB (1 of unknown size)"
+
+
+async def test_explain_shows_the_footprint_the_evictions_and_the_memory_wait(
+    tmp_path: Path,
+) -> None:
+    from app.report.explain import explain
+    from app.report.render import explanation_text
+    from app.store.engine import open_database
+
+    lane = Lane(
+        config_text({"A": {}, "B": {}}).replace('"models"', '"memoryReleaseWait": 5, "models"'),
+        auto_load=False,
+    )
+    gpu = FakeGpu(81_920, clock=lambda: lane.clock.now_ns / 1e9)
+    lane.scheduler.swaps.gpu = GpuMemory(gpu)
+    a = lane.admit("A")
+    await settle()
+    pid_a = lane.upstreams.last("A").pid or 0
+    gpu.take(pid_a, 60 * GIB)
+    lane.upstreams.last("A").load()
+    await lane.finish(a)
+    gpu.give_back(pid_a, after=1.0)
+    b = lane.admit("B")
+    await lane.clock.advance(1.05)  # the load waits for A's memory, then starts B
+    upstream = lane.upstreams.last("B")
+    assert upstream.pid is not None
+    gpu.take(upstream.pid, 40 * GIB)
+    upstream.load()
+    await lane.finish(b)
+    db = tmp_path / "log.db"
+    write_log(db, [server_started(lane.config, 0, 0), *lane.events()])
+    engine = open_database(db)
+    try:
+        found = explain(engine, b.request_id)
+    finally:
+        engine.dispose()
+    assert found is not None and found.own_swap is not None
+    assert found.own_swap.gpu_memory_mib == 40 * GIB
+    assert found.own_swap.memory_wait_s is not None and 1.0 <= found.own_swap.memory_wait_s < 1.1
+    text = explanation_text(found)
+    assert "swap A -> B" in text and "B holds 40.0 GiB" in text and "for GPU memory" in text
