@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 import msgspec
@@ -190,3 +190,38 @@ def footprints(config: Config, memory: GpuMemory) -> dict[str, int]:
     declared (`gpuMemory`)."""
     declared = {m.id: m.gpu_memory_mib for m in config.models.values() if m.gpu_memory_mib}
     return {**declared, **memory.footprints}
+
+
+class MemoryStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """GPU memory as the console shows it (`Scheduler.memory_status`)."""
+
+    gpu: GpuSnapshot | None
+    """The GPU now; None without telemetry."""
+    budget_mib: int | None
+    """The memory router's budget; None: no memory router."""
+    footprints: dict[str, int]
+    """Each model's footprint (MiB): measured, else declared."""
+    measured: frozenset[str]
+    """The models whose footprint was measured (the others' is declared)."""
+    resident: tuple[str, ...]
+    """The models loaded or loading now, whose footprints fill the bar."""
+
+
+def memory_status(
+    config: Config,
+    memory: GpuMemory,
+    measured_in_log: Mapping[str, int],
+    budget_mib: int | None,
+    resident: Iterable[str],
+) -> MemoryStatus:
+    """What the console shows: `measured_in_log` is what the scheduler state
+    folded (this process and, under the memory router, the log before it)."""
+    measured = {**measured_in_log, **memory.footprints}
+    known = {**footprints(config, memory), **measured}
+    return MemoryStatus(
+        gpu=memory.snapshot(),
+        budget_mib=budget_mib,
+        footprints=dict(sorted(known.items())),
+        measured=frozenset(measured),
+        resident=tuple(resident),
+    )

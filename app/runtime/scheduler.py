@@ -53,6 +53,7 @@ from app.runtime.api import (
     Ticket,
     new_request_id,
 )
+from app.runtime.gpu import MemoryStatus
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.parameters import server_started
@@ -198,6 +199,10 @@ class Scheduler:
 
     def metrics_registry(self) -> CollectorRegistry:
         return self.metrics.registry
+
+    def memory_status(self) -> MemoryStatus:
+        """GPU memory for the console: the GPU, the budget, each model's footprint."""
+        return self.swaps.memory_status()
 
     def loaded_models(self) -> list[str]:
         """Models with a server process (running or starting), in spawn order."""

@@ -19,9 +19,9 @@ from typing import Protocol
 from app.config import Config, ModelConfig
 from app.core import events as ev
 from app.core.loads import idle_evictions, plan_load, preload_evictions
-from app.core.residency import plan_preload
+from app.core.residency import MemoryRouter, plan_preload
 from app.core.state import SchedulerState
-from app.runtime.gpu import GpuMemory, tree_pids
+from app.runtime.gpu import GpuMemory, MemoryStatus, memory_status, tree_pids
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.memory_release import MemoryRelease
 from app.runtime.ports import Timers
@@ -112,6 +112,17 @@ class Swaps:
         for other in plan.stop:
             self.stop(other, "evicted", evicted_for=model, evicted_by=request_id)
         self.processes.load(self.spec(model), plan.wait_for)
+
+    def memory_status(self) -> MemoryStatus:
+        """GPU memory as the console shows it (`gpu.memory_status`)."""
+        state = self._loop.state
+        router = state.router
+        measured = dict(state.measured_mib)
+        if isinstance(router, MemoryRouter):
+            measured = {**router.measured_mib, **measured}
+        budget = router.budget_mib if isinstance(router, MemoryRouter) else None
+        resident = [*state.residents, *state.loads]  # in the order they became so
+        return memory_status(self.config, self.gpu, measured, budget, resident)
 
     def preload_all(self, models: Iterable[str]) -> list[str]:
         """`hooks.on_startup.preload`: load what loading the listed models in turn

@@ -297,3 +297,19 @@ def test_memory_release_wait_is_seconds_or_a_duration() -> None:
         parse_config(
             config_text({"A": {}}).replace('"models"', '"memoryReleaseWait": -1, "models"')
         )
+
+
+async def test_the_console_s_memory_status_has_the_gpu_and_each_footprint() -> None:
+    lane, gpu = gpu_lane("20GiB")
+    gpu.take(99, 1_000)  # another process's
+    ticket = lane.admit("B")
+    await settle()
+    upstream = lane.upstreams.last("B")
+    assert upstream.pid is not None
+    gpu.take(upstream.pid, 7_000)
+    upstream.load()
+    await lane.finish(ticket)
+    status = lane.scheduler.memory_status()
+    assert status.gpu is not None and status.gpu.used_mib == 8_000
+    assert status.footprints == {"A": 20_480, "B": 7_000}
+    assert (status.measured, status.resident, status.budget_mib) == (frozenset({"B"}), ("B",), None)
