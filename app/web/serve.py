@@ -28,6 +28,7 @@ from app.core.scoring import NS_PER_S
 from app.jobs.batches import Batches
 from app.jobs.chain_progress import ChainProgress
 from app.jobs.durable import Jobs
+from app.runtime import gpu_file
 from app.runtime.gpu import GpuMemory, footprints
 from app.runtime.gpu_nvml import open_nvml
 from app.runtime.leadership import Leadership
@@ -162,7 +163,9 @@ async def _serve(
     # recovery finds what they left, and never another server's.
     owner = hashlib.sha256(os.fsencode(_database_name(engine))).hexdigest()
     scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
-    gpu = GpuMemory(open_nvml())  # None without a driver: one log line, nothing else changes
+    # NVML; none without a driver (one log line, nothing else changes); a fake GPU
+    # shared by files when GPULANE_FAKE_GPU names one (tests, demos).
+    gpu = GpuMemory(gpu_file.from_environment() or open_nvml())
     scheduler.swaps.gpu = gpu
     scheduler.metrics.watch_gpu(gpu, lambda: footprints(scheduler.config, gpu))
     # A leader whose lease may have lapsed (paused, cut off) dispatches nothing.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -15,18 +16,23 @@ from prometheus_client import generate_latest
 from app.config import ConfigError, parse_config
 from app.core import events as ev
 from app.runtime.gpu import FakeGpu, GpuMemory, GpuSnapshot, GpuTelemetry
+from app.runtime.gpu_file import FileGpu
 from app.runtime.gpu_nvml import open_nvml
 from tests.unit.run_loop_fakes import Lane, config_text, settle
 
 # -- the port's contract: every telemetry answers the same way ----------------------
 
 
-@pytest.fixture(params=["fake", "nvml"])
-def telemetry(request: pytest.FixtureRequest) -> Iterator[GpuTelemetry]:
+@pytest.fixture(params=["fake", "files", "nvml"])
+def telemetry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuTelemetry]:
     if request.param == "fake":
         gpu = FakeGpu(81_920)
         gpu.take(os.getpid(), 1_000)
         yield gpu
+        return
+    if request.param == "files":
+        (tmp_path / f"{os.getpid()}.json").write_text('{"mib": 1000}')
+        yield FileGpu(tmp_path, 81_920)
         return
     nvml = open_nvml()
     if nvml is None:
@@ -52,7 +58,18 @@ def test_what_no_process_of_ours_holds_is_none(telemetry: GpuTelemetry) -> None:
     assert telemetry.snapshot().held_by([2**23]) is None
 
 
-# -- the fake GPU ----------------------------------------------------------------
+# -- the fake GPUs --------------------------------------------------------------
+
+
+def test_the_file_gpu_forgets_a_holder_past_its_free_at(tmp_path: Path) -> None:
+    import time
+
+    (tmp_path / "7.json").write_text('{"mib": 300}')
+    (tmp_path / "8.json").write_text(f'{{"mib": 200, "free_at": {time.time() - 1}}}')
+    (tmp_path / "9.json").write_text(f'{{"mib": 100, "free_at": {time.time() + 60}}}')
+    snap = FileGpu(tmp_path, 1000).snapshot()
+    assert (snap.used_mib, [p.pid for p in snap.processes]) == (400, [7, 9])
+    assert not (tmp_path / "8.json").exists()
 
 
 def test_the_fake_gpu_takes_and_gives_back_memory_after_a_delay() -> None:
