@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -91,4 +92,44 @@ def test_models_that_fit_stay_loaded_and_run_one_job_at_a_time(
     gw.stop()
     checked = gw.db_check()
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert_log_replays(gw.db)
+
+
+def test_measured_footprints_let_models_share_and_are_known_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """No model declares its size: each loads alone once, is measured (a fake GPU
+    shared by files), and from then on both stay loaded; a restart records the
+    sizes the log measured in its server_started."""
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    models = (
+        fake_model("A", f"--gpu-dir {gpu} --gpu-mib 30000")
+        + fake_model("B", f"--gpu-dir {gpu} --gpu-mib 30000")
+    ).replace("\n", "\n  ")
+    text = (
+        "models:"
+        + models
+        + "\nrouting:\n  scheduler:\n    use: serial\n    settings:\n      serial: "
+        "{swapAffinityBonus: 0}\n  router:\n    use: memory\n    settings:\n"
+        "      memory: {budget: 80GiB}\n"
+    )
+    gw = Gateway(tmp_path, text)
+    gw.env = {"GPULANE_FAKE_GPU": f"{gpu}:81920"}
+    try:
+        gw.start()
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        with gw.client() as client:
+            for model in "ABABAB":
+                r = client.post("/v1/chat/completions", json={"model": model, **body})
+                assert r.status_code == 200
+        # A alone (unknown), B alone (unknown: A goes), then A beside B for good.
+        assert loads(gw) == ["A", "B", "A"]
+        gw.stop()
+        gw.start()
+        rows = gw.sql("SELECT data FROM events WHERE type = 'server_started' ORDER BY seq")
+        router = json.loads(rows[-1]["data"])["router"]
+        assert router["measured_mib"] == {"A": 30000, "B": 30000}
+    finally:
+        gw.stop()
     assert_log_replays(gw.db)
