@@ -41,7 +41,6 @@ from collections.abc import Collection, Generator, Mapping
 from typing import NamedTuple
 
 from app.core.queue import Queued
-from app.core.residency import to_evict
 from app.core.run_estimate import Durations
 from app.core.state import SchedulerState
 
@@ -240,7 +239,7 @@ def _slots_now(
 def evicted_by(state: SchedulerState, model: str, in_use: Collection[str]) -> frozenset[str]:
     """The models of `in_use` that loading `model` stops (`residency.to_evict`)."""
     try:
-        return to_evict(state.router, model, frozenset(in_use))
+        return state.to_evict(model, frozenset(in_use))
     except ValueError:  # no group (a choice between peers): it evicts nothing
         return frozenset()
 

@@ -190,9 +190,15 @@ class _Swap:
     error: str | None = None
     waited_ns: int = 0
     caller: str | None = None
+    evicted: list[str] | None = None
+    gpu_memory_mib: int | None = None
+    memory_wait_ns: int | None = None
 
     def value(self, waited_ns: int | None = None) -> SwapWaited:
         return SwapWaited(
+            evicted=self.evicted,
+            gpu_memory_mib=self.gpu_memory_mib,
+            memory_wait_s=None if self.memory_wait_ns is None else self.memory_wait_ns / NS_PER_S,
             from_model=self.from_model,
             to_model=self.to_model,
             request_id=self.request_id,
@@ -263,13 +269,19 @@ class _Replay:
                     event.request_id,
                     event.at,
                     caller=None if cause is None else cause.caller,
+                    evicted=event.evicted,
                 )
             case ev.SwapFinished() | ev.SwapFailed():
                 if self.swap is not None and self.swap.to_model == event.model:
                     self.swap.finished_ns = event.at
                     self.swap.duration_ms = event.duration_ms
                     self.swap.error = event.error if isinstance(event, ev.SwapFailed) else None
+                    if isinstance(event, ev.SwapFinished):
+                        self.swap.gpu_memory_mib = event.gpu_memory_mib
                     self.swap = None
+            case ev.MemoryWaitEnded():
+                if self.swap is not None and self.swap.to_model == event.model:
+                    self.swap.memory_wait_ns = round(event.waited_ms * 1e6)
             case ev.RequestDispatched():
                 if event.request_id in self.state.requests:
                     self.running_since[event.request_id] = event.at

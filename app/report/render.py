@@ -10,7 +10,7 @@ import msgspec
 from app.core.scoring import Breakdown
 from app.report.live_queue import QueueView
 from app.report.progress import Progress
-from app.report.story import Cause, Explanation
+from app.report.story import Cause, Explanation, SwapWaited
 from app.report.visibility import ANOTHER_CALLER
 
 CAUSE_TEXT: dict[Cause, str] = {
@@ -185,7 +185,7 @@ def explanation_text(x: Explanation) -> str:
             failed = f" FAILED: {s.error}" if s.error else ""
             out.append(
                 f"  {s.from_model or 'none'} -> {s.to_model} {cause}: {seconds(s.duration_s)} "
-                f"({seconds(s.waited_s)} of its wait){failed}"
+                f"({seconds(s.waited_s)} of its wait){memory(s)}{failed}"
             )
     out.append("")
     if x.dispatched_at is not None:
@@ -193,7 +193,7 @@ def explanation_text(x: Explanation) -> str:
         if x.own_swap is not None:
             own = (
                 f"swap {x.own_swap.from_model or 'none'} -> {x.own_swap.to_model} "
-                f"{seconds(x.own_swap.duration_s)}"
+                f"{seconds(x.own_swap.duration_s)}{memory(x.own_swap)}"
             )
         out.append(
             f"Its turn: dispatched {clock(x.dispatched_at)}, {own}, "
@@ -358,3 +358,16 @@ def duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def memory(swap: SwapWaited) -> str:
+    """What a swap says of GPU memory: the loaded model's footprint, what it
+    evicted, and any wait for stopped models' memory ("" when none is known)."""
+    parts = []
+    if swap.gpu_memory_mib is not None:
+        parts.append(f"{swap.to_model} holds {swap.gpu_memory_mib / 1024:.1f} GiB")
+    if swap.evicted and (len(swap.evicted) > 1 or swap.evicted[0] != swap.from_model):
+        parts.append(f"evicted {', '.join(swap.evicted)}")
+    if swap.memory_wait_s is not None:
+        parts.append(f"waited {seconds(swap.memory_wait_s)} for GPU memory")
+    return f" [{'; '.join(parts)}]" if parts else ""

@@ -113,6 +113,12 @@ class SwapWaited(msgspec.Struct, frozen=True):
     """The caller of the request that caused it."""
     another_caller: bool = False
     """As `Ahead.another_caller`: caused by another caller's request."""
+    evicted: list[str] | None = None
+    """The models it stopped to make room (`swap_started.evicted`)."""
+    gpu_memory_mib: int | None = None
+    """The loaded model's footprint, as measured when it became ready."""
+    memory_wait_s: float | None = None
+    """How long the load waited for stopped models' GPU memory (None: it did not)."""
 
 
 class HeldFor(msgspec.Struct, frozen=True):

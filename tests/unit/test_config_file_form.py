@@ -222,6 +222,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "shutdown_grace",
             "load_backoff",
             "load_backoff_max",
+            "memory_release_wait",
             "load_failure_limit",
         },
         ModelConfig: {
@@ -249,6 +250,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "max_run_time",
             "stream_idle_timeout",
             "pass_credentials",
+            "gpu_memory_mib",
             "capabilities",
             "ignore_websockets",
         },
