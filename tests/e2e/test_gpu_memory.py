@@ -51,8 +51,14 @@ def chat(gw: Gateway, model: str) -> httpx.Response:
 
 
 def events(gw: Gateway, kind: str) -> list[dict[str, object]]:
-    rows = gw.sql("SELECT data FROM events WHERE type = ? ORDER BY seq", kind)
-    return [json.loads(r["data"]) for r in rows]
+    """The `kind` events on disk, once there is one: an answer can reach the
+    client before its events are committed (the log's group commit)."""
+
+    def read() -> list[dict[str, object]]:
+        rows = gw.sql("SELECT data FROM events WHERE type = ? ORDER BY seq", kind)
+        return [json.loads(r["data"]) for r in rows]
+
+    return poll(read, f"a {kind} event")
 
 
 def test_a_load_waits_for_the_memory_a_stopped_model_frees_late(start: Start) -> None:
@@ -83,7 +89,7 @@ def test_memory_never_released_fails_the_requests_naming_the_holder(start: Start
     assert f"GPU memory was not released: pid {pid_a} (model 'A') still holds 60000 MiB" in text
     (ended,) = events(gw, "memory_wait_ended")
     assert ended["released"] is False
-    poll(lambda: events(gw, "swap_failed"), "the failed load recorded")
+    events(gw, "swap_failed")  # the failed load recorded
     # The lane moves on: once the driver lets go, the next request is served.
     (gpu / f"{pid_a}.json").unlink()
     assert chat(gw, "A").status_code == 200
