@@ -79,6 +79,7 @@ def file_form(config: Config) -> dict[str, Any]:
             "maxAttempts": config.max_attempts,
             "minFreeDisk": config.min_free_disk,
             "maxFileBytes": config.max_file_bytes,
+            "maxStoredBytesPerCaller": config.max_stored_bytes_per_caller,
         },
         "server": {
             "maxBodyBytes": config.max_body_bytes,

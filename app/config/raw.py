@@ -35,6 +35,9 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_MIN_FREE_DISK: Final = 256 * 1024 * 1024
 # The largest file `POST /v1/files` stores (413 above it): held whole in memory once.
 DEFAULT_MAX_FILE_BYTES: Final = 200 * 1024 * 1024
+# Bytes one caller's open durable jobs may hold in the database (bodies,
+# stored headers, idempotency keys): 429 above it. 64 bodies of the largest size.
+DEFAULT_MAX_STORED_BYTES_PER_CALLER: Final = 4 * 1024 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Limits on one forwarded request, in seconds. Generous on purpose: a
 # 16-minute non-streaming render must finish, and so must a streamed one that
@@ -229,6 +232,7 @@ class RawJobs(_Raw, frozen=True):
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
 
 
 class RawServer(_Raw, frozen=True):

@@ -169,6 +169,7 @@ class Resolver:
             max_attempts=_max_attempts(raw, issues),
             min_free_disk=_min_free_disk(raw, issues),
             max_file_bytes=_max_file_bytes(raw, issues),
+            max_stored_bytes_per_caller=_max_stored_bytes_per_caller(raw, issues),
             max_body_bytes=_max_body_bytes(raw, issues),
             allowed_hosts=resolve_allowed_hosts(raw, issues),
             allowed_origins=resolve_allowed_origins(raw, issues),
@@ -276,6 +277,16 @@ def _load_backoff(raw: RawConfig, issues: Issues) -> dict[str, Any]:
             "waiting requests)",
         )
     return {"load_backoff": first, "load_backoff_max": most, "load_failure_limit": failures}
+
+
+def _max_stored_bytes_per_caller(raw: RawConfig, issues: Issues) -> int:
+    value = raw.jobs.max_stored_bytes_per_caller
+    if value < 1:
+        issues.error(
+            "jobs.maxStoredBytesPerCaller",
+            f"{value} is out of range; expected bytes, an integer >= 1",
+        )
+    return value
 
 
 def _max_file_bytes(raw: RawConfig, issues: Issues) -> int:

@@ -18,6 +18,7 @@ from app.config.raw import (
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_PER_CALLER,
     DEFAULT_MAX_RUN_TIME,
+    DEFAULT_MAX_STORED_BYTES_PER_CALLER,
     DEFAULT_MIN_FREE_DISK,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
     DEFAULT_SHUTDOWN_GRACE,
@@ -155,6 +156,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     more is refused with 507 (`jobs.minFreeDisk`; 0: only a full disk refuses)."""
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     """The largest file `POST /v1/files` stores (`jobs.maxFileBytes`); 413 above it."""
+    max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
+    """Bytes one caller's open durable jobs may hold in the database: bodies,
+    stored headers and idempotency keys (`jobs.maxStoredBytesPerCaller`); 429 above it."""
     max_body_bytes: int
     allowed_hosts: tuple[str, ...] = ()
     """`server.allowedHosts`: names a `Host` header may carry besides localhost,

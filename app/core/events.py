@@ -89,6 +89,9 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     peer_choices: dict[str, list[str]] | None = None
     """Each bare model id several peers serve: the entries a request for it may be
     dispatched to (`app.core.peers`); its `request_dispatched.model` names the one."""
+    max_run_time_ns: dict[str, int] = {}
+    """Each model's `maxRunTime` (ns); a model absent has none (every log before
+    it: unknown). Read by `db check` only: no decision depends on it."""
 
 
 class ConfigReloaded(Event, tag="config_reloaded", frozen=True):

@@ -91,6 +91,9 @@ def chat(model: str, stream: bool = False, **fake: object) -> dict[str, Any]:
     return body
 
 
+_ERROR_KEYS = {"message", "type", "param", "code"}
+
+
 def openai_error(body: bytes) -> dict[str, Any] | None:
     """The error object if `body` is in the OpenAI error shape, else None."""
     try:
@@ -98,7 +101,8 @@ def openai_error(body: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     error = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(error, dict) and set(error) == {"message", "type", "code"}:
+    # gpulane's own carry `param`; an upstream's (tools/fake_upstream.py) may not.
+    if isinstance(error, dict) and {"message", "type", "code"} <= set(error) <= _ERROR_KEYS:
         return error
     return None
 

@@ -29,7 +29,7 @@ AUDIO = b'RIFF\x00\xff\r\n\r\nContent-Disposition: form-data; name="model"\r\n\r
 def assert_openai_error(r: httpx.Response, status: int, code: str) -> str:
     assert r.status_code == status, r.text
     error = r.json()["error"]
-    assert set(error) == {"message", "type", "code"} and error["code"] == code, error
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
     return str(error["message"])
 
 
