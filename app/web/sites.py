@@ -150,7 +150,8 @@ class SiteRules:
         return (
             f"Host {host!r} is not a name this server answers to: a page under another name "
             "that resolves to this machine (DNS rebinding) could use it through a browser. "
-            f"Allowed: localhost, IP addresses, {own + ', ' if own else ''}and the names in "
+            "Allowed: localhost and *.localhost, IP addresses, names without a dot, "
+            f"{own + ', ' if own else ''}and the names in "
             f"server.allowedHosts ({', '.join(listed) or 'none set'}); "
             "add this name there to reach gpulane by it"
         )
