@@ -157,7 +157,23 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         ),
         capabilities=_capabilities(issues, m.capabilities, f"{path}.capabilities"),
         ignore_websockets=m.compat.ignore_websockets,
+        kind=_kind(issues, m.kind, model_id, f"{path}.kind"),
     )
+
+
+RENDER_KINDS = ("comfyui",)
+"""Servers whose jobs run in the background, each with its probe (docs/renders.md)."""
+COMFYUI_AUTO = "comfyui_auto"
+"""llama-swap's model id for `/comfyui/...`: a ComfyUI server unless said otherwise."""
+
+
+def _kind(issues: Issues, kind: str | None, model_id: str, where: str) -> str | None:
+    if kind is None:
+        return "comfyui" if model_id == COMFYUI_AUTO else None
+    if kind not in RENDER_KINDS:
+        issues.error(where, f"is {kind!r}; allowed: {', '.join(RENDER_KINDS)} (or leave it out)")
+        return None
+    return kind
 
 
 def pass_credentials(

@@ -126,6 +126,9 @@ class RawModel(_Raw, frozen=True):
     # gpulane only: credential headers forwarded to this model; unset = forward
     # them when no apiKeys are configured, strip them when some are.
     pass_credentials: bool | list[str] | None = None
+    # gpulane only: a server whose jobs run in the background (`comfyui`): each
+    # holds the model until its end is learnt (docs/renders.md).
+    kind: str | None = None
 
 
 class RawPeer(_Raw, frozen=True):

@@ -90,6 +90,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     choices: tuple[str, ...] = ()
     """A bare id several peers serve: the entries (`<peer>/<model>`) a request
     for it may be sent to; the scheduler picks one at dispatch."""
+    kind: str | None = None
+    """`kind`: a render server whose jobs run in the background (`comfyui`;
+    llama-swap's `comfyui_auto` id is one): each job holds the model, one at a
+    time, until a probe learns its end (docs/renders.md). None: a plain server."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

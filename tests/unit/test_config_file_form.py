@@ -247,6 +247,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "pass_credentials",
             "capabilities",
             "ignore_websockets",
+            "kind",
         },
     }
     for struct, fields in printed.items():
