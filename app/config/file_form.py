@@ -127,6 +127,7 @@ def _model(m: ModelConfig) -> dict[str, Any]:
         "sendLoadingState": m.send_loading_state,
         "timeouts": _timeouts(m),
         "compat": {"ignoreWebsockets": m.ignore_websockets},
+        **({"kind": m.kind} if m.kind is not None else {}),
         "capabilities": {
             "in": list(m.capabilities.inputs),
             "out": list(m.capabilities.outputs),

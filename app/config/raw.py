@@ -134,6 +134,9 @@ class RawModel(_Raw, frozen=True):
     pass_credentials: bool | list[str] | None = None
     # gpulane only: the GPU memory the model takes ("24GiB"), until it is measured.
     gpu_memory: str | int | None = None
+    # gpulane only: a server whose jobs run in the background (`comfyui`): each
+    # holds the model until its end is learnt (docs/renders.md).
+    kind: str | None = None
 
 
 class RawPeer(_Raw, frozen=True):

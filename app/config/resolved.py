@@ -95,6 +95,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     gpu_memory_mib: int | None = None
     """`gpuMemory`: the GPU memory it declares (MiB), its footprint until one is
     measured; None: not declared."""
+    kind: str | None = None
+    """`kind`: a render server whose jobs run in the background (`comfyui`;
+    llama-swap's `comfyui_auto` id is one): each job holds the model, one at a
+    time, until a probe learns its end (docs/renders.md). None: a plain server."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

@@ -62,17 +62,22 @@ KeepResult = Callable[[int, list[tuple[str, str]], bytes], Awaitable[None]]
 """Stores a job's answer (status, headers, body) before its completion is recorded."""
 
 
-class Upstream(Protocol):
+class Sender(Protocol):
+    """Sends a dispatched job to its model's server, calling `keep` with the
+    answer to store before its end is recorded."""
+
+    async def send(
+        self, ticket: Ticket, base_url: str, job: dict[str, Any], body: bytes, keep: KeepResult
+    ) -> None: ...
+
+
+class Upstream(Sender, Protocol):
     """Sends a dispatched job to its model's server (app/web/jobs.py, over the
     proxy's Forwarder), calling `keep` with the whole answer before the
     completion is recorded."""
 
     connection_headers: frozenset[str]
     """Headers that concern one connection, not the request: never replayed."""
-
-    async def send(
-        self, ticket: Ticket, base_url: str, job: dict[str, Any], body: bytes, keep: KeepResult
-    ) -> None: ...
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,7 +93,10 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     (`passCredentials`) are kept in memory only, until the job runs; the
     rest, but the connection's, is replayed upstream."""
     door: str | None = None
-    """Another door's shape for the answers (`background`: app/web/responses.py)."""
+    """Another door's shape for the answers (`background`: app/web/responses.py),
+    or a held job's (`comfyui`: sent by `senders[door]`, app/jobs/held.py)."""
+    request_id: str | None = None
+    """The id the job is to have (a ComfyUI prompt's `prompt_id`); None: a new one."""
 
 
 class Accepted(msgspec.Struct, frozen=True):
@@ -133,6 +141,9 @@ class Jobs:
         """Credential headers a job's model passes (`passCredentials`), kept in
         memory only until the job runs: never in the log, so a job run after a
         restart goes without them."""
+        self.senders: dict[str, Sender] = {}
+        """Door -> the sender of its jobs where not `upstream` (held jobs: a render
+        holds its model until its end is learnt, app/jobs/held.py)."""
         # A job an unload puts back while it runs is sent again on a fresh ticket.
         scheduler.on_put_back(self.run)
 
@@ -168,7 +179,7 @@ class Jobs:
             raise NoSpace(short, "insufficient_storage")
         stored_headers = {k: v for k, v in headers.items() if k not in self._not_replayed}
         check_headers(stored_headers)
-        request_id = new_request_id()
+        request_id = request.request_id or new_request_id()
         # The body is not in the job: it is stored once, as bytes, under the job's id.
         job: dict[str, Any] = {
             "method": request.method,
@@ -339,7 +350,8 @@ class Jobs:
             )
 
         sent = job if not credentials else job | {"headers": dict(job["headers"]) | credentials}
-        await self.upstream.send(ticket, base_url, sent, body, keep)
+        sender = self.senders.get(job.get("door") or "", self.upstream)
+        await sender.send(ticket, base_url, sent, body, keep)
 
     async def _body(self, request_id: str, job: dict[str, Any]) -> bytes:
         """The job's body: in its event in logs written before job_bodies existed

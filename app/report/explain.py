@@ -614,6 +614,7 @@ class _Story:
                     since=None if h.dispatched_ns is None else h.dispatched_ns / NS_PER_S,
                     held_s=h.held_ns / NS_PER_S,
                     caller=h.caller,
+                    render=h.model in self.replay.state.held,
                 )
                 for h in self.at_arrival.values()
             ],

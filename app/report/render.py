@@ -145,7 +145,9 @@ def explanation_text(x: Explanation) -> str:
     )
     out.append("")
     running = ", ".join(
-        f"{named(r.request_id)} ({r.model}, {r.band}) since {clock(r.since)}"
+        f"render {named(r.request_id)} on {r.model}, {r.held_s:.1f} s (held until it ended)"
+        if r.render
+        else f"{named(r.request_id)} ({r.model}, {r.band}) since {clock(r.since)}"
         for r in x.running_at_arrival
     )
     out.append(

@@ -96,6 +96,9 @@ class RunningAtArrival(msgspec.Struct, frozen=True):
     caller: str | None = None
     another_caller: bool = False
     """As `Ahead.another_caller`."""
+    render: bool = False
+    """A job that holds its model until its end is learnt (a ComfyUI render,
+    `server_started.held`): this request waited for the render's end."""
 
 
 class SwapWaited(msgspec.Struct, frozen=True):

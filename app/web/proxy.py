@@ -26,6 +26,7 @@ from app.runtime.upstream import UpstreamStartError
 from app.web.access_log import note_model
 from app.web.auth import ANONYMOUS, identify
 from app.web.chain_headers import read_chain
+from app.web.comfyui_routes import ComfyDoor
 from app.web.errors import send_error, send_refused
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
 from app.web.jobs import JobDoor
@@ -53,6 +54,9 @@ class Proxy:
         self.jobs: JobDoor | None = None
         """Set by serve: takes requests sent with `Prefer: respond-async` or
         `background: true` (app/web/jobs.py)."""
+        self.renders: ComfyDoor | None = None
+        """Set by serve: answers `/upstream/MODEL/...` for a model with `kind:
+        comfyui` (app/web/comfyui_routes.py)."""
 
     def handler(
         self, source: Literal["json", "form", "query"]
@@ -169,6 +173,10 @@ class Proxy:
             )
             return
         path = "/" + params.get("path", "").lstrip("/")
+        if self.renders is not None and self.config.models[model].kind == "comfyui":
+            # A render server: its prompts are held jobs, its other paths never load it.
+            await self.renders.handle(scope, receive, send, model, path)
+            return
         # re's own cache compiles it once per pattern, so a reload's new one applies.
         if re.search(self.config.ignore_paths, path) and not self.scheduler.is_resident(model):
             # A browser asking for a favicon must not trigger a model swap.

@@ -52,6 +52,7 @@ from app.web.admin_routes import admin_routes
 from app.web.app import create_app
 from app.web.batches import batch_routes, line_encoder
 from app.web.chains import chain_routes
+from app.web.comfyui_routes import comfyui_routes, open_renders
 from app.web.console.batch_lines import batch_line_routes
 from app.web.files import FileStore, file_routes
 from app.web.forward import Forwarder
@@ -275,6 +276,8 @@ async def _serve(
     jobs = JobRunner(config, scheduler, forwarder, engine)
     jobs.fence = leadership.fence
     proxy.jobs = JobDoor(jobs)
+    # Renders (ComfyUI): jobs that hold their model until their end is learnt.
+    renders = proxy.renders = open_renders(config, scheduler, jobs)
     batches = Batches(jobs, line_encoder(config))
     background: list[asyncio.Task[None]] = []
     gate = StandbyGate(leadership)
@@ -367,6 +370,7 @@ async def _serve(
             task.cancel()
         await scheduler.shutdown()
         await forwarder.close()
+        await renders.aclose()
         await store.close()
         await leadership.release()
         if gpu.telemetry is not None:
@@ -383,7 +387,8 @@ async def _serve(
         logs,
         activity=lambda limit, offset, caller: activity(engine, limit, offset, caller),
         engine=engine,
-        extra_handlers=extra_routes(scheduler, jobs, engine, batches),
+        # ComfyUI's routes: their user-key isolation is tests/e2e/test_renders.py's.
+        extra_handlers=[*extra_routes(scheduler, jobs, engine, batches), *comfyui_routes(renders)],
         on_startup=[startup],
         on_shutdown=[shutdown],
         listen_host=host,

@@ -253,6 +253,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "gpu_memory_mib",
             "capabilities",
             "ignore_websockets",
+            "kind",
         },
     }
     for struct, fields in printed.items():
