@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config, ConfigError, load_config
+from app.config.commands import missing_programs
 from app.core.lane_history import DAYS
 from app.core.scoring import NS_PER_S
 from app.jobs.batches import Batches
@@ -107,6 +108,8 @@ def serve_command(
     logging.getLogger("alembic").setLevel(logging.WARNING)
     for warning in config.warnings:
         log.warning("config: %s", warning)
+    for model, why in missing_programs(config).items():
+        log.warning("config: models.%s.cmd: %s", model, why)
     db_path = db or config.database_path
     try:
         engine, leadership, held = open_log(config, db_path, listen)

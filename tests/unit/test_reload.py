@@ -14,6 +14,7 @@ from app.core import events as ev
 from app.core.policy import ahead_of
 from app.core.reload import plan_reload
 from app.core.state import SchedulerState, apply
+from app.runtime.reload import process_identity, reload_summary
 from tests.unit.core_driver import T0, CoreDriver
 from tests.unit.run_loop_fakes import Lane, config_text, settle
 from tools.replay.verify import verify
@@ -47,6 +48,34 @@ def test_a_model_whose_process_changed_is_restarted_and_an_unchanged_one_is_not(
         d.state, {"a": ("cmd1",), "b": ("x",)}, {"a": ("cmd2",), "b": ("x",)}, ["a", "b"]
     )
     assert plan.restarted == ["a"] and plan.failed == [] and plan.removed == []
+
+
+def test_the_reload_line_names_each_model_and_why_it_restarts() -> None:
+    # z removed and e added keep every other model's port (given in id order).
+    old = parse_config(cfg({"a": {}, "c": {}, "d": {}, "z": {}}))
+    new = parse_config(
+        cfg(
+            {
+                "a": {"cmd": "other-server --port ${PORT}", "env": ["X=1"]},
+                "c": {},
+                "d": {"checkEndpoint": "/ready"},
+                "e": {},
+            }
+        )
+    )
+    processes = process_identity(old), process_identity(new)
+    plan = plan_reload(CoreDriver().state, *processes, ["a", "z"])
+
+    assert reload_summary(plan, *processes) == (
+        "1 added (e), 1 removed (z), "
+        "2 to restart once idle (a: cmd, env changed; z: removed), "
+        "1 changed, not loaded (d: checkEndpoint changed)"
+    )
+    # Every key of the identity is named by its config key.
+    for key, value in (("cmdStop", "kill ${PID}"), ("proxy", "http://127.0.0.1:${PORT}")):
+        changed = process_identity(parse_config(cfg({"a": {key: value}})))
+        plan = plan_reload(CoreDriver().state, processes[0], changed, ["a"])
+        assert f"(a: {key} changed)" in reload_summary(plan, processes[0], changed)
 
 
 # -- the fold -----------------------------------------------------------------------

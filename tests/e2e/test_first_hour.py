@@ -1,0 +1,112 @@
+"""A new user's first hour, from a fresh clone (issue 39): the example config
+serves what `make llama` built wherever `GPULANE_CACHE` puts it, `gpulane serve`
+and a reload warn of a model whose program is missing, and the reload's log
+line names each model and why it restarts. Real processes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+
+from tests.e2e.gateway import REPO, Gateway, fake_model, free_port_block
+from tests.e2e.test_reload import config, port_of, reloads
+from tests.e2e.test_serve_admin import chat, wait_until
+
+EXAMPLE = REPO / "config.example.yaml"
+
+
+def fake_llama_server(cache: Path) -> Path:
+    """`<cache>/bin/llama-server`: tools.fake_upstream, started as the example
+    config starts llama-server (`--port N -m MODEL ...`)."""
+    server = cache / "bin" / "llama-server"
+    server.parent.mkdir(parents=True)
+    server.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "port = sys.argv[sys.argv.index('--port') + 1]\n"
+        f"env = {{**os.environ, 'PYTHONPATH': {str(REPO)!r}}}\n"
+        "argv = [sys.executable, '-m', 'tools.fake_upstream', '--port', port, '--name', 'cached']\n"
+        "os.execve(sys.executable, argv, env)\n"
+    )
+    server.chmod(0o755)
+    return server
+
+
+def example_gateway(tmp: Path, cache: Path) -> Gateway:
+    text = EXAMPLE.read_text().replace("startPort: 5800", f"startPort: {free_port_block()}")
+    gw = Gateway(tmp, text)
+    gw.env = {"GPULANE_CACHE": str(cache)}
+    return gw
+
+
+def test_the_example_config_runs_the_server_built_in_gpulane_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "elsewhere"
+    fake_llama_server(cache)
+    gw = example_gateway(tmp_path, cache).start()
+    try:
+        with gw.client() as client:
+            answer = client.post("/v1/chat/completions", json=chat("smollm2"))
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["served_by"] == "cached"
+    finally:
+        gw.stop()
+    assert "is not an executable file" not in gw.log.read_text()
+
+
+def test_serve_and_a_reload_warn_of_a_model_whose_program_is_missing(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-cache"
+    gw = example_gateway(tmp_path, empty).start()
+    try:
+        server = empty / "bin" / "llama-server"
+        text = gw.log.read_text()
+        for model in ("smollm2", "smollm2-long"):
+            assert (
+                f"WARNING gpulane: config: models.{model}.cmd: program '{server}' is not "
+                f"an executable file: the first request for '{model}' will fail to start it (502)"
+            ) in text
+        # A reload that adds a model whose program is not on PATH says so too.
+        gw.config.write_text(
+            gw.config.read_text()
+            + "  typo:\n    cmd: llama-sever-typo --port ${PORT}\n    checkEndpoint: none\n"
+        )
+        assert gw.proc is not None
+        gw.proc.send_signal(signal.SIGHUP)
+        reloads(gw)
+        assert wait_until(
+            lambda: (
+                "config: models.typo.cmd: program 'llama-sever-typo' is not found on PATH"
+                in gw.log.read_text()
+            )
+        ), gw.log.read_text()
+    finally:
+        gw.stop()
+
+
+def test_the_reload_line_names_the_models_and_what_changed(tmp_path: Path) -> None:
+    gw = Gateway(tmp_path, config(fake_model("A"), fake_model("B"))).start()
+    base = port_of(gw)
+    try:
+        with gw.client() as client:
+            assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
+        gw.config.write_text(
+            config(
+                fake_model("A", "--name A-changed"),
+                fake_model("B"),
+                fake_model("C"),
+                start_port=base,
+            )
+        )
+        assert gw.proc is not None
+        gw.proc.send_signal(signal.SIGHUP)
+        reloads(gw)
+        line = wait_until(
+            lambda: re.search(r"config reloaded from .*", gw.log.read_text()), timeout=10
+        )
+        assert line, gw.log.read_text()
+        assert line.group(0).endswith(
+            ": 1 added (C), 0 removed, 1 to restart once idle (A: cmd changed)"
+        ), line.group(0)
+    finally:
+        gw.stop()
