@@ -197,7 +197,8 @@ def explanation_text(x: Explanation) -> str:
             )
         out.append(
             f"Its turn: dispatched {clock(x.dispatched_at)}, {own}, "
-            f"started {clock(x.started_at)}, ran {seconds(x.run_s)}"
+            f"started {clock(x.started_at)} (time to start {seconds(x.time_to_start_s)}), "
+            f"ran {seconds(x.run_s)}"
         )
     if x.waiting is not None:
         w = x.waiting

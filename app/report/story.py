@@ -205,6 +205,9 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     wait: list[Part] = []
     own_swap: SwapWaited | None = None
     started_at: float | None = None
+    time_to_start_s: float | None = None
+    """Arrival to its start (`request_started`): its wait and its own load
+    (app/core/wait.py); None while it has not started."""
     run_s: float | None = None
     outcome: Outcome | None = None
     waiting: Position | None = None

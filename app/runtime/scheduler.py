@@ -37,7 +37,7 @@ from app.core.priority import band_of
 from app.core.reload import plan_reload
 from app.core.run_estimate import RunEstimates
 from app.core.state import SchedulerState, apply
-from app.core.wait import wait_ns
+from app.core.wait import time_to_start_ns, wait_ns
 from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds
 from app.runtime.api import (
     SHUTTING_DOWN,
@@ -326,10 +326,13 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
 
     def started(self, request_id: str, dropped_headers: Iterable[str] = ()) -> None:
         if request_id in self.state.running:
+            now, ticket = self.clock(), self.tickets.get(request_id)
+            if ticket is not None:
+                ticket.time_to_start_ms = time_to_start_ns(ticket.enqueued_ns, now) / 1e6
             self.emit(
                 [
                     ev.RequestStarted(
-                        at=self.clock(),
+                        at=now,
                         request_id=request_id,
                         dropped_headers=list(dropped_headers),
                     )

@@ -110,3 +110,32 @@ def test_the_reload_line_names_the_models_and_what_changed(tmp_path: Path) -> No
         ), line.group(0)
     finally:
         gw.stop()
+
+
+def test_every_proxied_answer_says_its_time_to_start_its_own_load_included(
+    tmp_path: Path,
+) -> None:
+    # A answers its health check 1.5 s after it starts: the first request's load.
+    gw = Gateway(tmp_path, config(fake_model("A", "--start-delay 1.5"))).start()
+    try:
+        with gw.client() as client:
+            cold = client.post("/v1/chat/completions", json=chat("A"))
+            warm = client.post("/v1/chat/completions", json={**chat("A"), "stream": True})
+        for answer in (cold, warm):
+            assert answer.status_code == 200, answer.text
+            rows = gw.wait_for(
+                "SELECT enqueued_at, started_at, queue_wait_ms FROM requests "
+                "WHERE id = ? AND started_at IS NOT NULL",
+                answer.headers["x-request-id"],
+            )
+            # The one definition (app/core/wait.py): arrival to request_started.
+            arrival_to_start_ms = (rows[0]["started_at"] - rows[0]["enqueued_at"]) * 1000
+            to_start = float(answer.headers["x-gpulane-time-to-start-ms"])
+            assert abs(to_start - arrival_to_start_ms) < 1
+            assert to_start >= float(answer.headers["x-gpulane-queue-wait-ms"])
+        # Its wait was nothing (dispatched at once), its start 1.5 s later.
+        assert float(cold.headers["x-gpulane-queue-wait-ms"]) < 1000
+        assert float(cold.headers["x-gpulane-time-to-start-ms"]) >= 1500
+        assert float(warm.headers["x-gpulane-time-to-start-ms"]) < 1000
+    finally:
+        gw.stop()

@@ -43,7 +43,10 @@ export async function render(main, info, id) {
       story.priority_unreadable ? h("span", { id: "story-unreadable" }, ` · asked '${story.priority_unreadable}' (unreadable, used ${story.priority})`) : ""]],
     ["endpoint", story.endpoint],
     ["arrived", stamp(story.arrived_at)],
-    ["waited", duration(story.wait_s)],
+    ["waited", h("span", { id: "story-waited" }, duration(story.wait_s))],
+    // Arrival to its start: the wait above, then its own load (docs/queries.md).
+    ["time to start", h("span", { id: "story-time-to-start" }, story.time_to_start_s === null || story.time_to_start_s === undefined
+      ? "–" : `${duration(story.time_to_start_s)}` + (story.own_swap ? " (its wait, then its own load)" : ""))],
     ["started", story.started_at ? stamp(story.started_at) : "–"],
     ["ran", duration(story.run_s)],
     ["total", duration(story.total_s)],
