@@ -670,14 +670,15 @@ def request_fields(row: Any, names: Sequence[str]) -> dict[str, Any]:
     return {name: row[name] for name in names}
 
 
-def live_position(found: tuple[int, int, int], now_ns: int) -> Position:
+def live_position(found: tuple[int, int, int, bool], now_ns: int) -> Position:
     """A `Position` from `live_queue.position_of`'s answer."""
-    position, depth, start = found
+    position, depth, start, behind_open = found
     return Position(
         position=position,
         queue_depth=depth,
         estimated_start_at=start / NS_PER_S,
         estimated_start_in_s=(start - now_ns) / NS_PER_S,
+        estimated_start_open=behind_open,
     )
 
 

@@ -156,6 +156,9 @@ class Position(msgspec.Struct, frozen=True):
     queue_depth: int
     estimated_start_at: float
     estimated_start_in_s: float
+    estimated_start_open: bool = False
+    """The start is only the earliest it can be: it waits behind a run longer
+    than any run of its model (app/core/start_estimate.py)."""
 
 
 class ChainPlace(msgspec.Struct, frozen=True):

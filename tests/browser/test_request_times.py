@@ -4,8 +4,10 @@ waited 1.5 s for it to start. Headless Chromium against `gpulane serve`."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -31,3 +33,28 @@ def test_the_request_page_shows_its_wait_and_its_time_to_start(
     expect(page.locator("#story-time-to-start")).to_have_text(
         re.compile(r"^\d+\.\d s \(its wait, then its own load\)$")
     )
+
+
+def test_the_queue_page_says_a_run_past_every_run_of_its_model_has_no_known_end(
+    gateway: Callable[[str], Gateway], page: Page, tmp_path: Path
+) -> None:
+    gw = gateway("models:" + fake_model("B").replace("\n", "\n  ") + "\n")
+    hold = tmp_path / "release"
+    chat = {"model": "B", "messages": []}
+    with httpx.Client(base_url=gw.url, timeout=30) as client, cf.ThreadPoolExecutor(2) as pool:
+        # B's history: one run of about 0.2 s; the next one runs until released.
+        assert client.post("/v1/chat/completions", json={**chat, "fake": {"delay": 0.2}}).is_success
+        held = pool.submit(
+            client.post, "/v1/chat/completions", json={**chat, "fake": {"hold_file": str(hold)}}
+        )
+        behind = pool.submit(client.post, "/v1/chat/completions", json=chat)
+        try:
+            page.goto(gw.url + "/ui/")
+            expect(page.locator("#running td.expected-end")).to_have_text(
+                "unknown: longer than any run of its model"
+            )
+            expect(page.locator("#waiting-table td.start")).to_contain_text("at least")
+        finally:
+            hold.touch()
+        assert held.result(timeout=30).status_code == 200
+        assert behind.result(timeout=30).status_code == 200

@@ -5,8 +5,10 @@ line names each model and why it restarts. Real processes."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -138,4 +140,51 @@ def test_every_proxied_answer_says_its_time_to_start_its_own_load_included(
         assert float(cold.headers["x-gpulane-time-to-start-ms"]) >= 1500
         assert float(warm.headers["x-gpulane-time-to-start-ms"]) < 1000
     finally:
+        gw.stop()
+
+
+def test_a_job_past_every_run_of_its_model_has_an_open_end_everywhere_it_is_shown(
+    tmp_path: Path,
+) -> None:
+    gw = Gateway(tmp_path, "maxQueued: 1\n" + config(fake_model("A"))).start()
+    hold = tmp_path / "release"
+    try:
+        with gw.client() as client, cf.ThreadPoolExecutor(2) as pool:
+            # A's history: one run of about 0.2 s.
+            assert client.post("/v1/chat/completions", json=chat("A", delay=0.2)).is_success
+            held = pool.submit(
+                client.post, "/v1/chat/completions", json=chat("A", hold_file=str(hold))
+            )
+            # Once it has run longer than that, its end is not known: it says so.
+            view = wait_until(
+                lambda: (
+                    (v := client.get("/api/queue").json())["running"]
+                    and v["running"][0]["expected_end_open"]
+                    and v
+                )
+            )
+            assert view, client.get("/api/queue").text
+            behind = pool.submit(client.post, "/v1/chat/completions", json=chat("A"))
+            view = wait_until(lambda: (v := client.get("/api/queue").json())["waiting"] and v)
+            (waiting,) = view["waiting"]
+            assert waiting["estimated_start_open"] is True
+            # A refusal's Retry-After is the work known to be left, and says so.
+            refused = client.post("/v1/chat/completions", json=chat("A"))
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"] == "1"  # the waiting one's 0.2 s run
+            assert "retry after at least 1 s (the work known to be left" in refused.text
+            shown = subprocess.run(
+                [sys.executable, "-m", "app.cli", "queue", "--url", gw.url],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert "end unknown: longer than any run of its model" in shown.stdout, shown
+            assert ">=" in shown.stdout
+            hold.touch()
+            assert held.result(timeout=30).status_code == 200
+            assert behind.result(timeout=30).status_code == 200
+    finally:
+        hold.touch()
         gw.stop()

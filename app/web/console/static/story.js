@@ -74,7 +74,9 @@ export async function render(main, info, id) {
   }
   if (story.waiting) {
     const w = story.waiting;
-    facts.push(["position", `${w.position} of ${w.queue_depth}, expected to start at ${clock(w.estimated_start_at)} (in ${duration(w.estimated_start_in_s)})`]);
+    facts.push(["position", w.estimated_start_open
+      ? `${w.position} of ${w.queue_depth}, to start after ${clock(w.estimated_start_at)} at the earliest (at least ${duration(w.estimated_start_in_s)}: behind a run longer than any run of its model, its end unknown)`
+      : `${w.position} of ${w.queue_depth}, expected to start at ${clock(w.estimated_start_at)} (in ${duration(w.estimated_start_in_s)})`]);
   }
   const actions = [];
   if (info.live && (story.status === "queued" || story.status === "running")) {
