@@ -17,7 +17,7 @@ from app.core.run_estimate import Durations, RunEstimates
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.live_queue import SLICE, estimate_starts, queue_view, queue_view_steps
-from app.report.run_times import RunTimes
+from app.report.run_times import RunTimes, recent_by_model
 from app.runtime.admission import estimated_wait_s
 from app.web.console.queue_page import page_window, queue_page
 from tests.unit.core_driver import CoreDriver
@@ -363,3 +363,15 @@ def test_a_start_after_a_load_that_waits_for_an_open_run_is_the_earliest_it_can_
     times = Durations(load_ns={"B": 10 * NS_PER_S}, runs_seen_ns={"A": (3600 * NS_PER_S,)})
     (entry,) = queue_view(driver.state, running_since, at, times).waiting
     assert (entry.estimated_start_in_s, entry.estimated_start_open) == (3605.0, False)
+
+
+def test_the_logs_run_times_measure_an_overrun_as_the_live_server_does() -> None:
+    # explain and bench.eta_bench read run times from the log: the runs an
+    # overrun is measured against are the live server's (its last 32 per model).
+    samples = [("m", float(s)) for s in range(1, 41)] + [("n", 7.0)]  # oldest first
+    learnt = RunEstimates()
+    for model, seconds in samples:
+        learnt.observe(model, "", int(seconds * NS_PER_S))
+    read = RunTimes(recent_run_s=recent_by_model(samples)).durations()
+    assert read.runs_seen_ns == learnt.durations().runs_seen_ns
+    assert read.longer_than("m", 38 * NS_PER_S) == (39 * NS_PER_S, 40 * NS_PER_S)
