@@ -133,6 +133,8 @@ class Jobs:
         """Credential headers a job's model passes (`passCredentials`), kept in
         memory only until the job runs: never in the log, so a job run after a
         restart goes without them."""
+        # A job an unload puts back while it runs is sent again on a fresh ticket.
+        scheduler.on_put_back(self.run)
 
     # -- accepting ------------------------------------------------------------
 
@@ -298,6 +300,7 @@ class Jobs:
     def run(self, ticket: Ticket, job: dict[str, Any]) -> None:
         """Run a job when its turn comes (also used for jobs recovered at start).
         No task exists until then: 100,000 recovered jobs cost no coroutines."""
+        ticket.job = job
         open_request = self.scheduler.state.requests.get(ticket.request_id)
         if open_request is not None and not self.stored.knows(
             ticket.request_id, open_request.caller

@@ -48,6 +48,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
+    403: "permission_error",
     409: "conflict_error",
     413: "request_too_large",
     431: "request_too_large",

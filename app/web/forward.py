@@ -383,6 +383,8 @@ def ticket_headers(
         out.append((b"x-gpulane-score", f"{ticket.score:.3f}".encode()))
     if ticket.queue_wait_ms is not None:
         out.append((b"x-gpulane-queue-wait-ms", f"{ticket.queue_wait_ms:.1f}".encode()))
+    if ticket.time_to_start_ms is not None:
+        out.append((b"x-gpulane-time-to-start-ms", f"{ticket.time_to_start_ms:.1f}".encode()))
     return out
 
 

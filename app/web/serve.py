@@ -25,19 +25,25 @@ from sqlalchemy import Engine
 
 from app import __version__
 from app.config import Config, ConfigError, load_config
+from app.config.commands import missing_programs
 from app.core.lane_history import DAYS
 from app.core.scoring import NS_PER_S
 from app.jobs.batches import Batches
 from app.jobs.chain_progress import ChainProgress
 from app.jobs.durable import Jobs
+from app.runtime import gpu_file
+from app.runtime.gpu import GpuMemory, footprints
+from app.runtime.gpu_nvml import open_nvml
 from app.runtime.leadership import Leadership
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.memory_history import with_history
 from app.runtime.parameters import server_started
 from app.runtime.recovery import recover
 from app.runtime.reload import ConfigSource
 from app.runtime.scheduler import Scheduler
 from app.store.engine import DatabaseError, open_database, refused_by_disk, shown
 from app.store.event_store import SqlEventStore
+from app.store.footprints import recent_footprints
 from app.store.lease import LeaseHeld, this_process
 from app.store.queries import activity
 from app.store.samples import lane_samples, recent_runs, recent_samples
@@ -107,6 +113,8 @@ def serve_command(
     logging.getLogger("alembic").setLevel(logging.WARNING)
     for warning in config.warnings:
         log.warning("config: %s", warning)
+    for model, why in missing_programs(config).items():
+        log.warning("config: models.%s.cmd: %s", model, why)
     db_path = db or config.database_path
     try:
         engine, leadership, held = open_log(config, db_path, listen)
@@ -252,6 +260,11 @@ async def _serve(
     # recovery finds what they left, and never another server's.
     owner = hashlib.sha256(os.fsencode(_database_name(engine))).hexdigest()
     scheduler = Scheduler(config, store, logs=logs, owner=owner[:16])
+    # NVML; none without a driver (one log line, nothing else changes); a fake GPU
+    # shared by files when GPULANE_FAKE_GPU names one (tests, demos).
+    gpu = GpuMemory(gpu_file.from_environment() or open_nvml())
+    scheduler.swaps.gpu = gpu
+    scheduler.metrics.watch_gpu(gpu, lambda: footprints(scheduler.config, gpu))
     # A leader whose lease may have lapsed (paused, cut off) dispatches nothing.
     scheduler.may_dispatch = leadership.trusted
     leadership.on_lost = store.on_fenced = partial(_fenced, scheduler)
@@ -276,10 +289,12 @@ async def _serve(
             log.info("standby: took over the lease (term %d); recovering", lease.term)
         background.append(asyncio.get_running_loop().create_task(leadership.keep(), name="lease"))
         now = scheduler.clock()
-        scheduler.emit([lease.event(now), server_started(config, now, os.getpid())])
+        _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
+        started = server_started(config, now, os.getpid())
+        started = with_history(started, recent_footprints(engine), reversed(loads))
+        scheduler.emit([lease.event(now), started])
         recovered = await recover(scheduler, engine, config.max_attempts)
         # What the short-job term and Retry-After expect, learnt from the log so far.
-        _, loads = recent_samples(engine, 0, RECENT_LOADS)  # newest first
         scheduler.learn(recent_runs(engine, RECENT_RUNS), reversed(loads))
         # What the forecast of overtaking work learns from: the log's last week, up
         # to this start (what ends later, the scheduler sees).
@@ -354,6 +369,8 @@ async def _serve(
         await forwarder.close()
         await store.close()
         await leadership.release()
+        if gpu.telemetry is not None:
+            gpu.telemetry.close()
         # The release is the last write: closing the last connection checkpoints it
         # too, so the .db file alone is still complete after a clean stop.
         engine.dispose()
@@ -369,6 +386,7 @@ async def _serve(
         extra_handlers=extra_routes(scheduler, jobs, engine, batches),
         on_startup=[startup],
         on_shutdown=[shutdown],
+        listen_host=host,
     )
     gate.app = app
     server = _Server(
