@@ -34,6 +34,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Receive, Scope, Send
 
 from app.config import Config
+from app.config.callers import CREDENTIAL_HEADERS
 from app.core.priority import HEADER, read_priority, unreadable_priority
 from app.jobs.durable import JobRequest, Jobs
 from app.jobs.errors import JobsError
@@ -280,7 +281,13 @@ class ComfyDoor:
         body = await read_body(receive, self.config.max_body_bytes)
         query = bytes(scope.get("query_string", b"")).decode("latin-1")
         url = self.config.models[model].proxy + path + (f"?{query}" if query else "")
-        sent = {k: v for k, v in headers.items() if k not in _CONNECTION}
+        # The client's credentials are gpulane's unless the model passes them.
+        passed = self.config.models[model].pass_credentials
+        sent = {
+            k: v
+            for k, v in headers.items()
+            if k not in _CONNECTION and (k not in CREDENTIAL_HEADERS or k in passed)
+        }
         try:
             r = await self.client.request(method, url, content=body, headers=sent)
         except httpx.HTTPError as exc:

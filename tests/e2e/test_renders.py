@@ -293,3 +293,37 @@ def test_a_crash_mid_render_ends_the_render_exactly_once(gateway: Start, tmp_pat
     assert row["attempt"] == 2
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_chain_of_twenty_prompts_shows_its_progress_and_an_estimate(
+    gateway: Start, tmp_path: Path
+) -> None:
+    record = tmp_path / "renders.jsonl"
+    gw = gateway(comfy_config(record))
+    headers = {
+        "X-Gpulane-Chain": "reel-1",
+        "X-Gpulane-Chain-Length": "20",
+        "X-Gpulane-Caller": "studio",
+        "X-LlamaSwap-Priority": "batch",
+    }
+    with gw.client() as client:
+        ids = [
+            client.post("/comfyui/prompt", json={"prompt": workflow(0.3)}, headers=headers).json()[
+                "prompt_id"
+            ]
+            for _ in range(20)
+        ]
+        seen = wait_for(
+            lambda: (
+                (c := client.get("/api/chains/reel-1?caller=studio").json())["progress"]["done"]
+                >= 3
+                and c
+            )
+        )
+        progress = seen["progress"]
+        assert (progress["total"], progress["running"]) == (20, 1), progress
+        assert progress["estimated_finish_in_s"] > 0
+        # Each render's run is learnt from its real length, not its submission's.
+        assert progress["basis"]["run_s"]["comfyui_auto"] >= 0.25, progress["basis"]
+        assert history(client, ids[-1], timeout=60)[ids[-1]]["status"]["completed"] is True
+    assert overlaps(record) == []
