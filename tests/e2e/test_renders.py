@@ -26,18 +26,29 @@ from tests.e2e.log_replay import assert_log_replays
 Start = Callable[[str], Gateway]
 
 
-def comfy_config(record: Path, *, concurrency: int = 50, extra: str = "", keys: str = "") -> str:
+def comfy_config(
+    record: Path,
+    *,
+    concurrency: int = 50,
+    extra: str = "",
+    keys: str = "",
+    output: Path | None = None,
+) -> str:
     """ComfyUI as llama-swap names it (`comfyui_auto`, with llama-swap's raised
-    concurrencyLimit) beside a chat model, one at a time on one GPU."""
+    concurrencyLimit) beside a chat model, one at a time on one GPU; with
+    `output`, its output folder, which gpulane serves while it is not loaded."""
+    written = f" --output {output}" if output is not None else ""
     comfy = textwrap.dedent(
         f"""
           comfyui_auto:
-            cmd: {sys.executable} -m tools.fake_comfyui --port ${{PORT}} --record {record}
+            cmd: {sys.executable} -m tools.fake_comfyui --port ${{PORT}} --record {record}{written}
             checkEndpoint: /system_stats
             concurrencyLimit: {concurrency}
             maxRunTime: 120
         """
     )
+    if output is not None:
+        comfy += f"  outputDir: {output}\n"
     entries = (comfy + fake_model("chat") + extra).replace("\n", "\n  ")
     return keys + "models:" + entries + "\n"
 
@@ -107,7 +118,9 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
     evicted mid-render), the render completes, and its history is served through
     gpulane after its server was swapped out."""
     record = tmp_path / "renders.jsonl"
-    gw = gateway(comfy_config(record))
+    output = tmp_path / "output"
+    output.mkdir()
+    gw = gateway(comfy_config(record, output=output))
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
         t0 = time.monotonic()
         r = client.post("/comfyui/prompt", json={"prompt": workflow(3.0), "client_id": "c1"})
@@ -135,6 +148,13 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
         assert entry["status"]["status_str"] == "success"
         assert entry["outputs"]["2"]["images"][0]["filename"].endswith(".png")
         assert prompt_id in client.get("/comfyui/history").json()
+        # Its image too, from ComfyUI's output folder, and nothing else there.
+        image = entry["outputs"]["2"]["images"][0]["filename"]
+        r = client.get(f"/comfyui/view?filename={image}&type=output&subfolder=")
+        assert r.status_code == 200 and r.content == (output / image).read_bytes()
+        (output / "other.png").write_bytes(b"not a kept output")
+        for name in ("other.png", f"../output/{image}", "../renders.jsonl"):
+            assert client.get(f"/comfyui/view?filename={name}").status_code == 404, name
         # Other ComfyUI paths never load it: 409 naming what would.
         r = client.get("/comfyui/object_info")
         assert r.status_code == 409 and "POST /comfyui/prompt" in r.json()["error"]["message"]
