@@ -177,6 +177,9 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
     assert kinds.count("request_completed") == 1 and "request_failed" not in kinds
     completed = next(e for e in events if e["type"] == "request_completed")
     assert completed["run_ms"] >= 2500, "the render's run is not its real length"
+    # The console's timeline draws a request from its dispatch to its end.
+    (row,) = gw.sql("SELECT dispatched_at, finished_at FROM requests WHERE id=?", prompt_id)
+    assert row["finished_at"] - row["dispatched_at"] >= 2.5, dict(row)
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
     assert_log_replays(gw.db)
