@@ -25,6 +25,7 @@ from app.config.macros import (
     split_args,
     strip_comments,
 )
+from app.config.memory_size import parse_mib
 from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
@@ -157,6 +158,9 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         ),
         capabilities=_capabilities(issues, m.capabilities, f"{path}.capabilities"),
         ignore_websockets=m.compat.ignore_websockets,
+        gpu_memory_mib=(
+            None if m.gpu_memory is None else parse_mib(issues, m.gpu_memory, f"{path}.gpuMemory")
+        ),
         kind=(kind := _kind(issues, m.kind, model_id, f"{path}.kind")),
         output_dir=_output_dir(issues, m.output_dir, kind, f"{path}.outputDir"),
     )

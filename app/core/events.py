@@ -213,6 +213,10 @@ class ProcessStarted(Event, tag="process_started", frozen=True):
 class SwapFinished(Event, tag="swap_finished", frozen=True):
     model: str
     duration_ms: float
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
 
 
 class SwapFailed(Event, tag="swap_failed", frozen=True):
@@ -232,6 +236,10 @@ class ProcessStopping(Event, tag="process_stopping", frozen=True):
     """With reason `evicted`: the model whose load evicted it."""
     evicted_by: str | None = None
     """With reason `evicted`: the request that load is for (None: a preload)."""
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
 
 
 class ProcessStopped(Event, tag="process_stopped", frozen=True):
@@ -243,6 +251,40 @@ class ProcessStopped(Event, tag="process_stopped", frozen=True):
     """With reason `evicted`: the model whose load evicted it."""
     evicted_by: str | None = None
     """With reason `evicted`: the request that load is for (None: a preload)."""
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
+
+
+class MemoryHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """A process of a stopped model that still holds GPU memory."""
+
+    pid: int
+    model: str
+    mib: int
+
+
+class MemoryWaitStarted(Event, tag="memory_wait_started", frozen=True):
+    """A load waits for GPU memory that stopped models' processes still hold
+    (GPU telemetry lists them), at most `limit_ms` (`memoryReleaseWait`)."""
+
+    model: str
+    """The model whose load waits."""
+    holders: list[MemoryHolder] = []
+    limit_ms: float = 0.0
+
+
+class MemoryWaitEnded(Event, tag="memory_wait_ended", frozen=True):
+    """The wait of `memory_wait_started` ended: the memory was released (the load
+    goes on), or not within the limit (the load fails, its `swap_failed` follows
+    naming the holders)."""
+
+    model: str
+    released: bool
+    waited_ms: float = 0.0
+    holders: list[MemoryHolder] = []
+    """Not released: the processes still holding memory."""
 
 
 class RequestStarted(Event, tag="request_started", frozen=True):
@@ -385,6 +427,8 @@ AnyEvent = (
     | RequestRestored
     | RecoveryFinished
     | LeaseAcquired
+    | MemoryWaitStarted
+    | MemoryWaitEnded
 )
 
 TERMINAL = (RequestCompleted, RequestFailed, RequestCancelled, RequestAbandoned)

@@ -51,7 +51,7 @@ from app.core import events as ev
 from app.core.load_backoff import NO_BACKOFF, LoadBackoff, LoadFailures
 from app.core.peers import PeerPool, affine
 from app.core.queue import NO_FAIR, FairKeys, Queued, ScoreQueue
-from app.core.residency import Router, to_evict
+from app.core.residency import MemoryRouter, MemoryView, Router, to_evict
 from app.core.scoring import Breakdown, ScoringParams
 
 # Scheduler names and fifo's per-model limit, owned here so the config (which
@@ -189,6 +189,16 @@ class SchedulerState:
         self.load_failures: dict[str, LoadFailures] = {}
         """Models whose last loads failed: how many in a row, the last one's time
         and error (`swap_failed`); a `swap_finished` ends the series."""
+        self.measured_mib: dict[str, int] = {}
+        """Footprints measured in this process (`gpu_memory_mib` of `swap_finished`,
+        `process_stopping`, `process_stopped`): the memory router's sizes."""
+        self.load_cost_ns: dict[str, int] = (
+            dict(router.load_ns) if isinstance(router, MemoryRouter) else {}
+        )
+        """Each model's last load time (`swap_finished`; before any, the memory
+        router's from the log): what evicting it costs."""
+        self.last_used: dict[str, int] = {}
+        """When each model last ended a request or a load (unix ns)."""
         self._set_peers(None, None)
 
     @property
@@ -229,6 +239,39 @@ class SchedulerState:
             for model in self.load_failures
             if model not in self.in_use and (self.backoff_until(model) or 0) > now_ns
         )
+
+    @property
+    def shared_lane(self) -> bool:
+        """Whether co-resident models run one job at a time (the memory router's
+        default): a model may start only while no other one runs or loads."""
+        router = self.router
+        return isinstance(router, MemoryRouter) and not router.side_by_side
+
+    def lane_taken(self, model: str) -> bool:
+        """Under a shared lane, whether another local model runs or loads now."""
+        if not self.shared_lane:
+            return False
+        for other in (*self._running_by_model, *self.loads):
+            if other != model and other not in self.peer_of:
+                return True
+        return False
+
+    def memory_view(self) -> MemoryView:
+        """What the memory router weighs besides sizes, from this state."""
+        return MemoryView(
+            measured_mib=self.measured_mib,
+            costs_ns=self.load_cost_ns,
+            last_used_ns=self.last_used,
+            needed=frozenset(m for m, n in self.queue.waiting_by_model().items() if n),
+            busy=frozenset(self._running_by_model).union(self.loads),
+        )
+
+    def to_evict(self, target: str, resident: frozenset[str]) -> frozenset[str]:
+        """`residency.to_evict` under this state's router; the memory router also
+        weighs this state's measured sizes, load costs, use and waiting requests."""
+        if isinstance(self.router, MemoryRouter):
+            return to_evict(self.router, target, resident, self.memory_view())
+        return to_evict(self.router, target, resident)
 
     def _set_peers(
         self, peers: Mapping[str, PeerPool] | None, choices: Mapping[str, Iterable[str]] | None
@@ -415,7 +458,13 @@ class SchedulerState:
             request = self.requests[q.request_id]
             priority = self.queue_priority(request.model, request.priority)
             self.queue.push(msgspec.structs.replace(q, priority=priority))
+        if isinstance(self.router, MemoryRouter):  # what the log told it stays known
+            for model, mib in self.router.measured_mib.items():
+                self.measured_mib.setdefault(model, mib)
         self.router = p.router
+        if isinstance(p.router, MemoryRouter):
+            for model, ns in p.router.load_ns.items():
+                self.load_cost_ns.setdefault(model, ns)
         self.caller_weights = dict(p.caller_weights)
         self._weights = {c: max(1, w) for c, w in self.caller_weights.items()}
         fair = self.queue.params.fair_share_bonus != 0
@@ -485,6 +534,8 @@ class SchedulerState:
             return
         if at is not None:
             self._charge(request, at)
+            if request.running:
+                self.last_used[request.model] = at
         count = self.open_by_caller[request.caller] - 1
         if count:
             self.open_by_caller[request.caller] = count
@@ -553,7 +604,7 @@ def _dispatched(state: SchedulerState, event: Any) -> None:
         if state.router is None:
             state.residents.clear()  # one model at a time: every other one goes
         else:
-            for model in to_evict(state.router, event.model, state.occupied()):
+            for model in state.to_evict(event.model, state.occupied()):
                 state.residents.pop(model, None)
             state.residents.pop(event.model, None)
         state.loads[event.model] = event.request_id
@@ -592,6 +643,9 @@ def _swap_started(state: SchedulerState, event: Any) -> None:
 
 def _swap_finished(state: SchedulerState, event: Any) -> None:
     state.load_failures.pop(event.model, None)  # a load that works ends the series
+    _measured(state, event)
+    state.load_cost_ns[event.model] = round(event.duration_ms * 1e6)
+    state.last_used[event.model] = event.at
     if state.router is None:
         state.residents.clear()  # one model at a time
     state.residents[event.model] = None
@@ -610,8 +664,15 @@ def _swap_failed(state: SchedulerState, event: Any) -> None:
 
 
 def _process_stopped(state: SchedulerState, event: Any) -> None:
+    _measured(state, event)
     if state.residents.pop(event.model, 1) is None:
         state._residency_changed()
+
+
+def _measured(state: SchedulerState, event: Any) -> None:
+    """A footprint measured (`gpu_memory_mib`): the memory router's size of it."""
+    if event.gpu_memory_mib is not None:
+        state.measured_mib[event.model] = event.gpu_memory_mib
 
 
 def _ended(state: SchedulerState, event: Any) -> None:

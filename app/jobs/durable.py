@@ -26,9 +26,16 @@ from sqlalchemy import Connection, Engine
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
-from app.jobs.errors import Conflict, NoSpace, NotFound, Unavailable
+from app.jobs.errors import Conflict, NoSpace, NotFound, OverCap, Unavailable
 from app.jobs.job_view import job_view, seen_by
 from app.jobs.reserve import disk_shortfall
+from app.jobs.stored_bytes import (
+    StoredBytes,
+    check_headers,
+    check_key,
+    over_cap_message,
+    stored_size,
+)
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Ticket, new_request_id
 from app.runtime.scheduler import Scheduler
@@ -126,6 +133,10 @@ class Jobs:
         self.fence: Callable[[Connection], None] | None = None
         """Checks the server lease in a result's transaction (serve sets it): a
         leader that was taken over stores no result (app/runtime/leadership.py)."""
+        self.stored = StoredBytes(
+            lambda rid: rid in scheduler.state.requests or rid in self._recording
+        )
+        """Bytes each caller's open jobs hold (jobs.maxStoredBytesPerCaller)."""
         self._credentials: dict[str, dict[str, str]] = {}
         """Credential headers a job's model passes (`passCredentials`), kept in
         memory only until the job runs: never in the log, so a job run after a
@@ -141,12 +152,14 @@ class Jobs:
     async def accept(self, admission: Admission, request: JobRequest) -> Accepted:
         """Admit a durable job once it is on disk, or find the one its key names.
         Refused (the queue's bounds), NoSpace, Unavailable or Conflict (a key
-        reused with another body) when there is no such job."""
+        reused with another body) when there is no such job; Invalid,
+        HeaderTooLarge or OverCap for bytes over a limit (app/jobs/stored_bytes.py)."""
         body = request.body
         # Hashing tens of MiB takes a while; hashlib lets go of the GIL meanwhile.
         digest = await asyncio.to_thread(_sha256, body) if len(body) > 1 << 20 else _sha256(body)
         headers = request.headers
         key = headers.get("idempotency-key") or None
+        check_key(key)
         scoped = (admission.caller, key or "")
         if key is not None:
             existing = self._keys.get(scoped)
@@ -164,16 +177,24 @@ class Jobs:
             refusal = Refused(short, status=507, code="insufficient_storage", reason="disk_reserve")
             self.scheduler.refused(admission, refusal)
             raise NoSpace(short, "insufficient_storage")
+        stored_headers = {k: v for k, v in headers.items() if k not in self._not_replayed}
+        check_headers(stored_headers)
         request_id = request.request_id or new_request_id()
         # The body is not in the job: it is stored once, as bytes, under the job's id.
         job: dict[str, Any] = {
             "method": request.method,
             "path": request.path,
             "query": request.query,
-            "headers": {k: v for k, v in headers.items() if k not in self._not_replayed},
+            "headers": stored_headers,
             "body_bytes": len(body),
             "body_sha256": digest,
         }
+        size = stored_size(job, key)
+        over = self.why_over_cap(admission.caller, size)
+        if over is not None:
+            refusal = Refused(over, status=429, code="caller_storage_full")
+            self.scheduler.refused(admission, refusal)
+            raise OverCap(over, "caller_storage_full")
         if request.door is not None:
             job["door"] = request.door
         admission = msgspec.structs.replace(
@@ -185,6 +206,7 @@ class Jobs:
         # such a POST answers once this one is on disk (or is not: `_existing`).
         if key is not None:
             self._keys[scoped] = (request_id, digest)
+        self.stored.add(admission.caller, request_id, size)
         recorded = asyncio.get_running_loop().create_future()
         self._recording[request_id] = recorded
         ticket = None
@@ -193,8 +215,10 @@ class Jobs:
         finally:
             del self._recording[request_id]
             recorded.set_result(ticket is not None)
-            if ticket is None and key is not None:
-                self._keys.pop(scoped, None)
+            if ticket is None:
+                self.stored.remove(admission.caller, request_id)
+                if key is not None:
+                    self._keys.pop(scoped, None)
         assert ticket is not None  # else `_record` raised
         self.run(ticket, job)
         # Without its place: that walks the queue (app/runtime/places.py), and a
@@ -242,6 +266,14 @@ class Jobs:
         """Why `size` bytes of job bodies may not be stored now (jobs.minFreeDisk), or None."""
         return disk_shortfall(self.engine, self.config.min_free_disk, size, "this job: its body")
 
+    def why_over_cap(self, caller: str | None, size: int) -> str | None:
+        """Why `size` more bytes may not be stored for `caller` now
+        (jobs.maxStoredBytesPerCaller), or None."""
+        cap = self.config.max_stored_bytes_per_caller
+        if self.stored.fits(caller, size, cap):
+            return None
+        return over_cap_message(caller, self.stored.held(caller), size, cap)
+
     def _forget_body(self, request_id: str) -> None:
         """Delete the body of a job that was not accepted, in the background; if
         the database refuses now, pruning at the next start removes it."""
@@ -280,6 +312,12 @@ class Jobs:
         """Run a job when its turn comes (also used for jobs recovered at start).
         No task exists until then: 100,000 recovered jobs cost no coroutines."""
         ticket.job = job
+        open_request = self.scheduler.state.requests.get(ticket.request_id)
+        if open_request is not None and not self.stored.knows(
+            ticket.request_id, open_request.caller
+        ):
+            # Recovered at start, or a batch's line: counted against its caller too.
+            self.stored.add(open_request.caller, ticket.request_id, stored_size(job))
 
         def turn_came(ready: asyncio.Future[str]) -> None:
             credentials = self._credentials.pop(ticket.request_id, {})

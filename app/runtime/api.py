@@ -127,6 +127,7 @@ class Ticket:
         "committed",
         "score",
         "queue_wait_ms",
+        "time_to_start_ms",
         "detached",
         "job",
     )
@@ -145,6 +146,8 @@ class Ticket:
         """Resolves when the enqueue is on disk (durable jobs wait for it)."""
         self.score: float | None = None
         self.queue_wait_ms: float | None = None
+        self.time_to_start_ms: float | None = None
+        """Arrival to its start, its load included (`core.wait.time_to_start_ns`)."""
         self.detached: asyncio.Future[Detached] = asyncio.get_running_loop().create_future()
         """Set when the scheduler ends or re-queues the request on its own
         (time limit, operator, shutdown): the serving task stops and answers this."""

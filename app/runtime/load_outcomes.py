@@ -44,7 +44,9 @@ class LoadOutcomes:
         def _release(self, request_id: str, model: str) -> None:
             raise NotImplementedError
 
-    def load_ended(self, model: str, error: str | None, seconds: float) -> None:
+    def load_ended(
+        self, model: str, error: str | None, seconds: float, gpu_memory_mib: int | None = None
+    ) -> None:
         """The load of `model` ended (`error`: how it failed): record it, then
         release the requests that waited for it, or fail them (or send them to
         another peer)."""
@@ -52,7 +54,10 @@ class LoadOutcomes:
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
             log.info("%s is ready (loaded in %.1f s)", model, seconds)
-            self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
+            finished = ev.SwapFinished(
+                at=now, model=model, duration_ms=seconds * 1000, gpu_memory_mib=gpu_memory_mib
+            )
+            self.emit([finished])
             self.run_estimates.observe_load(model, int(seconds * 1e9))
             for rid in waiting:
                 self._release(rid, model)

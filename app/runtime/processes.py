@@ -81,6 +81,9 @@ class Processes:
         """Loads a peer's model: a reachability check (app/runtime/peer.py)."""
         self.before_stop: Callable[[str], Awaitable[None]] | None = None
         """Closes idle connections to a model before it is stopped (serve sets it)."""
+        self.before_start: Callable[[str], Awaitable[None]] | None = None
+        """Runs after a load's stops ended, before its process starts: waits for
+        stopped models' GPU memory (`Swaps.memory_back`); raising fails the load."""
         self._upstreams: dict[str, Upstream] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
@@ -123,6 +126,8 @@ class Processes:
             if spec.peer is not None:
                 await self.probe_peer(spec)  # no process: is the peer there?
             elif (proc := self._upstreams.get(model)) is None or not proc.running:
+                if self.before_start is not None:
+                    await self.before_start(model)
                 proc = self.new_upstream(spec, lambda p: self._facts.process_spawned(model, p))
                 self._upstreams[model] = proc
                 await proc.start()

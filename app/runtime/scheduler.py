@@ -37,7 +37,7 @@ from app.core.priority import band_of
 from app.core.reload import plan_reload
 from app.core.run_estimate import RunEstimates
 from app.core.state import SchedulerState, apply
-from app.core.wait import wait_ns
+from app.core.wait import time_to_start_ns, wait_ns
 from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds
 from app.runtime.api import (
     SHUTTING_DOWN,
@@ -53,7 +53,7 @@ from app.runtime.parameters import server_started
 from app.runtime.places import Places
 from app.runtime.ports import Cancellable, EventSink, Timers, first_of
 from app.runtime.processes import UpstreamFactory
-from app.runtime.reload import adopt, process_identity
+from app.runtime.reload import adopt, process_identity, reload_summary
 from app.runtime.stops import Stops
 from app.runtime.swaps import Swaps
 from app.runtime.time_limits import TimeLimits
@@ -326,10 +326,13 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
 
     def started(self, request_id: str, dropped_headers: Iterable[str] = ()) -> None:
         if request_id in self.state.running:
+            now, ticket = self.clock(), self.tickets.get(request_id)
+            if ticket is not None:
+                ticket.time_to_start_ms = time_to_start_ns(ticket.enqueued_ns, now) / 1e6
             self.emit(
                 [
                     ev.RequestStarted(
-                        at=self.clock(),
+                        at=now,
                         request_id=request_id,
                         dropped_headers=list(dropped_headers),
                     )
@@ -425,9 +428,8 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
             return None
         old = self.config
         before = dict(old.models)
-        plan = plan_reload(
-            self.state, process_identity(old), process_identity(new), self.processes.models()
-        )
+        processes = process_identity(old), process_identity(new)
+        plan = plan_reload(self.state, *processes, self.processes.models())
         for rid in plan.failed:
             model = self.state.requests[rid].model
             why = f"model {model!r} was removed from the config by a reload before it started"
@@ -449,14 +451,8 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
             restarted=plan.restarted,
         )
         self.emit([event])
-        log.info(
-            "config reloaded from %s (hash %s): %d added, %d removed, %d to restart once idle",
-            old.source,
-            old.config_hash,
-            len(plan.added),
-            len(plan.removed),
-            len(plan.restarted),
-        )
+        summary = reload_summary(plan, *processes)
+        log.info("config reloaded from %s (hash %s): %s", old.source, old.config_hash, summary)
         self.swaps.retire(plan.restarted, before)
         self.pump()
         return event

@@ -51,14 +51,14 @@ class TimeLimits:
         queued = self.state.queue.get(request_id)
         if queued is None:
             return  # dispatched (or gone) in time
-        left = self._waits.get(self.state, queued, self.running_since, self.clock())
+        left = self._waits.wait(self.state, queued, self.running_since, self.clock())
         message = (
             f"request {request_id} waited its X-Gpulane-Max-Wait ({max_wait_ns / 1e9:g} s) "
-            f"in the queue without starting; estimated wait from now about {left} s"
+            f"in the queue without starting; estimated wait from now {left.text()}"
         )
         self._end(
             ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="deadline"),
-            Detached(503, "deadline_exceeded", message, retry_after=left),
+            Detached(503, "deadline_exceeded", message, retry_after=left.seconds),
         )
 
     def _hand_over(self, ticket: Ticket, url: str, model: str) -> None:

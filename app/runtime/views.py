@@ -13,10 +13,12 @@ from prometheus_client import CollectorRegistry
 from app.core.run_estimate import Durations, RunEstimates
 from app.core.state import SchedulerState
 from app.runtime.api import LiveState, ModelStatus, OpenStatus
+from app.runtime.gpu import MemoryStatus
 from app.runtime.metrics import Metrics
 from app.runtime.places import Places
 from app.runtime.ports import EventSink
 from app.runtime.processes import Processes
+from app.runtime.swaps import Swaps
 
 
 class SchedulerViews:
@@ -30,6 +32,7 @@ class SchedulerViews:
     running_since: dict[str, int]
     metrics: Metrics
     places: Places
+    swaps: Swaps
 
     @property
     def resident(self) -> str | None:
@@ -98,6 +101,10 @@ class SchedulerViews:
 
     def metrics_registry(self) -> CollectorRegistry:
         return self.metrics.registry
+
+    def memory_status(self) -> MemoryStatus:
+        """GPU memory for the console: the GPU, the budget, each model's footprint."""
+        return self.swaps.memory_status()
 
     def loaded_models(self) -> list[str]:
         """Models with a server process (running or starting), in spawn order."""

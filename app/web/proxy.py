@@ -98,6 +98,7 @@ class Proxy:
                     404,
                     f"model {model_requested!r} is not configured; available: {', '.join(listed)}",
                     "model_not_found",
+                    "model",
                 )
             spec = self.config.models[model]
             if source == "form" and spec.use_model_name and spec.use_model_name != model_requested:
@@ -110,7 +111,7 @@ class Proxy:
             self.scheduler.reject(
                 endpoint, exc.status, exc.message, model_requested, priority, identity.caller
             )
-            await send_error(send, exc.status, exc.message, code=exc.code)
+            await send_error(send, exc.status, exc.message, code=exc.code, param=exc.param)
             return
         except ConnectionError:
             return
@@ -136,7 +137,7 @@ class Proxy:
                 self.scheduler.reject(
                     endpoint, 400, message, model_requested, priority, identity.caller
                 )
-                await send_error(send, 400, message, code="unsupported_parameter")
+                await send_error(send, 400, message, code="unsupported_parameter", param="stream")
                 return
             # The body as rewritten for the model (useModelName, filters), less `background`.
             sent = json.loads(body)
@@ -194,7 +195,7 @@ class Proxy:
             chain, chain_length = read_chain(headers)
             body = await read_body(receive, self.config.max_body_bytes)
         except BadRequest as exc:
-            await send_error(send, exc.status, exc.message, code=exc.code)
+            await send_error(send, exc.status, exc.message, code=exc.code, param=exc.param)
             return
         except ConnectionError:
             return
@@ -343,7 +344,7 @@ def _with_service_tier(asked: int | None, doc: dict[str, Any]) -> int | None:
     try:
         tier = tier_priority(doc.get("service_tier"))
     except ValueError as exc:
-        raise BadRequest(400, str(exc), "invalid_service_tier") from None
+        raise BadRequest(400, str(exc), "invalid_service_tier", "service_tier") from None
     return asked if asked is not None else tier
 
 
