@@ -350,3 +350,29 @@ def test_a_chain_of_twenty_prompts_shows_its_progress_and_an_estimate(
         assert progress["basis"]["run_s"]["comfyui_auto"] >= 0.25, progress["basis"]
         assert history(client, ids[-1], timeout=60)[ids[-1]]["status"]["completed"] is True
     assert overlaps(record) == []
+
+
+def test_an_operator_unload_mid_render_puts_it_back_and_it_renders_again(
+    gateway: Start, tmp_path: Path
+) -> None:
+    record = tmp_path / "renders.jsonl"
+    gw = gateway(comfy_config(record))
+    with gw.client() as client:
+        prompt_id = client.post("/comfyui/prompt", json={"prompt": workflow(2.0)}).json()[
+            "prompt_id"
+        ]
+        assert wait_for(lambda: rendering(record, prompt_id))
+        assert client.post("/api/models/unload/comfyui_auto").status_code == 200
+        entry = history(client, prompt_id, timeout=60)[prompt_id]
+        assert entry["status"]["completed"] is True
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    starts = [r for r in records(record) if r["event"] == "render_started"]
+    assert len(starts) == 2 and starts[0]["pid"] != starts[1]["pid"]  # a fresh ComfyUI
+    kinds = [
+        r["type"]
+        for r in gw.sql("SELECT type FROM events WHERE request_id=? ORDER BY seq", prompt_id)
+    ]
+    assert kinds.count("request_requeued") == 1 and kinds.count("request_completed") == 1
+    assert "request_failed" not in kinds and "request_cancelled" not in kinds
+    check = gw.db_check()
+    assert check.returncode == 0, check.stdout + check.stderr
