@@ -80,8 +80,13 @@ def file_form(config: Config) -> dict[str, Any]:
             "maxAttempts": config.max_attempts,
             "minFreeDisk": config.min_free_disk,
             "maxFileBytes": config.max_file_bytes,
+            "maxStoredBytesPerCaller": config.max_stored_bytes_per_caller,
         },
-        "server": {"maxBodyBytes": config.max_body_bytes},
+        "server": {
+            "maxBodyBytes": config.max_body_bytes,
+            "allowedHosts": list(config.allowed_hosts),
+            "allowedOrigins": list(config.allowed_origins),
+        },
         "upstream": {"ignorePaths": config.ignore_paths},
         "models": {k: _model(m) for k, m in own.items()},
     }
@@ -122,6 +127,7 @@ def _model(m: ModelConfig) -> dict[str, Any]:
         "sendLoadingState": m.send_loading_state,
         "timeouts": _timeouts(m),
         "compat": {"ignoreWebsockets": m.ignore_websockets},
+        **({"kind": m.kind} if m.kind is not None else {}),
         "capabilities": {
             "in": list(m.capabilities.inputs),
             "out": list(m.capabilities.outputs),

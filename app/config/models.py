@@ -161,7 +161,23 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         gpu_memory_mib=(
             None if m.gpu_memory is None else parse_mib(issues, m.gpu_memory, f"{path}.gpuMemory")
         ),
+        kind=_kind(issues, m.kind, model_id, f"{path}.kind"),
     )
+
+
+RENDER_KINDS = ("comfyui",)
+"""Servers whose jobs run in the background, each with its probe (docs/renders.md)."""
+COMFYUI_AUTO = "comfyui_auto"
+"""llama-swap's model id for `/comfyui/...`: a ComfyUI server unless said otherwise."""
+
+
+def _kind(issues: Issues, kind: str | None, model_id: str, where: str) -> str | None:
+    if kind is None:
+        return "comfyui" if model_id == COMFYUI_AUTO else None
+    if kind not in RENDER_KINDS:
+        issues.error(where, f"is {kind!r}; allowed: {', '.join(RENDER_KINDS)} (or leave it out)")
+        return None
+    return kind
 
 
 def pass_credentials(

@@ -35,6 +35,9 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_MIN_FREE_DISK: Final = 256 * 1024 * 1024
 # The largest file `POST /v1/files` stores (413 above it): held whole in memory once.
 DEFAULT_MAX_FILE_BYTES: Final = 200 * 1024 * 1024
+# Bytes one caller's open durable jobs may hold in the database (bodies,
+# stored headers, idempotency keys): 429 above it. 64 bodies of the largest size.
+DEFAULT_MAX_STORED_BYTES_PER_CALLER: Final = 4 * 1024 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Limits on one forwarded request, in seconds. Generous on purpose: a
 # 16-minute non-streaming render must finish, and so must a streamed one that
@@ -131,6 +134,9 @@ class RawModel(_Raw, frozen=True):
     pass_credentials: bool | list[str] | None = None
     # gpulane only: the GPU memory the model takes ("24GiB"), until it is measured.
     gpu_memory: str | int | None = None
+    # gpulane only: a server whose jobs run in the background (`comfyui`): each
+    # holds the model until its end is learnt (docs/renders.md).
+    kind: str | None = None
 
 
 class RawPeer(_Raw, frozen=True):
@@ -243,10 +249,14 @@ class RawJobs(_Raw, frozen=True):
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
 
 
 class RawServer(_Raw, frozen=True):
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Who may reach gpulane from a browser (app/config/sites.py, app/web/sites.py).
+    allowed_hosts: list[str] = []
+    allowed_origins: list[str] = []
 
 
 class RawUpstream(_Raw, frozen=True):

@@ -40,6 +40,7 @@ from app.config.raw import (
 from app.config.resolved import Config, ModelConfig
 from app.config.routers import resolve_router
 from app.config.scheduling import aging_divisor, check_bands, check_fifo_keys, fifo_priorities
+from app.config.sites import resolve_allowed_hosts, resolve_allowed_origins
 from app.config.values import (
     DURATION_FORMS,
     RunLimits,
@@ -173,7 +174,10 @@ class Resolver:
             max_attempts=_max_attempts(raw, issues),
             min_free_disk=_min_free_disk(raw, issues),
             max_file_bytes=_max_file_bytes(raw, issues),
+            max_stored_bytes_per_caller=_max_stored_bytes_per_caller(raw, issues),
             max_body_bytes=_max_body_bytes(raw, issues),
+            allowed_hosts=resolve_allowed_hosts(raw, issues),
+            allowed_origins=resolve_allowed_origins(raw, issues),
             ignore_paths=_ignore_paths(raw, issues),
             shutdown_grace=_shutdown_grace(raw, issues),
             memory_release_wait=_memory_release_wait(raw, issues),
@@ -285,6 +289,16 @@ def _load_backoff(raw: RawConfig, issues: Issues) -> dict[str, Any]:
             "waiting requests)",
         )
     return {"load_backoff": first, "load_backoff_max": most, "load_failure_limit": failures}
+
+
+def _max_stored_bytes_per_caller(raw: RawConfig, issues: Issues) -> int:
+    value = raw.jobs.max_stored_bytes_per_caller
+    if value < 1:
+        issues.error(
+            "jobs.maxStoredBytesPerCaller",
+            f"{value} is out of range; expected bytes, an integer >= 1",
+        )
+    return value
 
 
 def _max_file_bytes(raw: RawConfig, issues: Issues) -> int:

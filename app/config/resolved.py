@@ -18,6 +18,7 @@ from app.config.raw import (
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_PER_CALLER,
     DEFAULT_MAX_RUN_TIME,
+    DEFAULT_MAX_STORED_BYTES_PER_CALLER,
     DEFAULT_MEMORY_RELEASE_WAIT,
     DEFAULT_MIN_FREE_DISK,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
@@ -94,6 +95,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     gpu_memory_mib: int | None = None
     """`gpuMemory`: the GPU memory it declares (MiB), its footprint until one is
     measured; None: not declared."""
+    kind: str | None = None
+    """`kind`: a render server whose jobs run in the background (`comfyui`;
+    llama-swap's `comfyui_auto` id is one): each job holds the model, one at a
+    time, until a probe learns its end (docs/renders.md). None: a plain server."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -159,7 +164,16 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     more is refused with 507 (`jobs.minFreeDisk`; 0: only a full disk refuses)."""
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     """The largest file `POST /v1/files` stores (`jobs.maxFileBytes`); 413 above it."""
+    max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
+    """Bytes one caller's open durable jobs may hold in the database: bodies,
+    stored headers and idempotency keys (`jobs.maxStoredBytesPerCaller`); 429 above it."""
     max_body_bytes: int
+    allowed_hosts: tuple[str, ...] = ()
+    """`server.allowedHosts`: names a `Host` header may carry besides localhost,
+    IP addresses and the listen name (app/web/sites.py); `*`: any."""
+    allowed_origins: tuple[str, ...] = ()
+    """`server.allowedOrigins`: other sites whose pages may change state here
+    (app/web/sites.py), each as a browser writes `Origin`; `*`: any."""
     ignore_paths: str  # one regex, for re.search on the upstream path
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     """Seconds running work may take to finish after SIGTERM before upstreams are stopped."""
@@ -219,6 +233,9 @@ def config_hash(config: Config) -> str:
         data.pop("include_aliases_in_list", None)  # listing only; hashes as before
     if not data.get("log_requests"):
         data.pop("log_requests", None)  # logging only; hashes as before
+    for key in ("allowed_hosts", "allowed_origins"):
+        if not data.get(key):
+            data.pop(key, None)  # unset: hashes as before
     for key, default in _HASHED_AS_BEFORE.items():
         if data.get(key) == default:
             data.pop(key, None)  # a config that leaves them unset hashes as before

@@ -89,6 +89,13 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     peer_choices: dict[str, list[str]] | None = None
     """Each bare model id several peers serve: the entries a request for it may be
     dispatched to (`app.core.peers`); its `request_dispatched.model` names the one."""
+    held: list[str] = []
+    """Models whose jobs run in the background (renders, `kind`): each job holds
+    its model from dispatch until its end is learnt (its terminal event), and
+    runs alone on it whatever `concurrency` says (`SchedulerState.slots`)."""
+    max_run_time_ns: dict[str, int] = {}
+    """Each model's `maxRunTime` (ns); a model absent has none (every log before
+    it: unknown). Read by `db check` only: no decision depends on it."""
 
 
 class ConfigReloaded(Event, tag="config_reloaded", frozen=True):

@@ -142,6 +142,8 @@ class SchedulerState:
         self.concurrency = dict(concurrency or {})
         self._slot_counts: dict[str, int] = {}
         """`slots` per model asked so far (what it reads is fixed until the next reset)."""
+        self.held: frozenset[str] = frozenset()
+        """Models whose jobs hold them until their end is learnt: one at a time."""
         self._log_format = log_format
         self._serial_slots = scheduler == SERIAL and log_format >= 4
         """Serial runs up to `concurrency[model]` at once from log format 4; before,
@@ -355,10 +357,14 @@ class SchedulerState:
     def slots(self, model: str) -> int:
         """How many requests `model` may run at once: its `concurrencyLimit` as
         `server_started` recorded it (absent: fifo's default 10, serial's 1).
-        Serial logs before format 4 ran one at a time whatever they recorded."""
+        Serial logs before format 4 ran one at a time whatever they recorded. A
+        held model (`server_started.held`: a render server) runs one job at a
+        time: each holds it until its end is learnt, and the next waits."""
         slots = self._slot_counts.get(model)
         if slots is None:
-            if self.scheduler == FIFO:
+            if model in self.held:
+                slots = 1
+            elif self.scheduler == FIFO:
                 slots = self.concurrency.get(model, DEFAULT_CONCURRENCY_LIMIT)
             elif self._serial_slots:
                 slots = max(1, self.concurrency.get(model, SERIAL_CONCURRENCY_LIMIT))
@@ -441,6 +447,7 @@ class SchedulerState:
         self.model_priority = dict(p.model_priority)
         self.concurrency = dict(p.concurrency)
         self._slot_counts = {}
+        self.held = frozenset(p.held)
         self._serial_slots = p.scheduler == SERIAL and self._log_format >= 4
         self.config_hash = config_hash
         queue_params = params if p.scheduler == SERIAL else ScoringParams(0, 0)
@@ -698,6 +705,7 @@ def _server_started(state: SchedulerState, event: Any) -> None:
     )
     if event.peers or event.peer_choices:
         state._set_peers(event.peers, event.peer_choices)
+    state.held = frozenset(event.held)
     for request in kept:
         state._enqueue(request)
 

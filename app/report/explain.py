@@ -42,7 +42,7 @@ from app.core.priority import band_of
 from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL, SchedulerState, apply
-from app.core.wait import wait_ns
+from app.core.wait import time_to_start_ns, wait_ns
 from app.report.live_queue import position_of
 from app.report.run_times import RunTimes, load_run_times
 from app.report.story import (
@@ -586,6 +586,8 @@ class _Story:
             self._charge(until)
             position = self._position(until, times)
         wait = wait_ns(self.enqueued_ns, self.dispatched_ns, until)
+        started = self.started_ns
+        to_start = None if started is None else time_to_start_ns(self.enqueued_ns, started)
         end_ns = max(as_of_ns, self.last_t) if self.outcome is None else self.last_event_ns
         status = {"waiting": "queued", "running": "running"}.get(self.phase)
         if status is None:
@@ -612,6 +614,7 @@ class _Story:
                     since=None if h.dispatched_ns is None else h.dispatched_ns / NS_PER_S,
                     held_s=h.held_ns / NS_PER_S,
                     caller=h.caller,
+                    render=h.model in self.replay.state.held,
                 )
                 for h in self.at_arrival.values()
             ],
@@ -641,6 +644,7 @@ class _Story:
             ],
             own_swap=None if self.own_swap is None else self.own_swap.value(0),
             started_at=None if self.started_ns is None else self.started_ns / NS_PER_S,
+            time_to_start_s=None if to_start is None else to_start / NS_PER_S,
             run_s=self.run_s,
             outcome=self.outcome,
             waiting=position,
@@ -679,14 +683,15 @@ def request_fields(row: Any, names: Sequence[str]) -> dict[str, Any]:
     return {name: row[name] for name in names}
 
 
-def live_position(found: tuple[int, int, int], now_ns: int) -> Position:
+def live_position(found: tuple[int, int, int, bool], now_ns: int) -> Position:
     """A `Position` from `live_queue.position_of`'s answer."""
-    position, depth, start = found
+    position, depth, start, behind_open = found
     return Position(
         position=position,
         queue_depth=depth,
         estimated_start_at=start / NS_PER_S,
         estimated_start_in_s=(start - now_ns) / NS_PER_S,
+        estimated_start_open=behind_open,
     )
 
 

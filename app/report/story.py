@@ -96,6 +96,9 @@ class RunningAtArrival(msgspec.Struct, frozen=True):
     caller: str | None = None
     another_caller: bool = False
     """As `Ahead.another_caller`."""
+    render: bool = False
+    """A job that holds its model until its end is learnt (a ComfyUI render,
+    `server_started.held`): this request waited for the render's end."""
 
 
 class SwapWaited(msgspec.Struct, frozen=True):
@@ -162,6 +165,9 @@ class Position(msgspec.Struct, frozen=True):
     queue_depth: int
     estimated_start_at: float
     estimated_start_in_s: float
+    estimated_start_open: bool = False
+    """The start is only the earliest it can be: it waits behind a run longer
+    than any run of its model (app/core/start_estimate.py)."""
 
 
 class ChainPlace(msgspec.Struct, frozen=True):
@@ -211,6 +217,9 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     wait: list[Part] = []
     own_swap: SwapWaited | None = None
     started_at: float | None = None
+    time_to_start_s: float | None = None
+    """Arrival to its start (`request_started`): its wait and its own load
+    (app/core/wait.py); None while it has not started."""
     run_s: float | None = None
     outcome: Outcome | None = None
     waiting: Position | None = None
