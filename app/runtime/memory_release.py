@@ -58,6 +58,10 @@ class MemoryRelease:
         for pid in tree_pids(proc.pid):
             self._stopped[pid] = model
 
+    def stopped_pids(self) -> list[int]:
+        """The processes of stopped models not yet seen to free their memory."""
+        return list(self._stopped)
+
     def holders(self) -> list[ev.MemoryHolder]:
         """Processes of stopped models the GPU still lists with memory; the others
         are forgotten."""
