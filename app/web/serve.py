@@ -195,6 +195,10 @@ async def _wait_then_serve(
         return 1
     gate = LogWait(db_path, why)
     log.warning("%s; listening on %s meanwhile", gate.text(), listen)
+    # SIGHUP (a reload, a closed terminal) never ends the server; nothing to reload yet.
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGHUP, log.info, "SIGHUP ignored until the event log opens"
+    )
     waiting = _Server(_nothing, _uvicorn_config(config, gate, address, tls, lifespan="off"))
 
     def stop() -> None:
