@@ -339,6 +339,7 @@ class Swaps:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
         for model in self.processes.models():
             self.stop(model, "shutdown")
+        self.memory.close()  # a load waiting for GPU memory ends now, and starts nothing
         # Each load's process is stopped, so it ends now and records how (a load
         # cancelled instead would leave its swap_started unfinished).
         await self.processes.loads_ended()
