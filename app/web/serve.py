@@ -269,6 +269,7 @@ async def _serve(
     # shared by files when GPULANE_FAKE_GPU names one (tests, demos).
     gpu = GpuMemory(gpu_file.from_environment() or open_nvml())
     scheduler.swaps.gpu = gpu
+    scheduler.swaps.others.start()  # what other processes hold: the memory router's budget
     scheduler.metrics.watch_gpu(gpu, lambda: footprints(scheduler.config, gpu))
     # A leader whose lease may have lapsed (paused, cut off) dispatches nothing.
     scheduler.may_dispatch = leadership.trusted
