@@ -33,7 +33,7 @@ from app.core.scoring import NS_PER_S
 from app.core.state import SchedulerState, apply
 from app.report.progress import progress
 from app.report.render import duration
-from app.report.run_times import RECENT_REQUESTS, RECENT_SWAPS, RunTimes
+from app.report.run_times import RECENT_REQUESTS, RECENT_SWAPS, RunTimes, recent_by_model
 from tools.replay.workload import iter_log
 
 GAP_S = 600.0
@@ -51,7 +51,7 @@ def _times(runs: deque[tuple[str, float]], swaps: deque[tuple[str, float]]) -> R
 
     run_s, default_run = medians(runs)
     swap_s, default_swap = medians(swaps)
-    return RunTimes(run_s, swap_s, default_run, default_swap)
+    return RunTimes(run_s, swap_s, default_run, default_swap, recent_by_model(runs))
 
 
 def chains_of(

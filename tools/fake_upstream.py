@@ -3,6 +3,7 @@
     python -m tools.fake_upstream --port N [--name NAME] [--start-delay S]
                                   [--exit-at-start] [--health-status CODE]
                                   [--spawn-setsid-child]
+                                  [--gpu-dir DIR --gpu-mib N [--gpu-release-after S|never]]
 
 Standard library only, so it starts in tens of milliseconds. Each request may
 steer the reply with a ``"fake"`` object in its JSON body or an ``X-Fake``
@@ -27,6 +28,11 @@ Every reply names the server (``served_by`` field, ``X-Served-By`` header) and
 echoes the ``model`` it received, so tests can tell which upstream served them.
 One line per request goes to stdout so log capture can be tested.
 
+``--gpu-dir DIR --gpu-mib N`` takes N MiB of a fake GPU shared by files
+(app/runtime/gpu_file.py; `gpulane serve` reads it with
+``GPULANE_FAKE_GPU=DIR:TOTAL_MIB``) at start and gives it back at SIGTERM, or
+``--gpu-release-after S`` seconds later (``never``: a driver that never frees it).
+
 ``--spawn-setsid-child`` leaves a copy of the server behind as a daemonizing
 helper would (fork, ``setsid``, fork again, the middle process exits): the copy
 is in a session and process group of its own, its parent is gone, and it keeps
@@ -37,6 +43,7 @@ name it ``NAME/setsid-child``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -420,6 +427,24 @@ def _leave_setsid_copy(server: FakeServer) -> None:
         os._exit(0)
 
 
+def _gpu_hold(directory: str, pid: int, entry: dict[str, float]) -> None:
+    """One file per holder, as app/runtime/gpu_file.py reads them (stdlib only here)."""
+    path = os.path.join(directory, f"{pid}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(entry, f)
+    os.replace(path + ".tmp", path)
+
+
+def _gpu_give_back(directory: str, pid: int, mib: int, after: float | None) -> None:
+    if after is None:
+        return  # never freed
+    if after <= 0:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(directory, f"{pid}.json"))
+        return
+    _gpu_hold(directory, pid, {"mib": mib, "free_at": time.time() + after})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.fake_upstream", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
@@ -433,16 +458,30 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="leave a daemonized copy serving the port, in a new session",
     )
+    parser.add_argument("--gpu-dir", help="a fake GPU shared by files (app/runtime/gpu_file.py)")
+    parser.add_argument("--gpu-mib", type=int, default=0, help="memory it takes in --gpu-dir")
+    parser.add_argument(
+        "--gpu-release-after",
+        default="0",
+        help="seconds after its exit its memory is free again, or `never` (default 0)",
+    )
     args = parser.parse_args(argv)
 
     name = args.name
     log(f"{name} starting pid={os.getpid()} port={args.port}")
+    release = None
+    if args.gpu_dir and args.gpu_mib:
+        _gpu_hold(args.gpu_dir, os.getpid(), {"mib": args.gpu_mib})
+        after = None if args.gpu_release_after == "never" else float(args.gpu_release_after)
+        release = (args.gpu_dir, os.getpid(), args.gpu_mib, after)
     if args.exit_at_start:
         print(f"{name} error: exiting at start as asked", file=sys.stderr, flush=True)
         sys.exit(EXIT_AT_START_CODE)
 
     def on_sigterm(signum: int, frame: object) -> None:
         log(f"{name} received SIGTERM, exiting")
+        if release is not None:
+            _gpu_give_back(*release)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)

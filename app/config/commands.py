@@ -46,7 +46,7 @@ def check_config_command(
         return EXIT_INVALID
     for warning in config.warnings:
         print(f"warning: {warning}", file=err)
-    missing = {m.id: why for m in config.models.values() if (why := missing_program(m))}
+    missing = missing_programs(config)
     for model, why in missing.items():
         print(f"warning: models.{model}.cmd: {why}", file=err)
     if output_format == "summary":
@@ -59,6 +59,12 @@ def check_config_command(
         # One line per value, however long (a cmd), as a person would write it.
         out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1 << 20))
     return EXIT_OK
+
+
+def missing_programs(config: Config) -> dict[str, str]:
+    """Model id -> why its program cannot be started, for each such model:
+    what check-config, `gpulane serve` and a reload warn about."""
+    return {m.id: why for m in config.models.values() if (why := missing_program(m))}
 
 
 def missing_program(model: ModelConfig) -> str | None:

@@ -22,7 +22,7 @@ from app.config.matrix import is_name_char
 from app.config.peers import CHOICE_GROUP, PEER_GROUP
 from app.config.resolved import ApiKey, Config, ModelConfig
 from app.config.sleep import SleepSpec
-from app.core.residency import DEFAULT_GROUP, GroupRouter, MatrixRouter, Router
+from app.core.residency import DEFAULT_GROUP, GroupRouter, MemoryRouter, Router
 
 SECRET: Final = "***"
 
@@ -68,6 +68,7 @@ def file_form(config: Config) -> dict[str, Any]:
         "shutdownGrace": config.shutdown_grace,
         "loadBackoff": config.load_backoff,
         "loadBackoffMax": config.load_backoff_max,
+        "memoryReleaseWait": config.memory_release_wait,
         "loadFailureLimit": config.load_failure_limit,
         "maxQueued": config.max_queued,
         "maxQueuedPerCaller": config.max_queued_per_caller,
@@ -85,8 +86,13 @@ def file_form(config: Config) -> dict[str, Any]:
             "maxAttempts": config.max_attempts,
             "minFreeDisk": config.min_free_disk,
             "maxFileBytes": config.max_file_bytes,
+            "maxStoredBytesPerCaller": config.max_stored_bytes_per_caller,
         },
-        "server": {"maxBodyBytes": config.max_body_bytes},
+        "server": {
+            "maxBodyBytes": config.max_body_bytes,
+            "allowedHosts": list(config.allowed_hosts),
+            "allowedOrigins": list(config.allowed_origins),
+        },
         "upstream": {"ignorePaths": config.ignore_paths},
         "models": {k: _model(m) for k, m in own.items()},
     }
@@ -129,6 +135,8 @@ def _model(m: ModelConfig) -> dict[str, Any]:
         "sendLoadingState": m.send_loading_state,
         "timeouts": _timeouts(m),
         "compat": {"ignoreWebsockets": m.ignore_websockets},
+        **({"kind": m.kind} if m.kind is not None else {}),
+        **({"outputDir": m.output_dir} if m.output_dir is not None else {}),
         "capabilities": {
             "in": list(m.capabilities.inputs),
             "out": list(m.capabilities.outputs),
@@ -140,6 +148,8 @@ def _model(m: ModelConfig) -> dict[str, Any]:
         "streamIdleTimeout": _limit(m.stream_idle_timeout),
         "passCredentials": list(m.pass_credentials),
     }
+    if m.gpu_memory_mib is not None:
+        out["gpuMemory"] = f"{m.gpu_memory_mib}MiB"
     if m.sleep is not None:
         out["sleep"] = _sleep(m.sleep)
     return out
@@ -225,7 +235,9 @@ def _router(router: Router, peers: set[str]) -> dict[str, Any] | None:
             if g.name not in implied
         }
         return {"use": "group", "settings": {"groups": groups}} if groups else None
-    assert isinstance(router, MatrixRouter)
+    if isinstance(router, MemoryRouter):
+        memory = {"budget": f"{router.budget_mib}MiB", "sideBySide": router.side_by_side}
+        return {"use": "memory", "settings": {"memory": memory}}
     models = sorted({m for s in router.sets for m in s.models} | router.evict_costs.keys())
     # A model id an expression cannot spell is named through a var.
     names = {m: m for m in models if m and all(is_name_char(c) for c in m)}

@@ -19,6 +19,7 @@ import yaml
 
 from app.config.checks import INVALID, Issues, Walker, kind_of
 from app.config.directory import config_files, merge_documents
+from app.config.environment import config_environ
 from app.config.raw import IGNORED_KEYS, LENIENT_STRUCTS, OPEN_STRUCTS, RawConfig
 from app.config.resolution import Resolver
 from app.config.resolved import Config, config_hash
@@ -77,7 +78,8 @@ def _build(
     environ: Mapping[str, str] | None,
     issues: Issues,
 ) -> Config:
-    env = os.environ if environ is None else environ
+    # GPULANE_CACHE has its default (app/config/environment.py).
+    env = config_environ(os.environ if environ is None else environ)
     if data is not None:
         data = substitute(data, env, issues)
     raw = _decode(data, issues) if data is not None else None

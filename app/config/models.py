@@ -25,6 +25,7 @@ from app.config.macros import (
     split_args,
     strip_comments,
 )
+from app.config.memory_size import parse_mib
 from app.config.raw import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
@@ -158,8 +159,40 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         ),
         capabilities=_capabilities(issues, m.capabilities, f"{path}.capabilities"),
         ignore_websockets=m.compat.ignore_websockets,
+        gpu_memory_mib=(
+            None if m.gpu_memory is None else parse_mib(issues, m.gpu_memory, f"{path}.gpuMemory")
+        ),
+        kind=(kind := _kind(issues, m.kind, model_id, f"{path}.kind")),
+        output_dir=_output_dir(issues, m.output_dir, kind, f"{path}.outputDir"),
         sleep=resolve_sleep(issues, m.sleep, f"{path}.sleep"),
     )
+
+
+RENDER_KINDS = ("comfyui",)
+"""Servers whose jobs run in the background, each with its probe (docs/renders.md)."""
+COMFYUI_AUTO = "comfyui_auto"
+"""llama-swap's model id for `/comfyui/...`: a ComfyUI server unless said otherwise."""
+
+
+def _output_dir(issues: Issues, folder: str | None, kind: str | None, where: str) -> str | None:
+    if folder is None:
+        return None
+    if kind != "comfyui":
+        issues.error(where, "is ComfyUI's output folder: set it on a model with kind: comfyui")
+        return None
+    if not folder.strip():
+        issues.error(where, "is empty; give ComfyUI's output folder, or leave it out")
+        return None
+    return folder
+
+
+def _kind(issues: Issues, kind: str | None, model_id: str, where: str) -> str | None:
+    if kind is None:
+        return "comfyui" if model_id == COMFYUI_AUTO else None
+    if kind not in RENDER_KINDS:
+        issues.error(where, f"is {kind!r}; allowed: {', '.join(RENDER_KINDS)} (or leave it out)")
+        return None
+    return kind
 
 
 def pass_credentials(

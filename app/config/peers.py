@@ -31,7 +31,14 @@ from app.config.raw import (
 from app.config.resolved import ModelConfig
 from app.config.values import RunLimits, limit
 from app.core.peers import PeerPool, fqn
-from app.core.residency import DEFAULT_GROUP, Group, GroupRouter, MatrixRouter, Router
+from app.core.residency import (
+    DEFAULT_GROUP,
+    Group,
+    GroupRouter,
+    MatrixRouter,
+    MemoryRouter,
+    Router,
+)
 
 PEER_GROUP: Final = "peers.{}"
 """The router group of a peer's models."""
@@ -68,11 +75,12 @@ class PeerResolver:
         peers = self.raw.peers
         if not peers:
             return {}, router
-        if isinstance(router, MatrixRouter):
+        if isinstance(router, MatrixRouter | MemoryRouter):
             self.issues.warn(
                 "peers",
-                "not used with a matrix router yet: their models are not served "
-                "(use routing.router.use: group, or no router)",
+                f"not used with a {'matrix' if isinstance(router, MatrixRouter) else 'memory'} "
+                "router yet: their models are not served (use routing.router.use: group, "
+                "or no router)",
             )
             return {}, router
         local = dict(index)

@@ -35,6 +35,9 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_MIN_FREE_DISK: Final = 256 * 1024 * 1024
 # The largest file `POST /v1/files` stores (413 above it): held whole in memory once.
 DEFAULT_MAX_FILE_BYTES: Final = 200 * 1024 * 1024
+# Bytes one caller's open durable jobs may hold in the database (bodies,
+# stored headers, idempotency keys): 429 above it. 64 bodies of the largest size.
+DEFAULT_MAX_STORED_BYTES_PER_CALLER: Final = 4 * 1024 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Limits on one forwarded request, in seconds. Generous on purpose: a
 # 16-minute non-streaming render must finish, and so must a streamed one that
@@ -49,6 +52,9 @@ DEFAULT_SHUTDOWN_GRACE: Final = 30.0
 DEFAULT_LOAD_BACKOFF: Final = 5.0
 DEFAULT_LOAD_BACKOFF_MAX: Final = 300.0
 DEFAULT_LOAD_FAILURE_LIMIT: Final = 3
+# With GPU telemetry, a load waits this long for a stopped model's memory to be
+# free again (Ollama waits up to 5 s); still held then, the load fails.
+DEFAULT_MEMORY_RELEASE_WAIT: Final = 10.0
 # Static assets a web UI behind /upstream/<model>/ asks for; they must not
 # trigger a swap. Anchored, so re.search and re.match agree.
 DEFAULT_IGNORE_PATHS: Final = (
@@ -126,6 +132,14 @@ class RawModel(_Raw, frozen=True):
     # gpulane only: credential headers forwarded to this model; unset = forward
     # them when no apiKeys are configured, strip them when some are.
     pass_credentials: bool | list[str] | None = None
+    # gpulane only: the GPU memory the model takes ("24GiB"), until it is measured.
+    gpu_memory: str | int | None = None
+    # gpulane only: a server whose jobs run in the background (`comfyui`): each
+    # holds the model until its end is learnt (docs/renders.md).
+    kind: str | None = None
+    # gpulane only, with kind comfyui: ComfyUI's output folder, from which a
+    # finished prompt's images are served while ComfyUI is not loaded.
+    output_dir: str | None = None
     # gpulane only: how the server sleeps instead of stopping (app/config/sleep.py).
     sleep: str | dict[str, Any] | None = None
 
@@ -204,13 +218,22 @@ class RawMatrix(_Raw, frozen=True):
     evict_costs: dict[str, int] = msgspec.field(default_factory=dict, name="evict_costs")
 
 
+class RawMemoryRouter(_Raw, frozen=True):
+    """gpulane only: `routing.router.settings.memory`."""
+
+    budget: str | int = "auto"  # "auto" | a size ("80GiB")
+    reserve: str | int | None = None  # with auto: what is left free (a size)
+    side_by_side: bool = False
+
+
 class RawRouterSettings(_Raw, frozen=True):
     groups: dict[str, RawGroup] = {}
     matrix: RawMatrix | None = None
+    memory: RawMemoryRouter | None = None
 
 
 class RawRouter(_Raw, frozen=True):
-    use: str = ""  # "" | "group" | "matrix"; "" is group
+    use: str = ""  # "" | "group" | "matrix" | "memory"; "" is group
     settings: RawRouterSettings = msgspec.field(default_factory=RawRouterSettings)
 
 
@@ -231,10 +254,14 @@ class RawJobs(_Raw, frozen=True):
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
 
 
 class RawServer(_Raw, frozen=True):
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Who may reach gpulane from a browser (app/config/sites.py, app/web/sites.py).
+    allowed_hosts: list[str] = []
+    allowed_origins: list[str] = []
 
 
 class RawUpstream(_Raw, frozen=True):
@@ -258,6 +285,7 @@ class RawConfig(_Raw, frozen=True):
     load_backoff: float | str = DEFAULT_LOAD_BACKOFF
     load_backoff_max: float | str = DEFAULT_LOAD_BACKOFF_MAX
     load_failure_limit: int = DEFAULT_LOAD_FAILURE_LIMIT
+    memory_release_wait: float | str = DEFAULT_MEMORY_RELEASE_WAIT
     max_queued: int = DEFAULT_MAX_QUEUED
     max_queued_per_caller: int = DEFAULT_MAX_QUEUED_PER_CALLER
     # gpulane only: the host memory sleeping models may hold together (bytes or "64GiB").

@@ -28,6 +28,7 @@ from app.config.raw import (
     DEFAULT_LOAD_BACKOFF,
     DEFAULT_LOAD_BACKOFF_MAX,
     DEFAULT_MAX_RUN_TIME,
+    DEFAULT_MEMORY_RELEASE_WAIT,
     DEFAULT_RESULT_RETENTION_S,
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STREAM_IDLE_TIMEOUT,
@@ -39,6 +40,7 @@ from app.config.raw import (
 from app.config.resolved import Config, ModelConfig
 from app.config.routers import resolve_router
 from app.config.scheduling import aging_divisor, check_bands, check_fifo_keys, fifo_priorities
+from app.config.sites import resolve_allowed_hosts, resolve_allowed_origins
 from app.config.sleep import resolve_host_memory
 from app.config.values import (
     DURATION_FORMS,
@@ -123,7 +125,11 @@ class Resolver:
         index = name_index(issues, self.declared, models)
         check_fifo_keys(issues, fifo, self.declared, index)
         router = resolve_router(
-            raw, index, issues, lambda name, outcome: unknown_model(name, index, outcome)
+            raw,
+            index,
+            issues,
+            lambda name, outcome: unknown_model(name, index, outcome),
+            declared_mib={m: s.gpu_memory_mib for m, s in models.items() if s.gpu_memory_mib},
         )
         # Peers after the local names (local ids and aliases first) and the router.
         peers, router = PeerResolver(
@@ -169,9 +175,13 @@ class Resolver:
             max_attempts=_max_attempts(raw, issues),
             min_free_disk=_min_free_disk(raw, issues),
             max_file_bytes=_max_file_bytes(raw, issues),
+            max_stored_bytes_per_caller=_max_stored_bytes_per_caller(raw, issues),
             max_body_bytes=_max_body_bytes(raw, issues),
+            allowed_hosts=resolve_allowed_hosts(raw, issues),
+            allowed_origins=resolve_allowed_origins(raw, issues),
             ignore_paths=_ignore_paths(raw, issues),
             shutdown_grace=_shutdown_grace(raw, issues),
+            memory_release_wait=_memory_release_wait(raw, issues),
             **_load_backoff(raw, issues),
             max_queued=at_least_one(issues, raw.max_queued, "maxQueued"),
             max_queued_per_caller=at_least_one(
@@ -239,6 +249,12 @@ def _shutdown_grace(raw: RawConfig, issues: Issues) -> float:
     return DEFAULT_SHUTDOWN_GRACE if total is None else total
 
 
+def _memory_release_wait(raw: RawConfig, issues: Issues) -> float:
+    allowed = f"seconds >= 0 (0 = do not wait), or {DURATION_FORMS}"
+    total = seconds(issues, raw.memory_release_wait, "memoryReleaseWait", allowed)
+    return DEFAULT_MEMORY_RELEASE_WAIT if total is None else total
+
+
 def _lease_seconds(raw: RawConfig, issues: Issues) -> float:
     # Under a second the renewals (a write each, every third of it) would crowd
     # the log's writer; past an hour a dead leader's standby would wait that long.
@@ -275,6 +291,16 @@ def _load_backoff(raw: RawConfig, issues: Issues) -> dict[str, Any]:
             "waiting requests)",
         )
     return {"load_backoff": first, "load_backoff_max": most, "load_failure_limit": failures}
+
+
+def _max_stored_bytes_per_caller(raw: RawConfig, issues: Issues) -> int:
+    value = raw.jobs.max_stored_bytes_per_caller
+    if value < 1:
+        issues.error(
+            "jobs.maxStoredBytesPerCaller",
+            f"{value} is out of range; expected bytes, an integer >= 1",
+        )
+    return value
 
 
 def _max_file_bytes(raw: RawConfig, issues: Issues) -> int:

@@ -18,6 +18,8 @@ from app.config.raw import (
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_PER_CALLER,
     DEFAULT_MAX_RUN_TIME,
+    DEFAULT_MAX_STORED_BYTES_PER_CALLER,
+    DEFAULT_MEMORY_RELEASE_WAIT,
     DEFAULT_MIN_FREE_DISK,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
     DEFAULT_SHUTDOWN_GRACE,
@@ -91,6 +93,16 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     choices: tuple[str, ...] = ()
     """A bare id several peers serve: the entries (`<peer>/<model>`) a request
     for it may be sent to; the scheduler picks one at dispatch."""
+    gpu_memory_mib: int | None = None
+    """`gpuMemory`: the GPU memory it declares (MiB), its footprint until one is
+    measured; None: not declared."""
+    kind: str | None = None
+    """`kind`: a render server whose jobs run in the background (`comfyui`;
+    llama-swap's `comfyui_auto` id is one): each job holds the model, one at a
+    time, until a probe learns its end (docs/renders.md). None: a plain server."""
+    output_dir: str | None = None
+    """`outputDir` (kind comfyui): ComfyUI's output folder, from which `/view`
+    serves a finished prompt's images while ComfyUI is not loaded."""
     sleep: SleepSpec | None = None
     """`sleep`: how its server sleeps instead of stopping (None: it is stopped)."""
 
@@ -162,7 +174,16 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     more is refused with 507 (`jobs.minFreeDisk`; 0: only a full disk refuses)."""
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     """The largest file `POST /v1/files` stores (`jobs.maxFileBytes`); 413 above it."""
+    max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
+    """Bytes one caller's open durable jobs may hold in the database: bodies,
+    stored headers and idempotency keys (`jobs.maxStoredBytesPerCaller`); 429 above it."""
     max_body_bytes: int
+    allowed_hosts: tuple[str, ...] = ()
+    """`server.allowedHosts`: names a `Host` header may carry besides localhost,
+    IP addresses and the listen name (app/web/sites.py); `*`: any."""
+    allowed_origins: tuple[str, ...] = ()
+    """`server.allowedOrigins`: other sites whose pages may change state here
+    (app/web/sites.py), each as a browser writes `Origin`; `*`: any."""
     ignore_paths: str  # one regex, for re.search on the upstream path
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     """Seconds running work may take to finish after SIGTERM before upstreams are stopped."""
@@ -174,6 +195,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     load_failure_limit: int = DEFAULT_LOAD_FAILURE_LIMIT
     """Failed loads in a row after which a model's waiting requests fail with the
     loader's error (`loadFailureLimit`; 0: never)."""
+    memory_release_wait: float = DEFAULT_MEMORY_RELEASE_WAIT
+    """Seconds a load waits for a stopped model's GPU memory to be free again, with
+    GPU telemetry (`memoryReleaseWait`); still held then, the load fails."""
     warnings: tuple[str, ...] = ()
     config_hash: str = ""
     source: str = "<string>"
@@ -200,6 +224,7 @@ _HASHED_AS_BEFORE: dict[str, object] = {
     "load_backoff": DEFAULT_LOAD_BACKOFF,
     "load_backoff_max": DEFAULT_LOAD_BACKOFF_MAX,
     "load_failure_limit": DEFAULT_LOAD_FAILURE_LIMIT,
+    "memory_release_wait": DEFAULT_MEMORY_RELEASE_WAIT,
 }
 
 
@@ -218,6 +243,9 @@ def config_hash(config: Config) -> str:
         data.pop("include_aliases_in_list", None)  # listing only; hashes as before
     if not data.get("log_requests"):
         data.pop("log_requests", None)  # logging only; hashes as before
+    for key in ("allowed_hosts", "allowed_origins"):
+        if not data.get(key):
+            data.pop(key, None)  # unset: hashes as before
     for key, default in _HASHED_AS_BEFORE.items():
         if data.get(key) == default:
             data.pop(key, None)  # a config that leaves them unset hashes as before
@@ -226,7 +254,7 @@ def config_hash(config: Config) -> str:
     for model in data["models"].values():
         if not model.get("set_params_by_id"):
             model.pop("set_params_by_id", None)
-        for key in ("peer", "headers", "choices"):
+        for key in ("peer", "headers", "choices", "gpu_memory_mib"):
             if not model.get(key):
                 model.pop(key, None)
         if model.get("headers"):

@@ -2,7 +2,8 @@
 
 `routing.router` (`use: group | matrix`, `settings.groups`, `settings.matrix`)
 and the older top-level `groups` / `matrix` become a `GroupRouter`, a
-`MatrixRouter` or None (no router: one model at a time). The checks follow
+`MatrixRouter` or None (no router: one model at a time); gpulane's own
+`use: memory` (`settings.memory`) a `MemoryRouter`. The checks follow
 llama-swap's loader: the two spellings may not be mixed, a model is in at most
 one group, models no group names form the group `(default)`, matrix names are
 vars or model ids, and eviction costs are positive.
@@ -17,19 +18,25 @@ from typing import Final
 
 from app.config.checks import Issues, join_path
 from app.config.matrix import expand_sets
-from app.config.raw import RawConfig, RawGroup, RawMatrix
+from app.config.memory_size import parse_mib
+from app.config.raw import RawConfig, RawGroup, RawMatrix, RawMemoryRouter
 from app.core.residency import (
     DEFAULT_GROUP,
     Group,
     GroupRouter,
     MatrixRouter,
     MatrixSet,
+    MemoryRouter,
     Router,
 )
 
 GROUP: Final = "group"
 MATRIX: Final = "matrix"
-ROUTERS: Final = (GROUP, MATRIX)
+MEMORY: Final = "memory"
+ROUTERS: Final = (GROUP, MATRIX, MEMORY)
+DEFAULT_RESERVE_MIB: Final = 2048
+"""With `budget: auto`, what the memory router leaves free of the GPU's total
+(the CUDA context of each server, and room to breathe)."""
 _VAR_KEY: Final = re.compile(r"^[a-zA-Z0-9.-]{1,32}$")  # llama-swap's rule
 
 
@@ -38,16 +45,26 @@ def resolve_router(
     index: Mapping[str, str],
     issues: Issues,
     unknown: Callable[[str, str], str],
+    *,
+    declared_mib: Mapping[str, int] | None = None,
+    gpu_total_mib: Callable[[], int | None] | None = None,
 ) -> Router | None:
     """The router the config describes, or None; problems go to `issues`.
 
     `index` maps model ids and aliases to ids; `unknown(name, outcome)` is the
-    message for a name that is neither.
+    message for a name that is neither. The memory router takes each model's
+    declared `gpuMemory` (`declared_mib`) and, for `budget: auto`, the GPU's
+    total memory (`gpu_total_mib`: None when no telemetry can tell it).
     """
     router_raw = raw.routing.router
     settings = router_raw.settings
     legacy = raw.matrix is not None or bool(raw.groups)
-    current = bool(router_raw.use) or settings.matrix is not None or bool(settings.groups)
+    current = (
+        bool(router_raw.use)
+        or settings.matrix is not None
+        or bool(settings.groups)
+        or settings.memory is not None
+    )
     if legacy and current:
         issues.error(
             "routing.router",
@@ -72,6 +89,19 @@ def resolve_router(
             )
             return None
         base = "routing.router.settings"
+        if use != MEMORY and settings.memory is not None:
+            issues.warn(f"{base}.memory", f"not used: routing.router.use is {use}")
+        if use == MEMORY:
+            for other, given in (("groups", settings.groups), ("matrix", settings.matrix)):
+                if given:
+                    issues.warn(f"{base}.{other}", "not used: routing.router.use is memory")
+            return _memory(
+                settings.memory or RawMemoryRouter(),
+                f"{base}.memory",
+                issues,
+                declared_mib or {},
+                gpu_total_mib or _nvml_total_mib,
+            )
         if use == MATRIX:
             if settings.matrix is None:
                 issues.error(f"{base}.matrix", "required by routing.router.use: matrix")
@@ -84,6 +114,66 @@ def resolve_router(
                 issues.warn(f"{base}.matrix", "not used: routing.router.use is group")
             router = _groups(settings.groups, f"{base}.groups", index, issues, unknown)
     return router
+
+
+def _memory(
+    raw: RawMemoryRouter,
+    base: str,
+    issues: Issues,
+    declared_mib: Mapping[str, int],
+    gpu_total_mib: Callable[[], int | None],
+) -> MemoryRouter | None:
+    reserve = 0
+    if raw.reserve is not None:
+        if raw.budget != AUTO:
+            issues.warn(f"{base}.reserve", "not used: the budget is a size, not auto")
+        else:
+            reserve = parse_mib(issues, raw.reserve, f"{base}.reserve") or 0
+    elif raw.budget == AUTO:
+        reserve = DEFAULT_RESERVE_MIB
+    if raw.budget == AUTO:
+        total = gpu_total_mib()
+        if total is None:
+            issues.error(
+                f"{base}.budget",
+                "'auto' needs GPU telemetry (NVML, an NVIDIA driver) and there is none "
+                "here; give a size instead, e.g. budget: 80GiB",
+            )
+            return None
+        budget: int | None = total - reserve
+        if budget is not None and budget < 1:
+            issues.error(
+                f"{base}.reserve", f"leaves nothing of the GPU's {total} MiB; expected less"
+            )
+            return None
+    else:
+        budget = parse_mib(issues, raw.budget, f"{base}.budget")
+    if budget is None:
+        return None
+    return MemoryRouter(
+        budget_mib=budget,
+        declared_mib=dict(sorted(declared_mib.items())),
+        side_by_side=raw.side_by_side,
+    )
+
+
+AUTO: Final = "auto"
+
+
+def _nvml_total_mib() -> int | None:
+    """GPU 0's total memory (MiB) through NVML, None without a driver: what
+    `budget: auto` is taken from when the config is read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+    return int(total) // (1024 * 1024)
 
 
 def _groups(

@@ -91,6 +91,13 @@ class ServerStarted(Event, tag="server_started", frozen=True):
     peer_choices: dict[str, list[str]] | None = None
     """Each bare model id several peers serve: the entries a request for it may be
     dispatched to (`app.core.peers`); its `request_dispatched.model` names the one."""
+    held: list[str] = []
+    """Models whose jobs run in the background (renders, `kind`): each job holds
+    its model from dispatch until its end is learnt (its terminal event), and
+    runs alone on it whatever `concurrency` says (`SchedulerState.slots`)."""
+    max_run_time_ns: dict[str, int] = {}
+    """Each model's `maxRunTime` (ns); a model absent has none (every log before
+    it: unknown). Read by `db check` only: no decision depends on it."""
 
 
 class ConfigReloaded(Event, tag="config_reloaded", frozen=True):
@@ -208,6 +215,10 @@ class ProcessStarted(Event, tag="process_started", frozen=True):
 class SwapFinished(Event, tag="swap_finished", frozen=True):
     model: str
     duration_ms: float
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
 
 
 class SwapFailed(Event, tag="swap_failed", frozen=True):
@@ -227,6 +238,10 @@ class ProcessStopping(Event, tag="process_stopping", frozen=True):
     """With reason `evicted`: the model whose load evicted it."""
     evicted_by: str | None = None
     """With reason `evicted`: the request that load is for (None: a preload)."""
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
 
 
 class ProcessStopped(Event, tag="process_stopped", frozen=True):
@@ -238,6 +253,10 @@ class ProcessStopped(Event, tag="process_stopped", frozen=True):
     """With reason `evicted`: the model whose load evicted it."""
     evicted_by: str | None = None
     """With reason `evicted`: the request that load is for (None: a preload)."""
+    gpu_memory_mib: int | None = None
+    """Its footprint in MiB: the most GPU memory it held while resident, as
+    measured (NVML) up to this moment; None: not measured (no telemetry, and
+    every log before footprints)."""
     duration_ms: float | None = None
     """How long the stop took, from its `process_stopping` (None: a crash, a
     failed start, and every log before it)."""
@@ -288,6 +307,48 @@ class SleepSkipped(Event, tag="sleep_skipped", frozen=True):
     why: str
     duration_ms: float = 0.0
     """How long the attempt took before gpulane gave up on it."""
+
+
+class MemoryHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """A process of a stopped model that still holds GPU memory."""
+
+    pid: int
+    model: str
+    mib: int
+
+
+class MemoryWaitStarted(Event, tag="memory_wait_started", frozen=True):
+    """A load waits for GPU memory that stopped models' processes still hold
+    (GPU telemetry lists them), at most `limit_ms` (`memoryReleaseWait`)."""
+
+    model: str
+    """The model whose load waits."""
+    holders: list[MemoryHolder] = []
+    limit_ms: float = 0.0
+
+
+class GpuMemorySeen(Event, tag="gpu_memory_seen", frozen=True):
+    """GPU telemetry saw memory held by processes gpulane does not own change
+    (another program, another container): under the memory router it is taken
+    off the budget from here on. Recorded only when it moved by 1 GiB or more."""
+
+    others_mib: int
+    """Memory held by processes other than gpulane's model servers (and what
+    stopped ones still hold)."""
+    used_mib: int = 0
+    total_mib: int = 0
+
+
+class MemoryWaitEnded(Event, tag="memory_wait_ended", frozen=True):
+    """The wait of `memory_wait_started` ended: the memory was released (the load
+    goes on), or not within the limit (the load fails, its `swap_failed` follows
+    naming the holders)."""
+
+    model: str
+    released: bool
+    waited_ms: float = 0.0
+    holders: list[MemoryHolder] = []
+    """Not released: the processes still holding memory."""
 
 
 class RequestStarted(Event, tag="request_started", frozen=True):
@@ -434,6 +495,9 @@ AnyEvent = (
     | RequestRestored
     | RecoveryFinished
     | LeaseAcquired
+    | MemoryWaitStarted
+    | MemoryWaitEnded
+    | GpuMemorySeen
 )
 
 TERMINAL = (RequestCompleted, RequestFailed, RequestCancelled, RequestAbandoned)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Set
 
 import msgspec
 
-from app.core.residency import Router, to_evict
+from app.core.residency import MemoryRouter, Router, to_evict
 from app.core.state import SchedulerState
 
 
@@ -33,9 +33,7 @@ def idle_evictions(state: SchedulerState, model: str) -> frozenset[str]:
     """What a load of `model` that no dispatch planned evicts: the models the
     router says it evicts, less the busy ones (a reload after a crash leaves
     busy models alone)."""
-    return frozenset(
-        m for m in to_evict(state.router, model, state.occupied()) if not state.busy(m)
-    )
+    return frozenset(m for m in state.to_evict(model, state.occupied()) if not state.busy(m))
 
 
 def preload_evictions(state: SchedulerState, model: str) -> frozenset[str] | None:
@@ -43,7 +41,7 @@ def preload_evictions(state: SchedulerState, model: str) -> frozenset[str] | Non
     in use (loaded or loading) already, or loading it would evict a busy model."""
     if model in state.in_use:
         return None
-    evict = to_evict(state.router, model, state.occupied())
+    evict = state.to_evict(model, state.occupied())
     if any(state.busy(m) for m in evict):
         return None
     return evict
@@ -71,7 +69,8 @@ def plan_load(
     else:
         stop = [other for other in evicted if other in live]
     after = set(stopping) | set(stop)
-    if router is None:
+    if router is None or isinstance(router, MemoryRouter):
+        # Memory: every stop in progress still holds GPU memory the load may need.
         wait_for = after
     else:
         wait_for = set(to_evict(router, model, frozenset(after))) | (after & {model, *evicted})

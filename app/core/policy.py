@@ -16,7 +16,6 @@ import msgspec
 from app.core import events as ev
 from app.core.peers import candidates
 from app.core.queue import FairKeys, Pick, Queued
-from app.core.residency import to_evict
 from app.core.state import FIFO, SchedulerState
 
 Action = Literal["swap", "join", "run"]
@@ -193,11 +192,20 @@ def _can_start(
         # Nothing runs or loads (the usual moment of a one-lane decision): every
         # model is idle, so anything can start.
         in_use = state.in_use
-        return _NOTHING if model in in_use else to_evict(state.router, model, in_use)
+        return _NOTHING if model in in_use else state.to_evict(model, in_use)
     if model in held:
         return None
     if model in state.peer_of and not state.has_free_slot(model):
         held.add(model)  # its peer's slots are taken, by this model or another
+        return None
+    if state.lane_taken(model):
+        # One lane (the memory router's default): it waits until no other model
+        # runs or loads, and what runs drains (takes no new work) until then.
+        held.update(state.running.values(), state.loads)
+        held.add(model)
+        if model not in state.in_use:
+            held.update(state.to_evict(model, state.occupied()))
+            awaited.append(model)
         return None
     if model in state.in_use:
         # A load no request waits on (a preload, or one whose request left) is
@@ -212,7 +220,7 @@ def _can_start(
         held.add(model)  # its process is gone under running work: that work ends first
         return None
     occupied = state.occupied()
-    evict = to_evict(state.router, model, occupied)
+    evict = state.to_evict(model, occupied)
     if not evict.isdisjoint(held) or state.any_busy(evict):
         held.update(evict)
         held.add(model)
@@ -221,7 +229,7 @@ def _can_start(
     if awaited:
         after = (occupied - evict) | {model}
         for target in awaited:
-            if model in to_evict(state.router, target, after):
+            if model in state.to_evict(target, after):
                 held.add(model)  # a higher request's load would have to evict it
                 return None
     return evict
@@ -247,11 +255,13 @@ def cannot_start(state: SchedulerState, model: str) -> bool:
     request left)."""
     if state.peer_of or state.choices or state.load_failures:
         return False
+    if state.lane_taken(model):
+        return True
     if model in state.in_use:
         return not state.has_free_slot(model)
     if state.running_on(model):
         return True
-    return state.any_busy(to_evict(state.router, model, state.occupied()))
+    return state.any_busy(state.to_evict(model, state.occupied()))
 
 
 def _scores_event(

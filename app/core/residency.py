@@ -21,6 +21,11 @@ eviction can happen now (the model is idle) is the scheduler's question.
   `evict_costs` of the resident models it leaves out (1 each unless
   configured); equal costs go to the earlier set. A model in no set runs alone.
 
+- `MemoryRouter` (`routing.router.use: memory`, gpulane's own): models stay
+  resident together while the sum of their footprints fits the budget; a load
+  that does not fit evicts by one rule (`memory_evictions`). A model of unknown
+  size loads alone, so its size gets measured.
+
 llama-swap's routers never refuse a load: a persistent group is simply left
 resident beside the target. So `to_evict` always returns a set, and a target
 that cannot load *now* is one whose evictions are not idle, which is for the
@@ -29,7 +34,7 @@ caller to judge.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from functools import cached_property
 from typing import Final
 
@@ -120,17 +125,124 @@ class MatrixRouter(msgspec.Struct, frozen=True, kw_only=True, tag="matrix", dict
         return best
 
 
-Router = GroupRouter | MatrixRouter
+class MemoryRouter(msgspec.Struct, frozen=True, kw_only=True, tag="memory", dict=True):
+    """`routing.router.use: memory`: models share the GPU while their footprints fit."""
+
+    budget_mib: int
+    """The GPU memory models may take together (`budget`; `auto`: the GPU's
+    total less `reserve`, read when the config was)."""
+    declared_mib: dict[str, int] = {}
+    """Each model's `gpuMemory`: its footprint until one is measured."""
+    measured_mib: dict[str, int] = {}
+    """At a `server_started`: each model's footprint last measured in the log
+    before it (a measurement in this process replaces it)."""
+    load_ns: dict[str, int] = {}
+    """At a `server_started`: each model's load time learnt from the log before
+    it (the median of its last loads), what evicting it costs; a load in this
+    process replaces it."""
+    side_by_side: bool = False
+    """False (the default): co-resident models share one lane, one job at a time
+    on the GPU. True: each runs its own slots beside the others."""
+
+    def footprint(self, model: str, measured: Mapping[str, int]) -> int | None:
+        """What `model` takes (MiB): measured in this process (`measured`), else
+        before it, else declared; None: unknown."""
+        found = measured.get(model)
+        if found is None:
+            found = self.measured_mib.get(model)
+        return self.declared_mib.get(model) if found is None else found
 
 
-def to_evict(router: Router | None, target: str, resident: Set[str]) -> frozenset[str]:
+class MemoryView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the memory router weighs besides sizes, as plain values: the
+    scheduler state fills it (`SchedulerState.memory_view`), so the rule stays
+    a pure function."""
+
+    measured_mib: Mapping[str, int] = {}
+    """Footprints measured in this process (they replace the router's)."""
+    costs_ns: Mapping[str, int] = {}
+    """What bringing each model back costs: its load time (a model absent costs 0)."""
+    last_used_ns: Mapping[str, int] = {}
+    """When each model last finished a request or a load."""
+    needed: Set[str] = frozenset()
+    """Models a waiting request needs."""
+    busy: Set[str] = frozenset()
+    """Models running requests or loading: they cannot go now."""
+    others_mib: int = 0
+    """GPU memory processes gpulane does not own hold (`gpu_memory_seen`): it
+    is taken off the budget."""
+
+
+Router = GroupRouter | MatrixRouter | MemoryRouter
+
+_NO_VIEW: Final = MemoryView()
+
+
+def memory_evictions(
+    router: MemoryRouter, target: str, resident: Set[str], view: MemoryView = _NO_VIEW
+) -> frozenset[str]:
+    """What loading `target` beside `resident` evicts under the memory router.
+
+    `target` loads beside the resident models while the sum of the footprints
+    fits `budget_mib`, less what other processes hold (`view.others_mib`). A
+    model of unknown size (nothing measured, nothing declared) loads alone, and
+    a resident one of unknown size makes room for any load; so does every model
+    when the target alone does not fit. Otherwise the resident models are taken
+    in this order until the target fits: idle before busy (a busy one cannot go
+    now), then never one a waiting request needs if another choice makes room,
+    then the cheapest to bring back (`costs_ns`), then the least recently used,
+    then by name; last, any taken that the others made unneeded is kept again
+    (latest taken first)."""
+    others = sorted(m for m in resident if m != target)
+    if target in resident or not others:
+        return frozenset()
+    budget = router.budget_mib - view.others_mib
+    size = router.footprint(target, view.measured_mib)
+    if size is None or size > budget:
+        return frozenset(others)
+    sizes = {m: router.footprint(m, view.measured_mib) for m in others}
+    evict = [m for m in others if sizes[m] is None]
+    known = {m: mib for m, mib in sizes.items() if mib is not None}
+    free = budget - size - sum(known.values())
+    if free >= 0:
+        return frozenset(evict)
+    order = sorted(
+        known,
+        key=lambda m: (
+            m in view.busy,
+            m in view.needed,
+            view.costs_ns.get(m, 0),
+            view.last_used_ns.get(m, 0),
+            m,
+        ),
+    )
+    taken: list[str] = []
+    for model in order:
+        taken.append(model)
+        free += known[model]
+        if free >= 0:
+            break
+    for model in reversed(taken[:-1]):  # the last one taken made the room
+        if free - known[model] >= 0:
+            free -= known[model]
+            taken.remove(model)
+    return frozenset(evict + taken)
+
+
+def to_evict(
+    router: Router | None, target: str, resident: Set[str], view: MemoryView | None = None
+) -> frozenset[str]:
     """The resident models that must stop for `target` to be loaded (never `target`).
+    `view`: what the memory router weighs besides sizes (other routers ignore it;
+    without it, the memory router weighs sizes alone).
 
     Raises ValueError when a group router has no group for `target`: every
     configured model has one, so that is a caller's mistake.
     """
     if router is None:
         return frozenset(resident) - {target}
+    if isinstance(router, MemoryRouter):
+        return memory_evictions(router, target, resident, view or _NO_VIEW)
     if not isinstance(resident, frozenset):
         return _evictions(router, target, resident)
     # A pure function of frozen values: remembered per router, since a dispatch
@@ -149,7 +261,9 @@ _EVICT_MEMO: Final = 1024
 """Entries a router's `to_evict` memo holds before it starts again."""
 
 
-def _evictions(router: Router, target: str, resident: Set[str]) -> frozenset[str]:
+def _evictions(
+    router: GroupRouter | MatrixRouter, target: str, resident: Set[str]
+) -> frozenset[str]:
     if isinstance(router, GroupRouter):
         return _group_evictions(router, target, resident)
     return _matrix_evictions(router, target, resident)
@@ -188,6 +302,8 @@ def one_at_a_time(router: Router | None, models: Iterable[str]) -> bool:
     """Whether the router lets at most one of `models` be resident at a time:
     loading any of them evicts every other one, as with no router (one implicit
     group). A run on such a router decides as the single lane does."""
+    if isinstance(router, MemoryRouter):
+        return False  # sizes measured later may let them share: never assumed
     every = frozenset(models)
     return all(to_evict(router, m, every - {m}) == every - {m} for m in every)
 
@@ -256,6 +372,9 @@ def describe(router: Router | None) -> str:
     if isinstance(router, GroupRouter):
         names = ", ".join(g.name for g in router.groups)
         return f"group router ({len(router.groups)} groups: {names})"
+    if isinstance(router, MemoryRouter):
+        lane = "side by side" if router.side_by_side else "one lane"
+        return f"memory router (budget {router.budget_mib} MiB, {lane})"
     names = ", ".join(dict.fromkeys(s.name for s in router.sets))
     count = len(router.sets)
     return f"matrix router ({count} model set{'' if count == 1 else 's'} from: {names})"

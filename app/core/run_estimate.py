@@ -29,6 +29,9 @@ class Durations(msgspec.Struct, frozen=True):
     load_ns: dict[str, int] = {}
     default_run_ns: int = 0
     default_load_ns: int = 0
+    runs_seen_ns: dict[str, tuple[int, ...]] = {}
+    """Per model its last runs (any endpoint), sorted: what a run that outlives
+    its expected one is measured against (`longer_than`)."""
     wake_ns: dict[str, int] = {}
     """Each model's wake (a sleeping server's load), learnt apart from its cold loads."""
     asleep: frozenset[str] = frozenset()
@@ -36,6 +39,12 @@ class Durations(msgspec.Struct, frozen=True):
 
     def run(self, model: str) -> int:
         return self.run_ns.get(model, self.default_run_ns)
+
+    def longer_than(self, model: str, ran_ns: int) -> tuple[int, ...]:
+        """The last runs of `model` that lasted longer than `ran_ns`, sorted:
+        none once a run has outlived every one (or its model has none)."""
+        seen = self.runs_seen_ns.get(model, ())
+        return seen[bisect.bisect_right(seen, ran_ns) :]
 
     def load(self, model: str) -> int:
         """What loading `model` now takes: its wake when it sleeps (and a wake was
@@ -98,9 +107,9 @@ class RunEstimates:
         return None if window is None else _median(window[1])
 
     def durations(self, asleep: frozenset[str] = frozenset()) -> Durations:
-        """Per model the (lower) median of its last runs, loads and wakes; for a
-        model never seen, the lower median of those medians (0 before any).
-        `asleep`: the models whose load is a wake now."""
+        """Per model the (lower) median of its last runs, loads and wakes, and
+        those runs sorted; for a model never seen, the lower median of those
+        medians (0 before any). `asleep`: the models whose load is a wake now."""
         runs = {m: _median(w[1]) for (m, _), w in self._model_runs.items()}
         loads = {m: _median(w[1]) for (m, _), w in self._loads.items()}
         wakes = {m: _median(w[1]) for (m, _), w in self._wakes.items()}
@@ -109,6 +118,7 @@ class RunEstimates:
             loads,
             _median(sorted(runs.values())) if runs else 0,
             _median(sorted(loads.values())) if loads else 0,
+            {m: tuple(w[1]) for (m, _), w in self._model_runs.items()},
             wake_ns=wakes,
             asleep=asleep,
         )

@@ -10,12 +10,14 @@ state and the learnt run times (`Durations`, app/core/run_estimate.py):
   learnt for it at enqueue, else its model's), plus its model's load when it
   was dispatched into a load still going on. One that has run longer than that
   (an overrun: its run alone, from the end of its load, past its expected run)
-  is expected to run as long again as it has run so far: it ends at now plus
-  the time it has already run, and never less than half its expected run from
-  now. The learnt medians say nothing of a run that outlived them; "as long
-  again" is the median remaining life of a heavy-tailed (Pareto, index 1) run
-  that has lasted t, and it grows with t, so an expected end is never in the
-  past and estimated starts behind an overrun grow while it runs, not stay put.
+  ends, as far as its model's last runs know, at the median of those that
+  lasted longer than it has so far (`Durations.longer_than`). One that has run
+  longer than every one of them (or whose model has none) has outrun what is
+  known: its end is open (`Estimate.open`), known only not to be before now. No
+  number is made up for it: the simulation frees its slot now, the least it
+  can be, and every start behind it (after it on its slot, or after a load
+  waiting for its model to drain) is a lower bound, said as such
+  (`open_starts`): the work known to be left, and an unknown more.
 - Each model in use has its slots (`SchedulerState.slots`), each free when the
   request on it ends (an empty one at once, or when its model's load ends).
 - The waiting requests go in the queue's own dispatch order (its score, swap
@@ -36,9 +38,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Generator, Mapping
+from typing import NamedTuple
 
 from app.core.queue import Queued
-from app.core.residency import to_evict
 from app.core.run_estimate import Durations
 from app.core.state import SchedulerState
 
@@ -47,6 +49,20 @@ SLICE = 128
 
 Steps = Generator[None, None, dict[str, int]]
 """The estimate in slices: yields between them, returns request id -> start (ns)."""
+
+_Slot = tuple[int, bool]
+"""When a slot frees (ns), and whether that is only the earliest it can (it
+waits for a run whose end is open)."""
+
+
+class Estimate(NamedTuple):
+    """When a running request is expected to end, or a waiting one to start."""
+
+    at_ns: int
+    """Unix ns; when `open`, only the earliest it can be."""
+    open: bool = False
+    """No later bound is known: the run (or a run it waits for) has run longer
+    than every run of its model the estimate knows, or its model has none."""
 
 
 def start_steps(
@@ -57,13 +73,15 @@ def start_steps(
     wanted: Collection[str] | None = None,
     arriving: Queued | None = None,
     limit: int | None = None,
+    open_starts: set[str] | None = None,
 ) -> Steps:
     """request id -> estimated start (unix ns) of every waiting request, or of those
     placed up to the last of `wanted` (which may name `arriving`: a request not
     queued, as the queue would hold it, `SchedulerState.newcomer`), or of the first
     `limit` placed. In the order the simulation places them: the order the live
     queue lists. Yields every `SLICE` requests placed: between slices `state` must
-    not change."""
+    not change. The ids whose start is only the earliest it can be (behind a run
+    whose end is open) are added to `open_starts`."""
     free = _slots_now(state, running_since, now_ns, times)
     lanes = state.queue.lanes_in_order()
     params = state.queue.params
@@ -118,9 +136,11 @@ def start_steps(
         slots = free.get(model)
         if slots is None:
             slots = free[model] = _load(state, free, model, now_ns, times)
-        t = heapq.heappop(slots)
+        t, behind_open = heapq.heappop(slots)
         starts[request_id] = t
-        heapq.heappush(slots, t + times.of(model, expected))
+        if behind_open and open_starts is not None:
+            open_starts.add(request_id)
+        heapq.heappush(slots, (t + times.of(model, expected), behind_open))
         if left is not None:
             left.discard(request_id)
         if len(starts) % SLICE == 0:
@@ -145,10 +165,14 @@ def start_of(
     running_since: Mapping[str, int],
     now_ns: int,
     times: Durations,
-) -> int:
-    """When `arriving` (not queued) would start if nothing else came (unix ns)."""
-    steps = start_steps(state, running_since, now_ns, times, (arriving.request_id,), arriving)
-    return finish(steps)[arriving.request_id]
+) -> Estimate:
+    """When `arriving` (not queued) would start if nothing else came (unix ns;
+    `open`: the earliest it can, behind a run whose end is open)."""
+    behind: set[str] = set()
+    steps = start_steps(
+        state, running_since, now_ns, times, (arriving.request_id,), arriving, open_starts=behind
+    )
+    return Estimate(finish(steps)[arriving.request_id], arriving.request_id in behind)
 
 
 def end_of(
@@ -157,20 +181,22 @@ def end_of(
     running_since: Mapping[str, int],
     now_ns: int,
     times: Durations,
-) -> int:
-    """When a running request is expected to end (unix ns), as the estimate counts
-    it: its expected run after its load, or for an overrun now plus what it has run
-    so far (at least half its expected run); never before now."""
+) -> Estimate:
+    """When a running request is expected to end, as the estimate counts it: its
+    expected run after its load; for an overrun, the median of its model's last
+    runs that lasted longer than it has so far; past all of them, open (not
+    before now, no end known). Never before now."""
     request = state.requests[request_id]
     model = state.running.get(request_id, request.model)
     expected = times.of(model, request.expected_run_ns)
     load = times.load(model) if model in state.loads else 0
-    since = running_since.get(request_id, now_ns)
-    end = since + load + expected
-    if end > now_ns:
-        return end
-    ran = now_ns - since - load  # its run so far, at least its expected run
-    return now_ns + max(ran, expected // 2)
+    run_from = running_since.get(request_id, now_ns) + load
+    if run_from + expected > now_ns:
+        return Estimate(run_from + expected)
+    longer = times.longer_than(model, now_ns - run_from)
+    if longer:
+        return Estimate(run_from + longer[(len(longer) - 1) // 2])
+    return Estimate(now_ns, open=True)
 
 
 def finish(steps: Steps) -> dict[str, int]:
@@ -185,25 +211,26 @@ def finish(steps: Steps) -> dict[str, int]:
 
 def _slots_now(
     state: SchedulerState, running_since: Mapping[str, int], now_ns: int, times: Durations
-) -> dict[str, list[int]]:
+) -> dict[str, list[_Slot]]:
     """Per model in use (or with running work): when each of its slots frees, a heap."""
-    ends: dict[str, list[int]] = {model: [] for model in state.in_use}
+    ends: dict[str, list[_Slot]] = {model: [] for model in state.in_use}
     load_ends: dict[str, int] = {}  # a model being loaded: when its load ends
     for model in state.loads:
         load_ends[model] = now_ns + times.load(model)  # not known when it began: errs long
     for request_id, model in state.running.items():
-        ends.setdefault(model, []).append(end_of(state, request_id, running_since, now_ns, times))
+        end = end_of(state, request_id, running_since, now_ns, times)
+        ends.setdefault(model, []).append((end.at_ns, end.open))
         if model in state.loads:
             since = running_since.get(request_id, now_ns) + times.load(model)
             load_ends[model] = max(now_ns, min(load_ends[model], since))
-    free: dict[str, list[int]] = {}
+    free: dict[str, list[_Slot]] = {}
     for model, model_ends in ends.items():
         width = max(1, state.slots(model))
         # An empty slot frees now, or when its model's load ends; more running
         # than slots free as the last ones end.
         model_ends.sort()
         slots = model_ends[-width:]
-        slots[:0] = [load_ends.get(model, now_ns)] * (width - len(slots))
+        slots[:0] = [(load_ends.get(model, now_ns), False)] * (width - len(slots))
         heapq.heapify(slots)
         free[model] = slots
     return free
@@ -212,17 +239,20 @@ def _slots_now(
 def evicted_by(state: SchedulerState, model: str, in_use: Collection[str]) -> frozenset[str]:
     """The models of `in_use` that loading `model` stops (`residency.to_evict`)."""
     try:
-        return to_evict(state.router, model, frozenset(in_use))
+        return state.to_evict(model, frozenset(in_use))
     except ValueError:  # no group (a choice between peers): it evicts nothing
         return frozenset()
 
 
 def _load(
-    state: SchedulerState, free: dict[str, list[int]], model: str, now_ns: int, times: Durations
-) -> list[int]:
+    state: SchedulerState, free: dict[str, list[_Slot]], model: str, now_ns: int, times: Durations
+) -> list[_Slot]:
     """`model` loads once every model its load evicts has drained (they leave the
-    simulation): its slots, all free when the load ends."""
-    start = now_ns
+    simulation): its slots, all free when the load ends (at the earliest, if a
+    run it waits for has an open end)."""
+    start, behind_open = now_ns, False
     for other in evicted_by(state, model, free):
-        start = max(start, max(free.pop(other)))
-    return [start + times.load(model)] * max(1, state.slots(model))
+        for t, is_open in free.pop(other):
+            start = max(start, t)
+            behind_open = behind_open or is_open
+    return [(start + times.load(model), behind_open)] * max(1, state.slots(model))

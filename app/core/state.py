@@ -51,7 +51,7 @@ from app.core import events as ev
 from app.core.load_backoff import NO_BACKOFF, LoadBackoff, LoadFailures
 from app.core.peers import PeerPool, affine
 from app.core.queue import NO_FAIR, FairKeys, Queued, ScoreQueue
-from app.core.residency import Router, to_evict
+from app.core.residency import MemoryRouter, MemoryView, Router, to_evict
 from app.core.scoring import Breakdown, ScoringParams
 
 # Scheduler names and fifo's per-model limit, owned here so the config (which
@@ -142,6 +142,8 @@ class SchedulerState:
         self.concurrency = dict(concurrency or {})
         self._slot_counts: dict[str, int] = {}
         """`slots` per model asked so far (what it reads is fixed until the next reset)."""
+        self.held: frozenset[str] = frozenset()
+        """Models whose jobs hold them until their end is learnt: one at a time."""
         self._log_format = log_format
         self._serial_slots = scheduler == SERIAL and log_format >= 4
         """Serial runs up to `concurrency[model]` at once from log format 4; before,
@@ -193,6 +195,18 @@ class SchedulerState:
         self.load_failures: dict[str, LoadFailures] = {}
         """Models whose last loads failed: how many in a row, the last one's time
         and error (`swap_failed`); a `swap_finished` ends the series."""
+        self.measured_mib: dict[str, int] = {}
+        """Footprints measured in this process (`gpu_memory_mib` of `swap_finished`,
+        `process_stopping`, `process_stopped`): the memory router's sizes."""
+        self.load_cost_ns: dict[str, int] = (
+            dict(router.load_ns) if isinstance(router, MemoryRouter) else {}
+        )
+        """Each model's last load time (`swap_finished`; before any, the memory
+        router's from the log): what evicting it costs."""
+        self.last_used: dict[str, int] = {}
+        """When each model last ended a request or a load (unix ns)."""
+        self.others_mib = 0
+        """GPU memory processes gpulane does not own hold (`gpu_memory_seen`)."""
         self._set_peers(None, None)
 
     @property
@@ -233,6 +247,40 @@ class SchedulerState:
             for model in self.load_failures
             if model not in self.in_use and (self.backoff_until(model) or 0) > now_ns
         )
+
+    @property
+    def shared_lane(self) -> bool:
+        """Whether co-resident models run one job at a time (the memory router's
+        default): a model may start only while no other one runs or loads."""
+        router = self.router
+        return isinstance(router, MemoryRouter) and not router.side_by_side
+
+    def lane_taken(self, model: str) -> bool:
+        """Under a shared lane, whether another local model runs or loads now."""
+        if not self.shared_lane:
+            return False
+        for other in (*self._running_by_model, *self.loads):
+            if other != model and other not in self.peer_of:
+                return True
+        return False
+
+    def memory_view(self) -> MemoryView:
+        """What the memory router weighs besides sizes, from this state."""
+        return MemoryView(
+            measured_mib=self.measured_mib,
+            costs_ns=self.load_cost_ns,
+            last_used_ns=self.last_used,
+            needed=frozenset(m for m, n in self.queue.waiting_by_model().items() if n),
+            busy=frozenset(self._running_by_model).union(self.loads),
+            others_mib=self.others_mib,
+        )
+
+    def to_evict(self, target: str, resident: frozenset[str]) -> frozenset[str]:
+        """`residency.to_evict` under this state's router; the memory router also
+        weighs this state's measured sizes, load costs, use and waiting requests."""
+        if isinstance(self.router, MemoryRouter):
+            return to_evict(self.router, target, resident, self.memory_view())
+        return to_evict(self.router, target, resident)
 
     def _set_peers(
         self, peers: Mapping[str, PeerPool] | None, choices: Mapping[str, Iterable[str]] | None
@@ -318,10 +366,14 @@ class SchedulerState:
     def slots(self, model: str) -> int:
         """How many requests `model` may run at once: its `concurrencyLimit` as
         `server_started` recorded it (absent: fifo's default 10, serial's 1).
-        Serial logs before format 4 ran one at a time whatever they recorded."""
+        Serial logs before format 4 ran one at a time whatever they recorded. A
+        held model (`server_started.held`: a render server) runs one job at a
+        time: each holds it until its end is learnt, and the next waits."""
         slots = self._slot_counts.get(model)
         if slots is None:
-            if self.scheduler == FIFO:
+            if model in self.held:
+                slots = 1
+            elif self.scheduler == FIFO:
                 slots = self.concurrency.get(model, DEFAULT_CONCURRENCY_LIMIT)
             elif self._serial_slots:
                 slots = max(1, self.concurrency.get(model, SERIAL_CONCURRENCY_LIMIT))
@@ -404,6 +456,7 @@ class SchedulerState:
         self.model_priority = dict(p.model_priority)
         self.concurrency = dict(p.concurrency)
         self._slot_counts = {}
+        self.held = frozenset(p.held)
         self._serial_slots = p.scheduler == SERIAL and self._log_format >= 4
         self.config_hash = config_hash
         queue_params = params if p.scheduler == SERIAL else ScoringParams(0, 0)
@@ -414,7 +467,13 @@ class SchedulerState:
             request = self.requests[q.request_id]
             priority = self.queue_priority(request.model, request.priority)
             self.queue.push(msgspec.structs.replace(q, priority=priority))
+        if isinstance(self.router, MemoryRouter):  # what the log told it stays known
+            for model, mib in self.router.measured_mib.items():
+                self.measured_mib.setdefault(model, mib)
         self.router = p.router
+        if isinstance(p.router, MemoryRouter):
+            for model, ns in p.router.load_ns.items():
+                self.load_cost_ns.setdefault(model, ns)
         self.caller_weights = dict(p.caller_weights)
         self._weights = {c: max(1, w) for c, w in self.caller_weights.items()}
         fair = self.queue.params.fair_share_bonus != 0
@@ -484,6 +543,8 @@ class SchedulerState:
             return
         if at is not None:
             self._charge(request, at)
+            if request.running:
+                self.last_used[request.model] = at
         count = self.open_by_caller[request.caller] - 1
         if count:
             self.open_by_caller[request.caller] = count
@@ -552,7 +613,7 @@ def _dispatched(state: SchedulerState, event: Any) -> None:
         if state.router is None:
             state.residents.clear()  # one model at a time: every other one goes
         else:
-            for model in to_evict(state.router, event.model, state.occupied()):
+            for model in state.to_evict(event.model, state.occupied()):
                 state.residents.pop(model, None)
             state.residents.pop(event.model, None)
         state.loads[event.model] = event.request_id
@@ -591,6 +652,9 @@ def _swap_started(state: SchedulerState, event: Any) -> None:
 
 def _swap_finished(state: SchedulerState, event: Any) -> None:
     state.load_failures.pop(event.model, None)  # a load that works ends the series
+    _measured(state, event)
+    state.load_cost_ns[event.model] = round(event.duration_ms * 1e6)
+    state.last_used[event.model] = event.at
     if event.model in state.waking:
         state.waking = state.waking - {event.model}
     if state.router is None:
@@ -613,6 +677,13 @@ def _swap_failed(state: SchedulerState, event: Any) -> None:
 
 
 def _process_stopped(state: SchedulerState, event: Any) -> None:
+    _measured(state, event)
+    _not_resident(state, event)
+
+
+def _not_resident(state: SchedulerState, event: Any) -> None:
+    """A stop, a sleep, or a sleep or wake skipped: the model is not resident, and
+    not asleep either (a sleep is `process_slept`)."""
     if state.residents.pop(event.model, 1) is None:
         state._residency_changed()
     if event.model in state.asleep:
@@ -626,6 +697,16 @@ def _slept(state: SchedulerState, event: Any) -> None:
 def _woken(state: SchedulerState, event: Any) -> None:
     state.asleep = state.asleep - {event.model}
     state.waking = state.waking | {event.model}
+
+
+def _gpu_memory_seen(state: SchedulerState, event: Any) -> None:
+    state.others_mib = event.others_mib
+
+
+def _measured(state: SchedulerState, event: Any) -> None:
+    """A footprint measured (`gpu_memory_mib`): the memory router's size of it."""
+    if event.gpu_memory_mib is not None:
+        state.measured_mib[event.model] = event.gpu_memory_mib
 
 
 def _ended(state: SchedulerState, event: Any) -> None:
@@ -658,6 +739,7 @@ def _server_started(state: SchedulerState, event: Any) -> None:
     )
     if event.peers or event.peer_choices:
         state._set_peers(event.peers, event.peer_choices)
+    state.held = frozenset(event.held)
     for request in kept:
         state._enqueue(request)
 
@@ -675,13 +757,14 @@ _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.SwapFailed: _swap_failed,
     ev.ProcessStopping: _process_stopped,  # not resident from the moment the stop begins
     ev.ProcessStopped: _process_stopped,
-    ev.ProcessSleeping: _process_stopped,  # asleep is not resident, as stopping is not
+    ev.ProcessSleeping: _not_resident,  # asleep is not resident, as stopping is not
     ev.ProcessSlept: _slept,
     ev.ProcessWoken: _woken,
-    ev.SleepSkipped: _process_stopped,  # a sleeper whose wake failed sleeps no more
+    ev.SleepSkipped: _not_resident,  # a sleeper whose wake failed sleeps no more
     ev.RequestCompleted: _ended,
     ev.RequestFailed: _ended,
     ev.RequestCancelled: _ended,
     ev.RequestAbandoned: _ended,
     ev.ServerStarted: _server_started,
+    ev.GpuMemorySeen: _gpu_memory_seen,
 }

@@ -42,7 +42,7 @@ from app.jobs.batch_files import answer, cancelled_error, validation_errors
 from app.jobs.batch_input import Line, read_lines
 from app.jobs.batch_progress import BatchProgress
 from app.jobs.durable import Jobs
-from app.jobs.errors import Conflict, Invalid, NoSpace, NotFound
+from app.jobs.errors import Conflict, Invalid, NoSpace, NotFound, OverCap
 from app.jobs.job_view import seen_by
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, new_request_id
@@ -159,9 +159,13 @@ class Batches:
             return await self._state(batch["id"])
         rows, bodies = _line_rows(batch["id"], lines)
         # The lines' bodies are stored like any durable job's: jobs.minFreeDisk holds.
-        short = self.jobs.why_no_room(sum(len(body) for _, body in bodies))
+        size = sum(len(body) for _, body in bodies)
+        short = self.jobs.why_no_room(size)
         if short is not None:
             raise NoSpace(short, "insufficient_storage")
+        over = self.jobs.why_over_cap(order.caller, size)
+        if over is not None:
+            raise OverCap(over, "caller_storage_full")
         # Ours to queue from the moment it is on disk: the watcher, waking in
         # between, would queue it too, reading each line's body back (it found
         # a 10,000-line batch still validating after POST /v1/batches).

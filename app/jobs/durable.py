@@ -26,9 +26,16 @@ from sqlalchemy import Connection, Engine
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
-from app.jobs.errors import Conflict, NoSpace, NotFound, Unavailable
+from app.jobs.errors import Conflict, NoSpace, NotFound, OverCap, Unavailable
 from app.jobs.job_view import job_view, seen_by
 from app.jobs.reserve import disk_shortfall
+from app.jobs.stored_bytes import (
+    StoredBytes,
+    check_headers,
+    check_key,
+    over_cap_message,
+    stored_size,
+)
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Ticket, new_request_id
 from app.runtime.scheduler import Scheduler
@@ -55,17 +62,22 @@ KeepResult = Callable[[int, list[tuple[str, str]], bytes], Awaitable[None]]
 """Stores a job's answer (status, headers, body) before its completion is recorded."""
 
 
-class Upstream(Protocol):
+class Sender(Protocol):
+    """Sends a dispatched job to its model's server, calling `keep` with the
+    answer to store before its end is recorded."""
+
+    async def send(
+        self, ticket: Ticket, base_url: str, job: dict[str, Any], body: bytes, keep: KeepResult
+    ) -> None: ...
+
+
+class Upstream(Sender, Protocol):
     """Sends a dispatched job to its model's server (app/web/jobs.py, over the
     proxy's Forwarder), calling `keep` with the whole answer before the
     completion is recorded."""
 
     connection_headers: frozenset[str]
     """Headers that concern one connection, not the request: never replayed."""
-
-    async def send(
-        self, ticket: Ticket, base_url: str, job: dict[str, Any], body: bytes, keep: KeepResult
-    ) -> None: ...
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,7 +93,10 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     (`passCredentials`) are kept in memory only, until the job runs; the
     rest, but the connection's, is replayed upstream."""
     door: str | None = None
-    """Another door's shape for the answers (`background`: app/web/responses.py)."""
+    """Another door's shape for the answers (`background`: app/web/responses.py),
+    or a held job's (`comfyui`: sent by `senders[door]`, app/jobs/held.py)."""
+    request_id: str | None = None
+    """The id the job is to have (a ComfyUI prompt's `prompt_id`); None: a new one."""
 
 
 class Accepted(msgspec.Struct, frozen=True):
@@ -118,22 +133,33 @@ class Jobs:
         self.fence: Callable[[Connection], None] | None = None
         """Checks the server lease in a result's transaction (serve sets it): a
         leader that was taken over stores no result (app/runtime/leadership.py)."""
+        self.stored = StoredBytes(
+            lambda rid: rid in scheduler.state.requests or rid in self._recording
+        )
+        """Bytes each caller's open jobs hold (jobs.maxStoredBytesPerCaller)."""
         self._credentials: dict[str, dict[str, str]] = {}
         """Credential headers a job's model passes (`passCredentials`), kept in
         memory only until the job runs: never in the log, so a job run after a
         restart goes without them."""
+        self.senders: dict[str, Sender] = {}
+        """Door -> the sender of its jobs where not `upstream` (held jobs: a render
+        holds its model until its end is learnt, app/jobs/held.py)."""
+        # A job an unload puts back while it runs is sent again on a fresh ticket.
+        scheduler.on_put_back(self.run)
 
     # -- accepting ------------------------------------------------------------
 
     async def accept(self, admission: Admission, request: JobRequest) -> Accepted:
         """Admit a durable job once it is on disk, or find the one its key names.
         Refused (the queue's bounds), NoSpace, Unavailable or Conflict (a key
-        reused with another body) when there is no such job."""
+        reused with another body) when there is no such job; Invalid,
+        HeaderTooLarge or OverCap for bytes over a limit (app/jobs/stored_bytes.py)."""
         body = request.body
         # Hashing tens of MiB takes a while; hashlib lets go of the GIL meanwhile.
         digest = await asyncio.to_thread(_sha256, body) if len(body) > 1 << 20 else _sha256(body)
         headers = request.headers
         key = headers.get("idempotency-key") or None
+        check_key(key)
         scoped = (admission.caller, key or "")
         if key is not None:
             existing = self._keys.get(scoped)
@@ -151,16 +177,24 @@ class Jobs:
             refusal = Refused(short, status=507, code="insufficient_storage", reason="disk_reserve")
             self.scheduler.refused(admission, refusal)
             raise NoSpace(short, "insufficient_storage")
-        request_id = new_request_id()
+        stored_headers = {k: v for k, v in headers.items() if k not in self._not_replayed}
+        check_headers(stored_headers)
+        request_id = request.request_id or new_request_id()
         # The body is not in the job: it is stored once, as bytes, under the job's id.
         job: dict[str, Any] = {
             "method": request.method,
             "path": request.path,
             "query": request.query,
-            "headers": {k: v for k, v in headers.items() if k not in self._not_replayed},
+            "headers": stored_headers,
             "body_bytes": len(body),
             "body_sha256": digest,
         }
+        size = stored_size(job, key)
+        over = self.why_over_cap(admission.caller, size)
+        if over is not None:
+            refusal = Refused(over, status=429, code="caller_storage_full")
+            self.scheduler.refused(admission, refusal)
+            raise OverCap(over, "caller_storage_full")
         if request.door is not None:
             job["door"] = request.door
         admission = msgspec.structs.replace(
@@ -172,6 +206,7 @@ class Jobs:
         # such a POST answers once this one is on disk (or is not: `_existing`).
         if key is not None:
             self._keys[scoped] = (request_id, digest)
+        self.stored.add(admission.caller, request_id, size)
         recorded = asyncio.get_running_loop().create_future()
         self._recording[request_id] = recorded
         ticket = None
@@ -180,8 +215,10 @@ class Jobs:
         finally:
             del self._recording[request_id]
             recorded.set_result(ticket is not None)
-            if ticket is None and key is not None:
-                self._keys.pop(scoped, None)
+            if ticket is None:
+                self.stored.remove(admission.caller, request_id)
+                if key is not None:
+                    self._keys.pop(scoped, None)
         assert ticket is not None  # else `_record` raised
         self.run(ticket, job)
         # Without its place: that walks the queue (app/runtime/places.py), and a
@@ -229,6 +266,14 @@ class Jobs:
         """Why `size` bytes of job bodies may not be stored now (jobs.minFreeDisk), or None."""
         return disk_shortfall(self.engine, self.config.min_free_disk, size, "this job: its body")
 
+    def why_over_cap(self, caller: str | None, size: int) -> str | None:
+        """Why `size` more bytes may not be stored for `caller` now
+        (jobs.maxStoredBytesPerCaller), or None."""
+        cap = self.config.max_stored_bytes_per_caller
+        if self.stored.fits(caller, size, cap):
+            return None
+        return over_cap_message(caller, self.stored.held(caller), size, cap)
+
     def _forget_body(self, request_id: str) -> None:
         """Delete the body of a job that was not accepted, in the background; if
         the database refuses now, pruning at the next start removes it."""
@@ -266,6 +311,13 @@ class Jobs:
     def run(self, ticket: Ticket, job: dict[str, Any]) -> None:
         """Run a job when its turn comes (also used for jobs recovered at start).
         No task exists until then: 100,000 recovered jobs cost no coroutines."""
+        ticket.job = job
+        open_request = self.scheduler.state.requests.get(ticket.request_id)
+        if open_request is not None and not self.stored.knows(
+            ticket.request_id, open_request.caller
+        ):
+            # Recovered at start, or a batch's line: counted against its caller too.
+            self.stored.add(open_request.caller, ticket.request_id, stored_size(job))
 
         def turn_came(ready: asyncio.Future[str]) -> None:
             credentials = self._credentials.pop(ticket.request_id, {})
@@ -298,7 +350,8 @@ class Jobs:
             )
 
         sent = job if not credentials else job | {"headers": dict(job["headers"]) | credentials}
-        await self.upstream.send(ticket, base_url, sent, body, keep)
+        sender = self.senders.get(job.get("door") or "", self.upstream)
+        await sender.send(ticket, base_url, sent, body, keep)
 
     async def _body(self, request_id: str, job: dict[str, Any]) -> bytes:
         """The job's body: in its event in logs written before job_bodies existed

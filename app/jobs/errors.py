@@ -31,3 +31,11 @@ class Unavailable(JobsError):
 
 class NoSpace(JobsError):
     """Storing it would break jobs.minFreeDisk, or the disk filled up."""
+
+
+class HeaderTooLarge(JobsError):
+    """A header the job would store is over its limit (app/jobs/stored_bytes.py)."""
+
+
+class OverCap(JobsError):
+    """The caller's open durable jobs hold jobs.maxStoredBytesPerCaller already."""

@@ -43,7 +43,7 @@ from app.core.queue import FairKeys, Queued
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SERIAL, SchedulerState, apply
 from app.core.swap_costs import SwapCosts, slept_instead
-from app.core.wait import wait_ns
+from app.core.wait import time_to_start_ns, wait_ns
 from app.report.live_queue import position_of
 from app.report.run_times import RunTimes, load_run_times
 from app.report.story import (
@@ -191,11 +191,17 @@ class _Swap:
     error: str | None = None
     waited_ns: int = 0
     caller: str | None = None
+    evicted: list[str] | None = None
+    gpu_memory_mib: int | None = None
+    memory_wait_ns: int | None = None
     woke_ms: float | None = None
     slept: list[str] = field(default_factory=list)
 
     def value(self, waited_ns: int | None = None) -> SwapWaited:
         return SwapWaited(
+            evicted=self.evicted,
+            gpu_memory_mib=self.gpu_memory_mib,
+            memory_wait_s=None if self.memory_wait_ns is None else self.memory_wait_ns / NS_PER_S,
             from_model=self.from_model,
             to_model=self.to_model,
             request_id=self.request_id,
@@ -270,13 +276,19 @@ class _Replay:
                     event.request_id,
                     event.at,
                     caller=None if cause is None else cause.caller,
+                    evicted=event.evicted,
                 )
             case ev.SwapFinished() | ev.SwapFailed():
                 if self.swap is not None and self.swap.to_model == event.model:
                     self.swap.finished_ns = event.at
                     self.swap.duration_ms = event.duration_ms
                     self.swap.error = event.error if isinstance(event, ev.SwapFailed) else None
+                    if isinstance(event, ev.SwapFinished):
+                        self.swap.gpu_memory_mib = event.gpu_memory_mib
                     self.swap = None
+            case ev.MemoryWaitEnded():
+                if self.swap is not None and self.swap.to_model == event.model:
+                    self.swap.memory_wait_ns = round(event.waited_ms * 1e6)
             case ev.ProcessWoken():
                 if self.swap is not None and self.swap.to_model == event.model:
                     self.swap.woke_ms = event.duration_ms
@@ -590,6 +602,8 @@ class _Story:
             self._charge(until)
             position = self._position(until, times)
         wait = wait_ns(self.enqueued_ns, self.dispatched_ns, until)
+        started = self.started_ns
+        to_start = None if started is None else time_to_start_ns(self.enqueued_ns, started)
         end_ns = max(as_of_ns, self.last_t) if self.outcome is None else self.last_event_ns
         status = {"waiting": "queued", "running": "running"}.get(self.phase)
         if status is None:
@@ -616,6 +630,7 @@ class _Story:
                     since=None if h.dispatched_ns is None else h.dispatched_ns / NS_PER_S,
                     held_s=h.held_ns / NS_PER_S,
                     caller=h.caller,
+                    render=h.model in self.replay.state.held,
                 )
                 for h in self.at_arrival.values()
             ],
@@ -645,6 +660,7 @@ class _Story:
             ],
             own_swap=None if self.own_swap is None else self.own_swap.value(0),
             started_at=None if self.started_ns is None else self.started_ns / NS_PER_S,
+            time_to_start_s=None if to_start is None else to_start / NS_PER_S,
             run_s=self.run_s,
             outcome=self.outcome,
             waiting=position,
@@ -683,14 +699,15 @@ def request_fields(row: Any, names: Sequence[str]) -> dict[str, Any]:
     return {name: row[name] for name in names}
 
 
-def live_position(found: tuple[int, int, int], now_ns: int) -> Position:
+def live_position(found: tuple[int, int, int, bool], now_ns: int) -> Position:
     """A `Position` from `live_queue.position_of`'s answer."""
-    position, depth, start = found
+    position, depth, start, behind_open = found
     return Position(
         position=position,
         queue_depth=depth,
         estimated_start_at=start / NS_PER_S,
         estimated_start_in_s=(start - now_ns) / NS_PER_S,
+        estimated_start_open=behind_open,
     )
 
 

@@ -17,6 +17,9 @@ Estimated starts are the one estimator's (app/core/start_estimate.py, shared wit
 `Retry-After` and a batch's ETA): the dispatch rule simulated on the queue as it
 stands, each request taking its own learnt run time (else its model's), a model
 its slots, a load waiting for what it evicts to drain (lanes side by side).
+A run that has outlived every run of its model has an open end
+(`expected_end_open`), and a start behind it is only the earliest it can be
+(`estimated_start_open`): the work known to be left, never a made-up number.
 `times` is each model's run and load times: the live server's learnt ones
 (`Scheduler.durations`), or medians read from the log (`RunTimes`, for explain).
 Requests arriving later can overtake; the estimate is for the queue as it stands.
@@ -69,6 +72,9 @@ class WaitingEntry(msgspec.Struct, frozen=True):
     waits_for: WaitsFor | None = None
     """What it waits for: a free slot of its model, a model to drain, a load
     (app/report/waits.py)."""
+    estimated_start_open: bool = False
+    """Its estimated start is only the earliest it can be: it waits behind a run
+    that has run longer than any run of its model (`RunningEntry.expected_end_open`)."""
 
 
 class RunningEntry(msgspec.Struct, frozen=True):
@@ -83,7 +89,11 @@ class RunningEntry(msgspec.Struct, frozen=True):
     """Its model is still being loaded."""
     caller: str | None = None
     expected_end_at: float | None = None
-    """Unix seconds when it is expected to end (`start_estimate.end_of`)."""
+    """Unix seconds when it is expected to end (`start_estimate.end_of`); when
+    `expected_end_open`, only the earliest it can (now)."""
+    expected_end_open: bool = False
+    """It has run longer than every run of its model known (or its model has
+    none): its end is not known."""
 
 
 class QueueView(msgspec.Struct, frozen=True):
@@ -108,10 +118,15 @@ def estimate_starts(
     now_ns: int,
     times: Times,
     wanted: Collection[str] | None = None,
+    open_starts: set[str] | None = None,
 ) -> dict[str, int]:
     """request id -> estimated start (unix ns) for every waiting request, or for
-    those dispatched up to the last of `wanted` (`start_estimate.estimate_starts`)."""
-    return start_estimate.estimate_starts(state, running_since, now_ns, durations(times), wanted)
+    those dispatched up to the last of `wanted` (`start_estimate.start_steps`;
+    those only at the earliest go to `open_starts`)."""
+    steps = start_estimate.start_steps(
+        state, running_since, now_ns, durations(times), wanted, open_starts=open_starts
+    )
+    return start_estimate.finish(steps)
 
 
 def durations(times: Times) -> Durations:
@@ -125,13 +140,15 @@ def position_of(
     now_ns: int,
     times: Times,
     request_id: str,
-) -> tuple[int, int, int] | None:
-    """(position from 1, queue depth, estimated start ns) of a waiting request, else None."""
+) -> tuple[int, int, int, bool] | None:
+    """(position from 1, queue depth, estimated start ns, whether that start is
+    only the earliest it can be) of a waiting request, else None."""
     if request_id not in state.queue:
         return None
     # Its place in the simulation (the live queue's order): the last one placed.
-    starts = estimate_starts(state, running_since, now_ns, times, (request_id,))
-    return len(starts), len(state.queue), starts[request_id]
+    behind_open: set[str] = set()
+    starts = estimate_starts(state, running_since, now_ns, times, (request_id,), behind_open)
+    return len(starts), len(state.queue), starts[request_id], request_id in behind_open
 
 
 def queue_view(
@@ -174,19 +191,26 @@ def queue_view_steps(
     # One order: the simulation's (`start_steps`), so each row starts no earlier
     # than the row above it.
     listed: Sequence[int]
+    behind_open: set[str] = set()  # starts that are only the earliest they can be
     if count is not None:
-        starts = yield from start_steps(state, running_since, now_ns, expected, limit=first + count)
+        starts = yield from start_steps(
+            state, running_since, now_ns, expected, limit=first + count, open_starts=behind_open
+        )
         ranked = list(starts)
         listed = range(first, len(ranked))
     elif caller is not None:
         # Only as far down the queue as its last row: its rows' positions.
         own = [q.request_id for q in state.queue if q.caller == caller]
-        starts = yield from start_steps(state, running_since, now_ns, expected, own)
+        starts = yield from start_steps(
+            state, running_since, now_ns, expected, own, open_starts=behind_open
+        )
         ranked = list(starts)
         mine = [i for i, rid in enumerate(ranked) if state.requests[rid].caller == caller]
         listed = sorted({j for i in mine for j in (i - 1, i) if j >= first})
     else:
-        starts = yield from start_steps(state, running_since, now_ns, expected)
+        starts = yield from start_steps(
+            state, running_since, now_ns, expected, open_starts=behind_open
+        )
         ranked = list(starts)
         listed = range(first, len(ranked))
     by_model = state.queue.waiting_by_model()
@@ -216,6 +240,7 @@ def queue_view_steps(
                     blocked.get(item.model)
                     or blocked.setdefault(item.model, waits_for(state, item.model))
                 ).for_row(item.request_id),
+                estimated_start_open=item.request_id in behind_open,
             )
         )
         if len(waiting) % SLICE == 0:
@@ -226,6 +251,7 @@ def queue_view_steps(
     ):
         request = state.requests[request_id]
         since = running_since.get(request_id)
+        end = end_of(state, request_id, running_since, now_ns, expected)
         running.append(
             RunningEntry(
                 request_id=request_id,
@@ -236,8 +262,8 @@ def queue_view_steps(
                 for_s=None if since is None else (now_ns - since) / NS_PER_S,
                 loading=state.loading == model,
                 caller=request.caller,
-                expected_end_at=end_of(state, request_id, running_since, now_ns, expected)
-                / NS_PER_S,
+                expected_end_at=end.at_ns / NS_PER_S,
+                expected_end_open=end.open,
             )
         )
     return QueueView(

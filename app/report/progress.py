@@ -78,6 +78,10 @@ class Progress(msgspec.Struct, frozen=True):
     """Its late end; None when unknown (a log too short to extrapolate from)."""
     estimated_finish_low_in_s: float | None = None
     estimated_finish_high_in_s: float | None = None
+    estimated_finish_open: bool = False
+    """A job of the run has, or waits behind, a run longer than any run of its
+    model (app/core/start_estimate.py): the finish is the earliest it can be,
+    and no late end is known (`estimated_finish_high_at` is None)."""
 
 
 def ended_well(status: str | None, http_status: int | None) -> bool:
@@ -119,13 +123,18 @@ def progress(
     models: set[str] = set(unqueued_models)
     expected = durations(times)
     finish = now_ns
+    open_end = False  # some job of the run has (or waits behind) a run with no known end
     for rid in running:
         models.add(state.running.get(rid) or state.requests[rid].model)
-        finish = max(finish, end_of(state, rid, running_since, now_ns, expected))
+        end = end_of(state, rid, running_since, now_ns, expected)
+        finish = max(finish, end.at_ns)
+        open_end = open_end or end.open
     ahead = 0
     swaps = 0
     if waiting:
-        starts = estimate_starts(state, running_since, now_ns, expected, waiting)
+        behind_open: set[str] = set()
+        starts = estimate_starts(state, running_since, now_ns, expected, waiting, behind_open)
+        open_end = open_end or any(rid in behind_open for rid in waiting)
         mine = set(waiting)
         in_use = set(state.in_use)
         requests = state.requests
@@ -193,6 +202,8 @@ def progress(
         )
         finish, low, high = f.finish_ns, f.low_ns, f.high_ns
         overtaking, earlier_days = f.overtaking, f.earlier_days
+    if open_end:
+        high = None  # no late end is known
     return Progress(
         total=total,
         done=done,
@@ -214,4 +225,5 @@ def progress(
         estimated_finish_high_at=None if high is None else high / NS_PER_S,
         estimated_finish_low_in_s=None if low is None else (low - now_ns) / NS_PER_S,
         estimated_finish_high_in_s=None if high is None else (high - now_ns) / NS_PER_S,
+        estimated_finish_open=open_end,
     )

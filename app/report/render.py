@@ -146,7 +146,9 @@ def explanation_text(x: Explanation) -> str:
     )
     out.append("")
     running = ", ".join(
-        f"{named(r.request_id)} ({r.model}, {r.band}) since {clock(r.since)}"
+        f"render {named(r.request_id)} on {r.model}, {r.held_s:.1f} s (held until it ended)"
+        if r.render
+        else f"{named(r.request_id)} ({r.model}, {r.band}) since {clock(r.since)}"
         for r in x.running_at_arrival
     )
     out.append(
@@ -186,7 +188,7 @@ def explanation_text(x: Explanation) -> str:
             failed = f" FAILED: {s.error}" if s.error else ""
             out.append(
                 f"  {s.from_model or 'none'} -> {s.to_model} {cause}: {seconds(s.duration_s)} "
-                f"({seconds(s.waited_s)} of its wait){failed}{_sleep_note(s)}"
+                f"({seconds(s.waited_s)} of its wait){memory(s)}{failed}{_sleep_note(s)}"
             )
     out.append("")
     if x.dispatched_at is not None:
@@ -194,17 +196,25 @@ def explanation_text(x: Explanation) -> str:
         if x.own_swap is not None:
             own = (
                 f"swap {x.own_swap.from_model or 'none'} -> {x.own_swap.to_model} "
-                f"{seconds(x.own_swap.duration_s)}{_sleep_note(x.own_swap)}"
+                f"{seconds(x.own_swap.duration_s)}{memory(x.own_swap)}{_sleep_note(x.own_swap)}"
             )
         out.append(
             f"Its turn: dispatched {clock(x.dispatched_at)}, {own}, "
-            f"started {clock(x.started_at)}, ran {seconds(x.run_s)}"
+            f"started {clock(x.started_at)} (time to start {seconds(x.time_to_start_s)}), "
+            f"ran {seconds(x.run_s)}"
         )
     if x.waiting is not None:
         w = x.waiting
         out.append(
             f"Still waiting as of {clock(x.as_of)}: position {w.position} of {w.queue_depth}, "
-            f"estimated start {clock(w.estimated_start_at)} (in {w.estimated_start_in_s:.1f} s)"
+            + (
+                f"starts after {clock(w.estimated_start_at)} (at least "
+                f"{w.estimated_start_in_s:.1f} s: behind a run longer than any run of its "
+                "model, its end unknown)"
+                if w.estimated_start_open
+                else f"estimated start {clock(w.estimated_start_at)} "
+                f"(in {w.estimated_start_in_s:.1f} s)"
+            )
         )
     if x.outcome is not None:
         o = x.outcome
@@ -250,8 +260,13 @@ def queue_text(q: QueueView) -> str:
         since = f"since {clock(r.since)} ({r.for_s:.1f} s)" if r.for_s is not None else ""
         loading = " (loading its model)" if r.loading else ""
         who = f" caller {r.caller}" if r.caller else ""
+        if r.expected_end_open:
+            end = ", end unknown: longer than any run of its model"
+        else:
+            end = "" if r.expected_end_at is None else f", expected end {clock(r.expected_end_at)}"
         out.append(
-            f"running: {r.request_id} {r.model} {r.band} ({r.priority:+d}){who} {since}{loading}"
+            f"running: {r.request_id} {r.model} {r.band} ({r.priority:+d}){who} {since}"
+            f"{loading}{end}"
         )
     if not q.waiting:
         out.append("waiting: nobody")
@@ -267,8 +282,13 @@ def queue_text(q: QueueView) -> str:
         out.append(
             f"{w.position:>3}  {w.request_id:<32}  {w.model:<12} {w.band:<11} {b.priority:>5} "
             f"{b.affinity:>5} {b.fair_share:>6.2f} {b.short_job:>6.2f} {b.aging:>8.2f} "
-            f"{b.total:>9.2f} {w.waited_s:>8.1f}s {w.estimated_start_in_s:>9.1f}s"
+            f"{b.total:>9.2f} {w.waited_s:>8.1f}s "
+            f"{'>=' if w.estimated_start_open else '':>2}{w.estimated_start_in_s:>7.1f}s"
             f"  {w.caller or '-'}" + (f"  waits for {w.waits_for.text()}" if w.waits_for else "")
+        )
+    if any(w.estimated_start_open for w in q.waiting):
+        out.append(
+            ">= : at the earliest, behind a run longer than any run of its model (its end unknown)"
         )
     if q.total_waiting > len(q.waiting):
         out.append(f"({q.total_waiting} waiting in all; this page lists {len(q.waiting)})")
@@ -298,6 +318,14 @@ def progress_text(p: Progress) -> str:
         )
     else:
         interval = ""
+    if p.estimated_finish_open:
+        # Behind a run longer than any of its model: the least it can be.
+        return (
+            f"{head}; ends after {stamp(p.estimated_finish_at)} at the earliest "
+            f"(at least {duration(p.estimated_finish_in_s)}{interval}; a run has gone "
+            f"longer than any run of its model, its end unknown): median run {runs}, "
+            f"{ahead}, {loads}"
+        )
     return (
         f"{head}; ends ~{stamp(p.estimated_finish_at)} "
         f"(in {duration(p.estimated_finish_in_s)}{interval}): median run {runs}, "
@@ -333,6 +361,19 @@ def duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def memory(swap: SwapWaited) -> str:
+    """What a swap says of GPU memory: the loaded model's footprint, what it
+    evicted, and any wait for stopped models' memory ("" when none is known)."""
+    parts = []
+    if swap.gpu_memory_mib is not None:
+        parts.append(f"{swap.to_model} holds {swap.gpu_memory_mib / 1024:.1f} GiB")
+    if swap.evicted and (len(swap.evicted) > 1 or swap.evicted[0] != swap.from_model):
+        parts.append(f"evicted {', '.join(swap.evicted)}")
+    if swap.memory_wait_s is not None:
+        parts.append(f"waited {seconds(swap.memory_wait_s)} for GPU memory")
+    return f" [{'; '.join(parts)}]" if parts else ""
 
 
 def _sleep_note(swap: SwapWaited) -> str:

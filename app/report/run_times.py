@@ -10,13 +10,13 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 
 import msgspec
 from sqlalchemy import Engine
 
-from app.core.run_estimate import Durations
+from app.core.run_estimate import WINDOW, Durations
 from app.core.scoring import NS_PER_S
 from app.store.samples import recent_samples
 
@@ -33,6 +33,9 @@ class RunTimes(msgspec.Struct, frozen=True):
     swap_s: dict[str, float] = {}
     default_run_s: float = 0.0
     default_swap_s: float = 0.0
+    recent_run_s: dict[str, tuple[float, ...]] = {}
+    """Per model its last runs, sorted (`recent_by_model`): what a run past its
+    expected time is measured against (app/core/start_estimate.py)."""
 
     def run(self, model: str) -> float:
         return self.run_s.get(model, self.default_run_s)
@@ -47,6 +50,7 @@ class RunTimes(msgspec.Struct, frozen=True):
             {m: _ns(s) for m, s in self.swap_s.items()},
             _ns(self.default_run_s),
             _ns(self.default_swap_s),
+            {m: tuple(_ns(s) for s in runs) for m, runs in self.recent_run_s.items()},
         )
 
 
@@ -65,12 +69,22 @@ def medians(samples: Iterable[tuple[str, float]]) -> tuple[dict[str, float], flo
     return {k: statistics.median(v) for k, v in by_key.items()}, overall
 
 
+def recent_by_model(samples: Iterable[tuple[str, float]]) -> dict[str, tuple[float, ...]]:
+    """Per model its last `WINDOW` samples (given oldest first), sorted: the
+    runs the live server's `RunEstimates` would hold."""
+    by_model: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=WINDOW))
+    for key, value in samples:
+        by_model[key].append(value)
+    return {k: tuple(sorted(v)) for k, v in by_model.items()}
+
+
 def load_run_times(engine: Engine) -> RunTimes:
     """Medians of recent completed runs and successful swaps, in seconds."""
     runs, swaps = recent_samples(engine, RECENT_REQUESTS, RECENT_SWAPS)
     run_s, default_run = medians((m, ms / 1000.0) for m, ms in runs)
     swap_s, default_swap = medians((m, ms / 1000.0) for m, ms in swaps)
-    return RunTimes(run_s, swap_s, default_run, default_swap)
+    recent = recent_by_model((m, ms / 1000.0) for m, ms in runs)
+    return RunTimes(run_s, swap_s, default_run, default_swap, recent)
 
 
 class CachedRunTimes:

@@ -96,6 +96,9 @@ class RunningAtArrival(msgspec.Struct, frozen=True):
     caller: str | None = None
     another_caller: bool = False
     """As `Ahead.another_caller`."""
+    render: bool = False
+    """A job that holds its model until its end is learnt (a ComfyUI render,
+    `server_started.held`): this request waited for the render's end."""
 
 
 class SwapWaited(msgspec.Struct, frozen=True):
@@ -113,6 +116,12 @@ class SwapWaited(msgspec.Struct, frozen=True):
     """The caller of the request that caused it."""
     another_caller: bool = False
     """As `Ahead.another_caller`: caused by another caller's request."""
+    evicted: list[str] | None = None
+    """The models it stopped to make room (`swap_started.evicted`)."""
+    gpu_memory_mib: int | None = None
+    """The loaded model's footprint, as measured when it became ready."""
+    memory_wait_s: float | None = None
+    """How long the load waited for stopped models' GPU memory (None: it did not)."""
     woke_s: float | None = None
     """The load woke `to_model`'s sleeping server in this long (no cold start)."""
     slept: list[str] = []
@@ -161,6 +170,9 @@ class Position(msgspec.Struct, frozen=True):
     queue_depth: int
     estimated_start_at: float
     estimated_start_in_s: float
+    estimated_start_open: bool = False
+    """The start is only the earliest it can be: it waits behind a run longer
+    than any run of its model (app/core/start_estimate.py)."""
 
 
 class ChainPlace(msgspec.Struct, frozen=True):
@@ -210,6 +222,9 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     wait: list[Part] = []
     own_swap: SwapWaited | None = None
     started_at: float | None = None
+    time_to_start_s: float | None = None
+    """Arrival to its start (`request_started`): its wait and its own load
+    (app/core/wait.py); None while it has not started."""
     run_s: float | None = None
     outcome: Outcome | None = None
     waiting: Position | None = None

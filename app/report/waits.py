@@ -23,7 +23,6 @@ from typing import Literal
 
 import msgspec
 
-from app.core.residency import to_evict
 from app.core.state import SchedulerState
 
 Kind = Literal["slot", "drain", "load", "turn"]
@@ -84,7 +83,7 @@ def waits_for(state: SchedulerState, model: str) -> WaitsFor:
         return WaitsFor("turn", model) if higher is None else higher
     if state.running_on(model):
         return WaitsFor("drain", model)  # stopped under running work: it ends first
-    evicted = to_evict(state.router, model, occupied)
+    evicted = state.to_evict(model, occupied)
     busy = sorted(m for m in evicted if state.busy(m))
     if busy:
         return _drain(state, busy[0], model)
@@ -98,7 +97,7 @@ def _draining_for(state: SchedulerState, model: str, occupied: frozenset[str]) -
             return None  # nothing above it evicts it
         if target in state.in_use:
             continue
-        if model in to_evict(state.router, target, occupied):
+        if model in state.to_evict(target, occupied):
             return _drain(state, model, target)
     return None
 

@@ -6,7 +6,9 @@ with 429 and a `Retry-After` of its estimated wait (`estimated_wait_s`): when it
 would start if it were queued now and nothing else came, by the one estimator of
 the live queue (app/core/start_estimate.py: running work divided among each
 model's slots, lanes side by side, each model's learnt run and load times),
-rounded up. It is a hint for a client's back-off, not a promise. It costs O(n),
+rounded up. It is a hint for a client's back-off, not a promise. When work
+ahead has run longer than every run of its model (its end is open), the wait is
+what is known to be left, and the message says it is at least that. It costs O(n),
 so `WaitEstimates` keeps each answer for a second: a client hammering a full
 queue of 100,000 costs one pass a second, not one per refusal.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from app.config import Config
 from app.core.queue import Queued
@@ -45,6 +48,24 @@ class Refused(Exception):
         self.retry_after = retry_after
 
 
+class Wait(NamedTuple):
+    """An estimated wait: whole seconds, rounded up, at least 1."""
+
+    seconds: int
+    open: bool = False
+    """Only the work known to be left: work ahead has run longer than every run
+    of its model, so no later bound is known."""
+
+    def text(self) -> str:
+        """`about 17 s`, or `at least 17 s (...)` when `open`."""
+        if not self.open:
+            return f"about {self.seconds} s"
+        return (
+            f"at least {self.seconds} s (the work known to be left: work ahead has run "
+            "longer than any run of its model, its end unknown)"
+        )
+
+
 class WaitEstimates:
     """`estimated_wait_s`, remembered per (priority, model, caller) for `TTL_NS`.
     `durations`: each model's run and load times as learnt now (the scheduler's)."""
@@ -52,8 +73,8 @@ class WaitEstimates:
     TTL_NS = NS_PER_S
 
     def __init__(self, durations: Callable[[], Durations] = Durations) -> None:
-        self._known: dict[tuple[int, str, str | None], tuple[int, int]] = {}
-        """(priority, model, caller) -> (computed at, seconds)."""
+        self._known: dict[tuple[int, str, str | None], tuple[int, Wait]] = {}
+        """(priority, model, caller) -> (computed at, the wait)."""
         self._durations = durations
 
     def get(
@@ -63,6 +84,16 @@ class WaitEstimates:
         running_since: Mapping[str, int],
         now_ns: int,
     ) -> int:
+        """`wait`'s seconds."""
+        return self.wait(state, arriving, running_since, now_ns).seconds
+
+    def wait(
+        self,
+        state: SchedulerState,
+        arriving: Queued,
+        running_since: Mapping[str, int],
+        now_ns: int,
+    ) -> Wait:
         # The caller matters only through the fair-share term.
         caller = arriving.caller if state.queue.params.fair_share_bonus else None
         key = (arriving.priority, arriving.model, caller)
@@ -71,7 +102,7 @@ class WaitEstimates:
             return known[1]
         if len(self._known) > 1000:
             self._known.clear()  # keys are few; a client trying many is not kept
-        wait = estimated_wait_s(state, arriving, running_since, now_ns, self._durations())
+        wait = estimated_wait(state, arriving, running_since, now_ns, self._durations())
         self._known[key] = (now_ns, wait)
         return wait
 
@@ -119,7 +150,7 @@ def check_bounds(
         raise _full(
             f"the queue is full: {waiting} requests are waiting (maxQueued {config.max_queued})",
             "queue_full",
-            waits.get(state, arriving, running_since, now_ns),
+            waits.wait(state, arriving, running_since, now_ns),
         )
     if batch_line:
         return
@@ -138,18 +169,34 @@ def check_bounds(
             f"{who} has {mine} requests waiting, its limit (maxQueuedPerCaller or "
             f"the key's maxQueued) is {limit}",
             "caller_queue_full",
-            waits.get(state, arriving, running_since, now_ns),
+            waits.wait(state, arriving, running_since, now_ns),
         )
 
 
-def _full(message: str, reason: str, wait: int) -> Refused:
+def _full(message: str, reason: str, wait: Wait) -> Refused:
     return Refused(
-        f"{message}; retry after about {wait} s",
+        f"{message}; retry after {wait.text()}",
         status=429,
         code=reason,
         reason=reason,
-        retry_after=wait,
+        retry_after=wait.seconds,
     )
+
+
+def estimated_wait(
+    state: SchedulerState,
+    arriving: Queued,
+    running_since: Mapping[str, int],
+    now_ns: int,
+    times: Durations | None = None,
+) -> Wait:
+    """Whole seconds, rounded up (at least 1), before `arriving` (not queued yet:
+    `SchedulerState.newcomer`) would start if nothing else came: the live queue's own estimate
+    (`start_estimate.start_of`) with `arriving` placed in the queue's order,
+    after every equal score; `open` when that is only the work known to be left.
+    O(n) over the waiting requests, paid only when refusing."""
+    start = start_of(state, arriving, running_since, now_ns, times or Durations())
+    return Wait(max(1, math.ceil((start.at_ns - now_ns) / NS_PER_S)), start.open)
 
 
 def estimated_wait_s(
@@ -159,9 +206,5 @@ def estimated_wait_s(
     now_ns: int,
     times: Durations | None = None,
 ) -> int:
-    """Whole seconds, rounded up (at least 1), before `arriving` (not queued yet:
-    `SchedulerState.newcomer`) would start if nothing else came: the live queue's own estimate
-    (`start_estimate.start_of`) with `arriving` placed in the queue's order,
-    after every equal score. O(n) over the waiting requests, paid only when refusing."""
-    start = start_of(state, arriving, running_since, now_ns, times or Durations())
-    return max(1, math.ceil((start - now_ns) / NS_PER_S))
+    """`estimated_wait`'s seconds."""
+    return estimated_wait(state, arriving, running_since, now_ns, times).seconds

@@ -128,7 +128,9 @@ class Ticket:
         "committed",
         "score",
         "queue_wait_ms",
+        "time_to_start_ms",
         "detached",
+        "job",
     )
 
     def __init__(
@@ -145,9 +147,14 @@ class Ticket:
         """Resolves when the enqueue is on disk (durable jobs wait for it)."""
         self.score: float | None = None
         self.queue_wait_ms: float | None = None
+        self.time_to_start_ms: float | None = None
+        """Arrival to its start, its load included (`core.wait.time_to_start_ns`)."""
         self.detached: asyncio.Future[Detached] = asyncio.get_running_loop().create_future()
         """Set when the scheduler ends or re-queues the request on its own
         (time limit, operator, shutdown): the serving task stops and answers this."""
+        self.job: Any = None
+        """The durable job this ticket sends (`Jobs.run` sets it): sent again on a
+        fresh ticket if an unload puts the job back while it runs."""
 
 
 def new_request_id() -> str:

@@ -184,11 +184,10 @@ class Leadership:
             return False
         except sqlalchemy.exc.SQLAlchemyError as exc:
             log.warning(
-                "could not renew the server lease (term %d): %s; it lapses in %.0f s "
-                "unless a renewal succeeds",
+                "could not renew the server lease (term %d): %s; %s",
                 lease.term,
                 describe(exc),
-                lease.expires_at - self.clock(),
+                _lapse(lease.expires_at - self.clock()),
             )
             return True
         if not was_trusted:
@@ -212,3 +211,13 @@ class Leadership:
             await asyncio.to_thread(release, self.engine, self.lease, self.clock())
         except sqlalchemy.exc.SQLAlchemyError as exc:
             log.warning("could not release the server lease: %s", describe(exc))
+
+
+def _lapse(left_s: float) -> str:
+    """When the lease lapses, as a failed renewal says it: never a negative time."""
+    if left_s > 0:
+        return f"it lapses in {left_s:.0f} s unless a renewal succeeds"
+    return (
+        f"it lapsed {-left_s:.0f} s ago: this server dispatches nothing, a standby may "
+        "take over, and a renewal that succeeds before then keeps the same term"
+    )

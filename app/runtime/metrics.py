@@ -9,7 +9,7 @@ client can grow the number of series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -21,6 +21,8 @@ from app.core.priority import band_of
 from app.core.scoring import NS_PER_S
 from app.core.state import SchedulerState
 from app.core.wait import wait_ns
+from app.runtime.gpu import GpuMemory
+from app.runtime.gpu_metrics import GpuCollector
 
 BANDS = ("interactive", "normal", "batch")
 _WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
@@ -261,3 +263,7 @@ class Metrics:
 
     def observe_finish(self, band: str, status: str) -> None:
         self.finished.labels(band, status).inc()
+
+    def watch_gpu(self, memory: GpuMemory, footprints: Callable[[], Mapping[str, int]]) -> None:
+        """Add the GPU's gauges and each model's footprint (app/runtime/gpu_metrics.py)."""
+        self.registry.register(GpuCollector(memory, footprints))

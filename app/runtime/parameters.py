@@ -32,4 +32,8 @@ def server_started(config: Config, at: int, pid: int) -> ev.ServerStarted:
         load_failure_limit=config.load_failure_limit,
         peers=config.peers or None,
         peer_choices={m.id: list(m.choices) for m in models if m.choices} or None,
+        held=sorted(m.id for m in models if m.kind is not None),
+        max_run_time_ns={
+            m.id: round(m.max_run_time * 1e9) for m in models if m.max_run_time is not None
+        },
     )

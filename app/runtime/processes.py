@@ -84,6 +84,9 @@ class Processes:
         self.wake: Callable[[ModelConfig], Awaitable[Upstream | None]] | None = None
         """Wakes a sleeping server of the model before a load would start one:
         its process, woken, or None to start one (app/runtime/sleepers.py)."""
+        self.before_start: Callable[[str], Awaitable[None]] | None = None
+        """Runs after a load's stops ended, before its process starts: waits for
+        stopped models' GPU memory (`Swaps.memory_back`); raising fails the load."""
         self._upstreams: dict[str, Upstream] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
@@ -126,10 +129,14 @@ class Processes:
             if spec.peer is not None:
                 await self.probe_peer(spec)  # no process: is the peer there?
             elif (proc := self._upstreams.get(model)) is None or not proc.running:
+                if self.before_start is not None:
+                    await self.before_start(model)
                 if self.wake is not None and (woken := await self.wake(spec)) is not None:
                     self._upstreams[model] = woken  # its watcher runs since its spawn
                     self._facts.load_ended(model, None, (self._clock() - t0) / 1e9, None)
                     return
+                if self.wake is not None and self.before_start is not None:
+                    await self.before_start(model)  # a failed wake stopped a sleeper: its memory
                 proc = self.new_upstream(spec, lambda p: self._facts.process_spawned(model, p))
                 self._upstreams[model] = proc
                 await proc.start()

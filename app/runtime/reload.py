@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Final
 
 import msgspec
 
 from app.config import Config, ConfigError, load_config
+from app.config.commands import missing_programs
+from app.core.reload import ReloadPlan
 
 log = logging.getLogger("gpulane.reload")
 
@@ -31,13 +33,48 @@ WATCH_INTERVAL_S: Final = 2.0
 """How often `-watch-config` looks at the file (llama-swap polls too)."""
 
 
+PROCESS_KEYS: Final = ("cmd", "cmdStop", "proxy", "env", "checkEndpoint", "peer")
+"""The config keys a model's process is made of, in `process_identity`'s order."""
+
+
 def process_identity(config: Config) -> dict[str, Hashable]:
-    """Each model's process as it would be started: a model whose identity
-    changes at a reload is restarted once idle."""
+    """Each model's process as it would be started (`PROCESS_KEYS`): a model
+    whose identity changes at a reload is restarted once idle."""
     return {
         m.id: (m.cmd, m.cmd_stop, m.proxy, tuple(sorted(m.env.items())), m.check_endpoint, m.peer)
         for m in config.models.values()
     }
+
+
+def reload_summary(
+    plan: ReloadPlan, old: Mapping[str, Hashable], new: Mapping[str, Hashable]
+) -> str:
+    """What a reload did, for its log line: the models added, removed and to
+    restart once idle, each restart with its reason (the keys that changed, or
+    removed), and the changed models with no process to restart."""
+
+    def why(model: str) -> str:
+        if model not in new:
+            return "removed"
+        before, after = old.get(model), new[model]
+        if not isinstance(before, tuple) or not isinstance(after, tuple):
+            return "changed"
+        keys = [k for k, a, b in zip(PROCESS_KEYS, before, after, strict=True) if a != b]
+        return f"{', '.join(keys)} changed"
+
+    def part(models: list[str], what: str, reasons: bool = False) -> str:
+        named = ("; " if reasons else ", ").join(f"{m}: {why(m)}" if reasons else m for m in models)
+        return f"{len(models)} {what}" + (f" ({named})" if models else "")
+
+    parts = [
+        part(plan.added, "added"),
+        part(plan.removed, "removed"),
+        part(plan.restarted, "to restart once idle", reasons=True),
+    ]
+    idle = sorted(m for m in new if m in old and old[m] != new[m] and m not in plan.restarted)
+    if idle:
+        parts.append(part(idle, "changed, not loaded", reasons=True))
+    return ", ".join(parts)
 
 
 def adopt(current: Config, new: Config) -> list[str]:
@@ -70,6 +107,8 @@ class ConfigSource:
             return False
         for warning in config.warnings:
             log.warning("config: %s", warning)
+        for model, why in missing_programs(config).items():
+            log.warning("config: models.%s.cmd: %s", model, why)
         self._apply(config)
         return True
 

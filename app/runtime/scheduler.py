@@ -27,46 +27,47 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal
-
-from prometheus_client import CollectorRegistry
+from typing import Any
 
 from app.config import Config
 from app.core import events as ev
-from app.core.drain import Fate, after_grace, cancelled_at_stop
 from app.core.lane_history import LaneHistory
-from app.core.peers import another_peer_left
-from app.core.policy import decide, given_up
+from app.core.policy import decide
 from app.core.priority import band_of
 from app.core.reload import plan_reload
-from app.core.run_estimate import Durations, RunEstimates
+from app.core.run_estimate import RunEstimates
 from app.core.state import SchedulerState, apply
-from app.core.wait import wait_ns
+from app.core.wait import time_to_start_ns, wait_ns
 from app.runtime.admission import BatchLines, Refused, WaitEstimates, check_bounds
 from app.runtime.api import (
     SHUTTING_DOWN,
     Admission,
     Detached,
-    LiveState,
-    ModelStatus,
-    OpenStatus,
     Ticket,
     new_request_id,
 )
+from app.runtime.load_outcomes import LoadOutcomes
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.metrics import Metrics
 from app.runtime.parameters import server_started
 from app.runtime.places import Places
 from app.runtime.ports import Cancellable, EventSink, Timers, first_of
 from app.runtime.processes import UpstreamFactory
-from app.runtime.reload import adopt, process_identity
+from app.runtime.reload import adopt, process_identity, reload_summary
+from app.runtime.stops import Stops
 from app.runtime.swaps import Swaps
+from app.runtime.time_limits import TimeLimits
 from app.runtime.upstream import UpstreamStartError
+from app.runtime.views import SchedulerViews
 
 log = logging.getLogger("gpulane.scheduler")
 
 
-class Scheduler:
+class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
+    """The run loop. Its parts, each in a module named for what it holds:
+    the web layer's read-only views (views.py), unload and drain (stops.py),
+    time limits (time_limits.py), what a load's end means (load_outcomes.py)."""
+
     def __init__(
         self,
         config: Config,
@@ -114,6 +115,8 @@ class Scheduler:
         """Open Batch API lines: outside the per-caller bound (docs/jobs.md)."""
         self._max_waits: dict[str, Cancellable] = {}
         """X-Gpulane-Max-Wait timers of waiting requests."""
+        self._send_again: Callable[[Ticket, Any], None] | None = None
+        """Sends a durable job put back in the queue while it ran (`on_put_back`)."""
         self._uncommitted: set[str] = set()
         """Durable enqueues not yet on disk: they may not be dispatched until they are."""
         self.draining = False
@@ -128,86 +131,6 @@ class Scheduler:
         derive something costly from the state keep it per version."""
         self.places = Places(self.live, lambda: self.version, self.durations)
         """Waiting requests' places in the live queue's order, when asked."""
-
-    # -- read-only views for the web layer --------------------------------------
-
-    @property
-    def resident(self) -> str | None:
-        """The model that became ready last (`residents` has them all)."""
-        return self.state.resident
-
-    @property
-    def residents(self) -> list[str]:
-        """The models loaded and ready, in the order they became so."""
-        return list(self.state.residents)
-
-    def target_of(self, request_id: str, model: str) -> str:
-        """The model a dispatched request runs on: `model`, or for a model several
-        peers serve, the peer's entry the scheduler chose (`app.core.peers`)."""
-        return self.state.running.get(request_id) or model
-
-    def is_resident(self, model: str) -> bool:
-        return model in self.state.residents
-
-    def durations(self) -> Durations:
-        """Each model's run and load times as learnt so far (`run_estimates`): what
-        every estimate of this server counts (the live queue, a batch's ETA,
-        Retry-After; app/core/start_estimate.py)."""
-        return self.run_estimates.durations(self.state.asleep)
-
-    def live(self) -> LiveState:
-        return LiveState(state=self.state, running_since=self.running_since, now_ns=self.clock())
-
-    def open_status(self, request_id: str) -> OpenStatus | None:
-        request = self.state.requests.get(request_id)
-        if request is None:
-            return None
-        status: Literal["queued", "running"] = "running" if request.running else "queued"
-        queued = self.state.queue.get(request_id)
-        if queued is None:
-            return OpenStatus(status=status, attempt=request.attempt)
-        score = self.state.score(queued, self.clock())
-        return OpenStatus(status=status, attempt=request.attempt, score=score)
-
-    async def ahead(self, request_id: str) -> int | None:
-        """How many waiting requests go before this one in the live queue's order
-        (0: it goes next), None when it does not wait: computed when asked, kept
-        while the state does not change (app/runtime/places.py)."""
-        return await self.places.ahead(request_id)
-
-    def model_status(self, model: str) -> ModelStatus:
-        proc = self.processes.get(model)
-        if model in self.state.loads:
-            state: Literal["starting", "ready", "stopping", "sleeping", "stopped"] = "starting"
-        elif proc is not None and proc.running:
-            state = "ready"
-        elif model in self.processes.stopping():
-            state = "stopping"
-        elif model in self.swaps.sleepers:
-            state, proc = "sleeping", self.swaps.sleepers.asleep[model].proc
-        else:
-            state = "stopped"
-        pid = None if proc is None else proc.pid
-        return ModelStatus(state=state, pid=pid, in_flight=self.state.running_on(model))
-
-    def log_refusal(self) -> tuple[str, int] | None:
-        """Why the event log refuses writes now and the seconds until it is tried
-        again (at least 1); None while it accepts them."""
-        failure = self.store.failure
-        if failure is None:
-            return None
-        return failure, max(1, math.ceil(self.store.retry_in))
-
-    def metrics_registry(self) -> CollectorRegistry:
-        return self.metrics.registry
-
-    def loaded_models(self) -> list[str]:
-        """Models with a server process (running, starting or asleep)."""
-        return self.processes.models() + self.swaps.sleepers.models()
-
-    def stopping_models(self) -> list[str]:
-        """Models whose process is being stopped now, sorted."""
-        return sorted(self.processes.stopping())
 
     # -- wiring (serve) ----------------------------------------------------------
 
@@ -340,31 +263,6 @@ class Scheduler:
         self._arm_max_wait(ticket.request_id, admission.max_wait_ns, now)
         return ticket
 
-    def _arm_max_wait(self, request_id: str, max_wait_ns: int | None, enqueued_ns: int) -> None:
-        if max_wait_ns is None:
-            return
-        left = max(0, enqueued_ns + max_wait_ns - self.clock()) / 1e9
-        self._max_waits[request_id] = self._timers.call_later(
-            left, self._waited_too_long, request_id, max_wait_ns
-        )
-
-    def _waited_too_long(self, request_id: str, max_wait_ns: int) -> None:
-        """The caller's X-Gpulane-Max-Wait passed while it still waits: cancelled
-        (reason `deadline`), answered 503 with the wait it would still have."""
-        self._max_waits.pop(request_id, None)
-        queued = self.state.queue.get(request_id)
-        if queued is None:
-            return  # dispatched (or gone) in time
-        left = self._waits.get(self.state, queued, self.running_since, self.clock())
-        message = (
-            f"request {request_id} waited its X-Gpulane-Max-Wait ({max_wait_ns / 1e9:g} s) "
-            f"in the queue without starting; estimated wait from now about {left} s"
-        )
-        self._end(
-            ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="deadline"),
-            Detached(503, "deadline_exceeded", message, retry_after=left),
-        )
-
     def _withdraw(self, request_id: str) -> None:
         """Forget a request whose enqueue never reached the disk. Applied, not
         recorded: the log never held it, so state and log agree again."""
@@ -428,10 +326,13 @@ class Scheduler:
 
     def started(self, request_id: str, dropped_headers: Iterable[str] = ()) -> None:
         if request_id in self.state.running:
+            now, ticket = self.clock(), self.tickets.get(request_id)
+            if ticket is not None:
+                ticket.time_to_start_ms = time_to_start_ns(ticket.enqueued_ns, now) / 1e6
             self.emit(
                 [
                     ev.RequestStarted(
-                        at=self.clock(),
+                        at=now,
                         request_id=request_id,
                         dropped_headers=list(dropped_headers),
                     )
@@ -490,21 +391,6 @@ class Scheduler:
         )
         return was
 
-    async def unload(self, model: str | None) -> list[str]:
-        """An operator unloads one model or every one (llama-swap's unload):
-        each of its processes stops now, busy or not, and this returns once they
-        have stopped. What runs on it ends as at the end of a drain's grace
-        (`drain.after_grace`: a durable job is re-queued, a synchronous request
-        fails with 503); what waits stays queued and loads it again in its turn."""
-        targets = [m for m in self.loaded_models() if model is None or m == model]
-        for name in targets:
-            self.swaps.stop(name, "unload")
-        for name in targets:
-            why = f"model {name!r} was unloaded by an operator before the request finished"
-            self._cut_off(after_grace(self.state, name), why, Detached(503, "model_unloaded", why))
-        await self.processes.stops_ended()
-        return targets
-
     async def reload_crashed(self, request_id: str) -> bool:
         """The request's upstream refused the connection: if its process died
         (a crash racing this dispatch), load it again for this request and say
@@ -542,9 +428,8 @@ class Scheduler:
             return None
         old = self.config
         before = dict(old.models)
-        plan = plan_reload(
-            self.state, process_identity(old), process_identity(new), self.loaded_models()
-        )
+        processes = process_identity(old), process_identity(new)
+        plan = plan_reload(self.state, *processes, self.loaded_models())
         for rid in plan.failed:
             model = self.state.requests[rid].model
             why = f"model {model!r} was removed from the config by a reload before it started"
@@ -566,14 +451,8 @@ class Scheduler:
             restarted=plan.restarted,
         )
         self.emit([event])
-        log.info(
-            "config reloaded from %s (hash %s): %d added, %d removed, %d to restart once idle",
-            old.source,
-            old.config_hash,
-            len(plan.added),
-            len(plan.removed),
-            len(plan.restarted),
-        )
+        summary = reload_summary(plan, *processes)
+        log.info("config reloaded from %s (hash %s): %s", old.source, old.config_hash, summary)
         self.swaps.retire(plan.restarted, before)
         self.pump()
         return event
@@ -602,53 +481,16 @@ class Scheduler:
             self.emit(decision.events)
             self.running_since[dispatched.request_id] = now
             ticket = self.tickets.get(dispatched.request_id)
-            if ticket is not None:
-                ticket.score = decision.scores.winner.total
-                ticket.queue_wait_ms = wait_ns(enqueued, now, now) / 1e6
+            if ticket is None:
+                self._no_sender(dispatched.request_id, "was dispatched")
+                continue
+            ticket.score = decision.scores.winner.total
+            ticket.queue_wait_ms = wait_ns(enqueued, now, now) / 1e6
             if decision.action == "swap":
                 self.swaps.begin(dispatched.model, dispatched.request_id, decision.evicted)
             elif decision.action == "run":
                 self._release(dispatched.request_id, dispatched.model)
             # "join": released by _swap_done when the load in progress ends
-
-    async def drain(self, grace: float) -> None:
-        """Graceful stop: admit nothing more and dispatch nothing more; waiting
-        synchronous clients get 503; running work may finish within `grace`
-        seconds. What still runs then: a durable job goes back in the queue on
-        the same attempt (a stop is not the job's fault), a synchronous request
-        fails. Durable jobs that wait stay queued in the log for the next start."""
-        self.draining = True
-        detach = Detached(503, "shutting_down", SHUTTING_DOWN)
-        for request_id in cancelled_at_stop(self.state):
-            self._end(
-                ev.RequestCancelled(at=self.clock(), request_id=request_id, reason="shutdown"),
-                detach,
-            )
-        if self.state.running:
-            self._idle = asyncio.get_running_loop().create_future()
-            await first_of(self._timers, self._idle, grace)
-        self._cut_off(
-            after_grace(self.state),
-            f"gpulane stopped before the request finished (shutdownGrace {grace:g} s)",
-            detach,
-        )
-
-    def _cut_off(self, fates: list[tuple[str, Fate]], why: str, detach: Detached) -> None:
-        """End (`why`) or re-queue running requests whose server stops under them."""
-        for request_id, fate in fates:
-            if fate == "requeue":
-                attempt = self.state.requests[request_id].attempt
-                self.emit(
-                    [ev.RequestRequeued(at=self.clock(), request_id=request_id, attempt=attempt)]
-                )
-                self._detach(request_id, detach)
-            else:
-                self._end(
-                    ev.RequestFailed(
-                        at=self.clock(), request_id=request_id, error=why, http_status=503
-                    ),
-                    detach,
-                )
 
     # -- internals -----------------------------------------------------------
 
@@ -712,11 +554,12 @@ class Scheduler:
 
     def _release(self, request_id: str, model: str) -> None:
         ticket = self.tickets.get(request_id)
+        if ticket is None:
+            self._no_sender(request_id, "was released to run")
+            return
         spec = self.swaps.spec(model)
         if spec.peer is not None:  # no process: the peer's URL, reachable when probed
-            if ticket is not None and not ticket.ready.done():
-                ticket.ready.set_result(spec.proxy)
-                self._arm_deadline(request_id, model)
+            self._hand_over(ticket, spec.proxy, model)
             return
         proc = self.processes.get(model)
         if proc is None or not proc.running:
@@ -726,97 +569,7 @@ class Scheduler:
             # load it again rather than send the request to nothing.
             self.swaps.begin(model, request_id)
             return
-        if ticket is not None and not ticket.ready.done():
-            ticket.ready.set_result(proc.spec.proxy)
-            self._arm_deadline(request_id, model)
-
-    def _arm_deadline(self, request_id: str, model: str) -> None:
-        limit = self.swaps.spec(model).max_run_time
-        if limit is None or request_id in self._deadlines:
-            return
-        self._deadlines[request_id] = self._timers.call_later(
-            limit, self._overran, request_id, limit
-        )
-
-    def _overran(self, request_id: str, limit: float) -> None:
-        self._deadlines.pop(request_id, None)
-        model = self.state.running.get(request_id)
-        if model is None:
-            return
-        message = f"the request ran longer than maxRunTime ({limit:g} s) for model {model!r}"
-        log.warning("request %s: %s; restarting the upstream", request_id, message)
-        self.swaps.stop(model, "hung")
-        self._end(
-            ev.RequestFailed(
-                at=self.clock(), request_id=request_id, error=message, http_status=504
-            ),
-            Detached(504, "upstream_timeout", message),
-        )
-
-    # -- what a load's end means for the requests waiting on it ---------------
-
-    def load_ended(self, model: str, error: str | None, seconds: float) -> None:
-        """The load of `model` ended (`error`: how it failed): record it, then
-        release the requests that waited for it, or fail them (or send them to
-        another peer)."""
-        now = self.clock()
-        waiting = [rid for rid, m in self.state.running.items() if m == model]
-        if error is None:
-            log.info("%s is ready (loaded in %.1f s)", model, seconds)
-            woke = model in self.state.waking  # until the swap_finished below
-            self.emit([ev.SwapFinished(at=now, model=model, duration_ms=seconds * 1000)])
-            self.run_estimates.observe_load(model, int(seconds * 1e9), woke=woke)
-            for rid in waiting:
-                self._release(rid, model)
-            self.swaps.arm_ttl(model)
-        else:
-            log.warning("loading %s failed: %s", model, error)
-            self.emit([ev.SwapFailed(at=now, model=model, error=error, duration_ms=seconds * 1000)])
-            for rid in waiting:
-                if self._retry_on_another_peer(rid, model, error):
-                    continue
-                ticket = self.tickets.get(rid)
-                if ticket is not None and not ticket.ready.done():
-                    ticket.ready.set_exception(UpstreamStartError(error))
-                self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502))
-            self._after_failed_load(model, error, now)
-        self.pump()
-
-    def _after_failed_load(self, model: str, error: str, now: int) -> None:
-        """A load of `model` failed at `now` (recorded): at `loadFailureLimit`
-        failures in a row its waiting requests fail with the loader's error
-        (`given_up`); else they wait out its back-off, and a timer pumps when it ends."""
-        failures = self.state.load_failures[model]
-        doomed = given_up(self.state, model)
-        if doomed:
-            message = (
-                f"model {model!r} failed to load {failures.count} times in a row "
-                f"(loadFailureLimit {self.state.load_backoff.failure_limit}); "
-                f"the last load failed: {error}"
-            )
-            log.warning("%s: failing its %d waiting requests", message, len(doomed))
-            for rid in doomed:
-                ticket = self.tickets.get(rid)
-                if ticket is not None and not ticket.ready.done():
-                    ticket.ready.set_exception(UpstreamStartError(message))
-                self._end(ev.RequestFailed(at=now, request_id=rid, error=message, http_status=502))
-        self.swaps.arm_backoff(model)
-
-    def _retry_on_another_peer(self, request_id: str, model: str, error: str) -> bool:
-        """A peer did not answer the probe for a request several peers may serve:
-        put it back in the queue (recorded), so the next decision sends it to
-        another peer (`peers.another_peer_left`); False when none is left."""
-        request = self.state.requests.get(request_id)
-        if request is None or model == request.model:
-            return False
-        choices = self.state.choices.get(request.model, ())
-        if not another_peer_left(choices, model, self.state.load_failures.keys()):
-            return False
-        log.warning("request %s: %s; retrying it on another peer", request_id, error)
-        self.emit(
-            [ev.RequestRequeued(at=self.clock(), request_id=request_id, attempt=request.attempt)]
-        )
-        return True
+        self._hand_over(ticket, proc.spec.proxy, model)
 
     async def shutdown(self) -> None:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""

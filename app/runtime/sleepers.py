@@ -44,10 +44,16 @@ class SleepError(Exception):
     """A sleep or wake call the server did not answer as it should."""
 
 
+class _Memory(Protocol):
+    def stopping(self, model: str, proc: Upstream | None) -> None: ...
+
+
 class Owner(Protocol):
     """What `Sleepers` needs of `Swaps`."""
 
     config: Config
+    memory: _Memory
+    """Loads wait for a stopped process's GPU memory (app/runtime/memory_release.py)."""
 
     def spec(self, model: str) -> ModelConfig: ...
     def stop(self, model: str, reason: ev.StopReason) -> None: ...
@@ -232,6 +238,7 @@ class Sleepers:
         evicted_by: str | None,
     ) -> None:
         """Stop a process that is out of `Processes`' table, recorded as a stop is."""
+        self._swaps.memory.stopping(model, proc)  # the next load waits for its memory
         t0 = self._clock()
         self._record(
             ev.ProcessStopping(

@@ -19,9 +19,12 @@ from typing import Protocol
 from app.config import Config, ModelConfig
 from app.core import events as ev
 from app.core.loads import idle_evictions, plan_load, preload_evictions
-from app.core.residency import plan_preload
+from app.core.residency import MemoryRouter, plan_preload
 from app.core.state import SchedulerState
+from app.runtime.gpu import GpuMemory, MemoryStatus, memory_status, tree_pids
+from app.runtime.gpu_others import OthersWatch
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.memory_release import MemoryRelease
 from app.runtime.ports import Timers
 from app.runtime.processes import Processes, Upstream, UpstreamFactory
 from app.runtime.sleepers import Sleepers
@@ -38,7 +41,9 @@ class RunLoop(Protocol):
 
     def emit(self, events: Iterable[ev.AnyEvent]) -> asyncio.Future[list[int]]: ...
     def pump(self) -> None: ...
-    def load_ended(self, model: str, error: str | None, seconds: float) -> None: ...
+    def load_ended(
+        self, model: str, error: str | None, seconds: float, gpu_memory_mib: int | None = None
+    ) -> None: ...
 
 
 class Swaps:
@@ -65,6 +70,15 @@ class Swaps:
         """Models a reload removed or changed, busy then: stopped once idle."""
         self._removed: dict[str, ModelConfig] = {}
         """Models a reload removed while in use, as configured before it."""
+        self.gpu = GpuMemory(None)
+        """GPU telemetry and the footprints measured with it (serve sets it)."""
+        self.memory = MemoryRelease(self, loop, timers)
+        """Loads wait for stopped models' GPU memory (app/runtime/memory_release.py)."""
+        self.processes.before_start = self.memory.wait
+        self.others = OthersWatch(
+            loop, timers, lambda: self.gpu, self.processes, self.memory.stopped_pids
+        )
+        """What other processes hold on the GPU (app/runtime/gpu_others.py): serve starts it."""
 
     def spec(self, model: str) -> ModelConfig:
         """`model`'s config: the current one, or for a model a reload removed
@@ -108,6 +122,17 @@ class Swaps:
                 self.stop(other, "evicted", evicted_for=model, evicted_by=request_id)
         self.processes.load(self.spec(model), plan.wait_for)
 
+    def memory_status(self) -> MemoryStatus:
+        """GPU memory as the console shows it (`gpu.memory_status`)."""
+        state = self._loop.state
+        router = state.router
+        measured = dict(state.measured_mib)
+        if isinstance(router, MemoryRouter):
+            measured = {**router.measured_mib, **measured}
+        budget = router.budget_mib if isinstance(router, MemoryRouter) else None
+        resident = [*state.residents, *state.loads]  # in the order they became so
+        return memory_status(self.config, self.gpu, measured, budget, resident)
+
     def preload_all(self, models: Iterable[str]) -> list[str]:
         """`hooks.on_startup.preload`: load what loading the listed models in turn
         leaves resident (`residency.plan_preload`: of several that cannot be
@@ -149,6 +174,7 @@ class Swaps:
 
     def process_spawned(self, model: str, proc: Upstream) -> None:
         assert proc.pid is not None
+        self.gpu.before_load(model)  # its growth from here is its footprint
         self._loop.emit(
             [
                 ev.ProcessStarted(
@@ -177,11 +203,35 @@ class Swaps:
                     )
                 ]
             )
-        self._loop.load_ended(model, error, seconds)
+        footprint = self.measure(model) if error is None else None
+        self._loop.load_ended(model, error, seconds, footprint)
+
+    def measure(self, model: str) -> int | None:
+        """`model`'s footprint now (`GpuMemory.measure`), checked against its
+        declared `gpuMemory`: a warning when they differ by more than a tenth."""
+        proc = self.processes.get(model)
+        footprint = self.gpu.measure(model, tree_pids(None if proc is None else proc.pid))
+        declared = self.config.models.get(model)
+        declared_mib = None if declared is None else declared.gpu_memory_mib
+        off = (
+            footprint is not None
+            and declared_mib
+            and abs(footprint - declared_mib) > declared_mib / 10
+        )
+        if off:
+            log.warning(
+                "%s holds %d MiB of GPU memory; it declares gpuMemory %d MiB (more than a tenth "
+                "off): the measurement is used from now on",
+                model,
+                footprint,
+                declared_mib,
+            )
+        return footprint
 
     def process_crashed(self, model: str, proc: Upstream, exit_code: int) -> None:
         assert proc.pid is not None
         self.sleepers.forget(model, proc)
+        self.memory.stopping(model, proc)
         self._loop.emit(
             [
                 ev.ProcessStopped(
@@ -190,6 +240,7 @@ class Swaps:
                     pid=proc.pid,
                     reason="crashed",
                     exit_code=exit_code,
+                    gpu_memory_mib=self.gpu.stopped(model),
                 )
             ]
         )
@@ -236,12 +287,18 @@ class Swaps:
                 )
             self._loop.pump()
 
+        if self.gpu.telemetry is not None and self.processes.running(model):
+            self.measure(model)  # its last chance: the peak includes what it grew to
+            self.memory.stopping(model, self.processes.get(model))
         # A sleeping server has no place in the table: stopped all the same.
         aside = self.sleepers.take(model) if self.processes.get(model) is None else None
+        if aside is not None:
+            self.memory.stopping(model, aside)  # it still holds its CUDA context
         proc = self.processes.stop(model, stopped, aside)
         if proc is None:
             return
         log.info("stopping %s (pid %s): %s", model, proc.pid, reason)
+        footprint = self.gpu.stopped(model)
         self._loop.emit(
             [
                 ev.ProcessStopping(
@@ -251,6 +308,7 @@ class Swaps:
                     reason=reason,
                     evicted_for=evicted_for,
                     evicted_by=evicted_by,
+                    gpu_memory_mib=footprint,
                 )
             ]
         )
@@ -301,6 +359,7 @@ class Swaps:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
         for model in [*self.processes.models(), *self.sleepers.models()]:
             self.stop(model, "shutdown")
+        self.memory.close()  # a load waiting for GPU memory ends now, and starts nothing
         # Each load's process is stopped, so it ends now and records how (a load
         # cancelled instead would leave its swap_started unfinished).
         await self.processes.loads_ended()
@@ -311,3 +370,7 @@ class Swaps:
             self.stop(model, "shutdown")  # one whose sleep was under way until now
         await self.processes.stops_ended()
         await self.sleepers.close()
+
+
+def _off_by_a_tenth(measured: int, declared: int) -> bool:
+    return abs(measured - declared) > declared / 10

@@ -483,6 +483,25 @@ def _access_problem(exc: sqlite3.OperationalError) -> str:
     return "cannot use the database"
 
 
+def refused_by_disk(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is the disk refusing a write: full, or an
+    I/O error (SQLite cannot create the shared-memory index of a file it opens
+    on a full disk, and says so). Space can come back, so a server waits for
+    it; a damaged, locked or read-only database is another matter."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain is short: DatabaseError <- SQLAlchemy's <- the driver's
+        if seen is None:
+            return False
+        cause = seen.orig if isinstance(seen, sqlalchemy.exc.DBAPIError) else seen
+        if isinstance(cause, sqlite3.OperationalError):
+            name = getattr(cause, "sqlite_errorname", "") or ""
+            return name.startswith(("SQLITE_FULL", "SQLITE_IOERR"))
+        if isinstance(cause, psycopg.errors.DiskFull):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def describe(exc: BaseException) -> str:
     """An error in the database's own words, without SQLAlchemy's wrapping and links."""
     cause = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc

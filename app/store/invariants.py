@@ -4,6 +4,10 @@ Pure: feed it `(seq, event)` pairs in seq order and read the violations.
 A violation means the writer (or someone editing the file) broke the model
 the rest of gpulane relies on, e.g. replay would diverge.
 
+A request dispatched and free to run (its model loaded) that neither starts
+nor ends within its model's `maxRunTime` while the log goes on was left with
+nobody to send it: its lane is held for nothing (issue 38's wedge).
+
 Besides the per-request rules, the log is folded with the core's own `apply`,
 so a log whose state contradicts itself is caught where it first does: a
 dispatch the lane had no room for (an earlier request's terminal event is
@@ -37,6 +41,33 @@ class _Request(msgspec.Struct):
     """The chain its first enqueue named (`X-Gpulane-Chain`)."""
 
 
+STALL_GRACE_NS = 10 * 10**9
+"""Beyond `maxRunTime`: a deadline fires a moment late, and events of other
+requests may be written in that moment before the request's own end."""
+
+
+_LEAVES = (
+    ev.RequestStarted,
+    ev.RequestRequeued,  # back in the queue: a new dispatch to come
+    ev.RequestRestored,
+    ev.RequestCompleted,
+    ev.RequestFailed,
+    ev.RequestCancelled,
+    ev.RequestAbandoned,
+)
+"""Events after which a dispatched request no longer waits to be sent."""
+
+
+class _Unstarted(msgspec.Struct):
+    """A dispatched request not yet started or ended."""
+
+    seq: int
+    model: str
+    since: int | None
+    """When it was free to run (dispatched, or its model's load ended); None
+    while its model loads."""
+
+
 class _Swap(msgspec.Struct, frozen=True):
     seq: int
     model: str
@@ -57,6 +88,9 @@ class LogAudit:
         self._state = SchedulerState()
         self._dispatched_at: dict[str, int] = {}
         """Seq of each running request's dispatch, to name it in a violation."""
+        self._max_run_ns: dict[str, int] = {}
+        """Each model's `maxRunTime` as the latest `server_started` or reload says."""
+        self._unstarted: dict[str, _Unstarted] = {}
 
     @property
     def requests(self) -> int:
@@ -69,6 +103,8 @@ class LogAudit:
     def feed(self, seq: int, event: ev.AnyEvent) -> None:
         self.events += 1
         self._check_state(seq, event)
+        if self._unstarted:
+            self._check_stalls(seq, event)
         try:
             apply(self._state, event)
         except Exception as exc:  # a log the core cannot fold is itself a violation
@@ -86,8 +122,10 @@ class LogAudit:
                     self._new_attempt(rid, attempt)
                 else:
                     self.flag(seq, f"request_requeued for {rid} with no earlier enqueue")
-            case ev.RequestDispatched(request_id=rid):
+            case ev.RequestDispatched(request_id=rid, model=model, at=at):
                 self._dispatched(seq, rid)
+                since = None if model in self._swaps else at
+                self._unstarted[rid] = _Unstarted(seq, model, since)
             case (
                 ev.RequestCompleted()
                 | ev.RequestFailed()
@@ -97,6 +135,7 @@ class LogAudit:
             ):
                 self._terminal(seq, event)
             case ev.SwapStarted(to_model=model):
+                self._loading(model, None)
                 unfinished = self._swaps.get(model)
                 if unfinished is None and self._state.router is None and self._swaps:
                     unfinished = next(iter(self._swaps.values()))
@@ -111,15 +150,46 @@ class LogAudit:
                 self._swaps[model] = _Swap(seq, model)
             case ev.SwapFinished(model=model) | ev.SwapFailed(model=model):
                 self._swap_ended(seq, ev.type_name(event), model)
+                self._loading(model, event.at)
+            case ev.ConfigReloaded(parameters=parameters):
+                self._max_run_ns = parameters.max_run_time_ns
             case ev.ServerStarted(log_format=log_format):
                 # The previous process died: whatever swaps it was doing are over.
                 self._swaps.clear()
+                self._unstarted.clear()
+                self._max_run_ns = event.max_run_time_ns
                 if log_format >= 2:
                     # Its queue is what the restores after this put back.
                     self._process += 1
                     self._restart_seq = seq
             case _:
                 pass
+
+    def _loading(self, model: str, ended: int | None) -> None:
+        """`model` started loading (None) or its load ended at `ended`: its
+        dispatched requests wait for it, then are free to run."""
+        for waiting in self._unstarted.values():
+            if waiting.model == model:
+                waiting.since = ended
+
+    def _check_stalls(self, seq: int, event: ev.AnyEvent) -> None:
+        """Requests free to run that neither started nor ended within their
+        model's `maxRunTime` (and a grace) before `event`: each flagged once."""
+        rid = ev.request_id_of(event)
+        if rid is not None and isinstance(event, _LEAVES):
+            self._unstarted.pop(rid, None)
+        for other, waiting in list(self._unstarted.items()):
+            limit = self._max_run_ns.get(waiting.model)
+            if other == rid or limit is None or waiting.since is None:
+                continue
+            if event.at - waiting.since > limit + STALL_GRACE_NS:
+                del self._unstarted[other]
+                self.flag(
+                    seq,
+                    f"request {other}, dispatched at seq {waiting.seq} to {waiting.model}, "
+                    f"neither started nor ended within its maxRunTime ({limit / 1e9:g} s) "
+                    "while the log went on: nothing sent it upstream",
+                )
 
     def _check_state(self, seq: int, event: ev.AnyEvent) -> None:
         """What the state before `event` says of it."""

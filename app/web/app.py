@@ -28,6 +28,7 @@ from app.web.events_api import events_routes
 from app.web.llama_swap_routes import listing_routes, log_routes
 from app.web.model_routes import model_in_path, model_route_handlers
 from app.web.proxy import Proxy
+from app.web.sites import SiteRules, guard_sites
 from app.web.stream_headers import no_proxy_buffering
 from app.web.websocket_proxy import Upgrades, WebsocketProxy
 
@@ -45,7 +46,10 @@ def create_app(
     extra_handlers: Sequence[BaseRouteHandler] = (),
     on_startup: Sequence[Callable[[], Any]] = (),
     on_shutdown: Sequence[Callable[[], Any]] = (),
+    listen_host: str | None = None,
 ) -> Litestar:
+    """`listen_host`: the address `gpulane serve` listens on, for the Host check
+    (app/web/sites.py); None (a test's or an embedding's app): no Host check."""
     sockets = Upgrades(WebsocketProxy(config, scheduler))
     handlers: list[BaseRouteHandler] = [
         # Every route llama-swap dispatches by model (app/web/model_routes.py).
@@ -153,6 +157,8 @@ def create_app(
     )
     # Outside routing and the key check: every OPTIONS is a CORS preflight (app/web/cors.py).
     app.asgi_handler = answer_preflights(app.asgi_handler)
+    # Outermost: the Host and what another site's page sent (app/web/sites.py).
+    app.asgi_handler = guard_sites(app.asgi_handler, SiteRules(config, listen_host))
     return app
 
 

@@ -151,9 +151,9 @@ def batch_routes(batches: Batches) -> list[BaseRouteHandler]:
             order = batch_order(who, doc, read_priority(headers.get(HEADER.lower())))
             return Response(batch_object(await batches.create(order)))
         except BadRequest as exc:
-            return error_response(exc.status, exc.message, exc.code)
+            return error_response(exc.status, exc.message, exc.code, param=exc.param)
         except JobsError as exc:
-            return jobs_error(exc, with_param=True)
+            return jobs_error(exc)
 
     @get("/v1/batches")
     async def listing(
@@ -179,7 +179,7 @@ def batch_routes(batches: Batches) -> list[BaseRouteHandler]:
         try:
             state = await batches.state_seen_by(only_caller(identity(request.scope)), batch_id)
         except JobsError as exc:
-            return jobs_error(exc, with_param=True)
+            return jobs_error(exc)
         return Response(await with_progress(state))
 
     @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
@@ -187,7 +187,7 @@ def batch_routes(batches: Batches) -> list[BaseRouteHandler]:
         try:
             state = await batches.cancel(only_caller(identity(request.scope)), batch_id)
         except JobsError as exc:
-            return jobs_error(exc, with_param=True)
+            return jobs_error(exc)
         return Response(batch_object(state))
 
     return [create, listing, retrieve, cancel]

@@ -4,6 +4,11 @@ answered 204 before routing and before the API-key check, so a browser app on
 another origin can call gpulane with `apiKeys` set. Other requests pass through
 untouched; `/v1/models` echoes the `Origin` itself (app/web/llama_swap_routes.py),
 and proxied answers carry whatever CORS headers the model's server sends.
+
+A preflight changes nothing, so it stays this permissive: the request it
+announces is judged when it comes (app/web/sites.py), where a route that
+changes state refuses another site's page unless `server.allowedOrigins`
+lists it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""OpenAI-style error envelope: {"src": "gpulane", "error": {"message", "type", "code"}}.
+"""OpenAI-style error envelope: {"src": "gpulane", "error": {"message", "type", "param", "code"}}.
+
+`param` is always there: the field at fault, or null, as OpenAI's `Error`
+requires (clients generated from its OpenAPI spec fail to read an error
+without it; tests/e2e/test_openai_errors.py checks against that spec).
 
 Every error gpulane itself answers uses it: the raw ASGI paths send it with
 `send_error`, the routes return `error_response`, Litestar's own (404, 405,
@@ -14,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from http import HTTPStatus
-from types import EllipsisType
 from typing import Any
 
 import msgspec
@@ -22,7 +25,16 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap, Scope, Send
 
-from app.jobs.errors import Conflict, Invalid, JobsError, NoSpace, NotFound, Unavailable
+from app.jobs.errors import (
+    Conflict,
+    HeaderTooLarge,
+    Invalid,
+    JobsError,
+    NoSpace,
+    NotFound,
+    OverCap,
+    Unavailable,
+)
 from app.runtime.admission import Refused
 
 log = logging.getLogger("gpulane.http")
@@ -36,6 +48,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
+    403: "permission_error",
     409: "conflict_error",
     413: "request_too_large",
     431: "request_too_large",
@@ -57,22 +70,20 @@ def error_doc(
     code: str | None = None,
     *,
     kind: str | None = None,
-    param: str | None | EllipsisType = ...,
+    param: str | None = None,
 ) -> dict[str, Any]:
     """The envelope. `kind` overrides the status's type where OpenAI's own shape
-    says otherwise; `param` (the field at fault, None for none) is there where
-    OpenAI's shape has it (batches, responses), absent by default."""
+    says otherwise; `param` names the field at fault (None for none)."""
     kind = kind or _TYPES.get(status, "server_error")
-    error: dict[str, Any] = {"message": message, "type": kind}
-    if not isinstance(param, EllipsisType):
-        error["param"] = param
-    error["code"] = code or kind
+    error = {"message": message, "type": kind, "param": param, "code": code or kind}
     # llama-swap's `src` tells the proxy's own errors from an upstream's answer.
     return {"src": ERROR_SOURCE, "error": error}
 
 
-def error_body(status: int, message: str, code: str | None = None) -> bytes:
-    return msgspec.json.encode(error_doc(status, message, code))
+def error_body(
+    status: int, message: str, code: str | None = None, *, param: str | None = None
+) -> bytes:
+    return msgspec.json.encode(error_doc(status, message, code, param=param))
 
 
 def error_response(
@@ -81,7 +92,7 @@ def error_response(
     code: str | None = None,
     *,
     kind: str | None = None,
-    param: str | None | EllipsisType = ...,
+    param: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response[bytes]:
     """The envelope as a Litestar response, for the routes (`error_doc`)."""
@@ -99,21 +110,21 @@ _JOBS_STATUS: dict[type[JobsError], int] = {
     Invalid: 400,
     NotFound: 404,
     Conflict: 409,
+    OverCap: 429,
+    HeaderTooLarge: 431,
     Unavailable: 503,
     NoSpace: 507,
 }
 """The jobs service's errors (app/jobs/errors.py) as HTTP statuses: the one mapping."""
 
 
-def jobs_error(exc: JobsError, *, with_param: bool = False) -> Response[bytes]:
-    """A jobs-service refusal as a response; `with_param` for the Batch API,
-    whose errors name the field at fault (None for none)."""
-    param = exc.param if with_param else ...
-    return error_response(_JOBS_STATUS[type(exc)], exc.message, exc.code, param=param)
+def jobs_error(exc: JobsError) -> Response[bytes]:
+    """A jobs-service refusal as a response."""
+    return error_response(_JOBS_STATUS[type(exc)], exc.message, exc.code, param=exc.param)
 
 
 async def send_jobs_error(send: Send, exc: JobsError) -> None:
-    await send_error(send, _JOBS_STATUS[type(exc)], exc.message, code=exc.code)
+    await send_error(send, _JOBS_STATUS[type(exc)], exc.message, code=exc.code, param=exc.param)
 
 
 async def send_refused(send: Send, exc: Refused) -> None:
@@ -134,9 +145,10 @@ async def send_error(
     message: str,
     *,
     code: str | None = None,
+    param: str | None = None,
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    await send_json(send, status, error_body(status, message, code), headers)
+    await send_json(send, status, error_body(status, message, code, param=param), headers)
 
 
 async def send_websocket_error(

@@ -105,7 +105,7 @@ class FileStore:
                     "invalid_purpose",
                 )
         except BadRequest as exc:
-            await send_error(send, exc.status, exc.message, code=exc.code)
+            await send_error(send, exc.status, exc.message, code=exc.code, param=exc.param)
             return
         except ConnectionError:
             return

@@ -28,7 +28,7 @@ from app.core.priority import priority_warning
 from app.runtime.api import Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.runtime.usage import UsageSniffer
-from app.web.errors import ERROR_SOURCE, retry_after, send_error
+from app.web.errors import error_doc, retry_after, send_error
 from app.web.upstream_pool import NoAnswer, UpstreamError, UpstreamPool
 
 log = logging.getLogger("gpulane.proxy")
@@ -383,6 +383,8 @@ def ticket_headers(
         out.append((b"x-gpulane-score", f"{ticket.score:.3f}".encode()))
     if ticket.queue_wait_ms is not None:
         out.append((b"x-gpulane-queue-wait-ms", f"{ticket.queue_wait_ms:.1f}".encode()))
+    if ticket.time_to_start_ms is not None:
+        out.append((b"x-gpulane-time-to-start-ms", f"{ticket.time_to_start_ms:.1f}".encode()))
     return out
 
 
@@ -405,10 +407,4 @@ def upstream_url(base_url: str, path: str, query: str) -> str:
 
 
 def sse_error(message: str) -> bytes:
-    return (
-        b"data: "
-        + json.dumps(
-            {"src": ERROR_SOURCE, "error": {"message": message, "type": "upstream_error"}}
-        ).encode()
-        + b"\n\n"
-    )
+    return b"data: " + json.dumps(error_doc(502, message)).encode() + b"\n\n"

@@ -26,6 +26,7 @@ from app.runtime.upstream import UpstreamStartError
 from app.web.access_log import note_model
 from app.web.auth import ANONYMOUS, identify
 from app.web.chain_headers import read_chain
+from app.web.comfyui_routes import ComfyDoor
 from app.web.errors import send_error, send_refused
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
 from app.web.jobs import JobDoor
@@ -53,6 +54,9 @@ class Proxy:
         self.jobs: JobDoor | None = None
         """Set by serve: takes requests sent with `Prefer: respond-async` or
         `background: true` (app/web/jobs.py)."""
+        self.renders: ComfyDoor | None = None
+        """Set by serve: answers `/upstream/MODEL/...` for a model with `kind:
+        comfyui` (app/web/comfyui_routes.py)."""
 
     def handler(
         self, source: Literal["json", "form", "query"]
@@ -94,6 +98,7 @@ class Proxy:
                     404,
                     f"model {model_requested!r} is not configured; available: {', '.join(listed)}",
                     "model_not_found",
+                    "model",
                 )
             spec = self.config.models[model]
             if source == "form" and spec.use_model_name and spec.use_model_name != model_requested:
@@ -106,7 +111,7 @@ class Proxy:
             self.scheduler.reject(
                 endpoint, exc.status, exc.message, model_requested, priority, identity.caller
             )
-            await send_error(send, exc.status, exc.message, code=exc.code)
+            await send_error(send, exc.status, exc.message, code=exc.code, param=exc.param)
             return
         except ConnectionError:
             return
@@ -132,7 +137,7 @@ class Proxy:
                 self.scheduler.reject(
                     endpoint, 400, message, model_requested, priority, identity.caller
                 )
-                await send_error(send, 400, message, code="unsupported_parameter")
+                await send_error(send, 400, message, code="unsupported_parameter", param="stream")
                 return
             # The body as rewritten for the model (useModelName, filters), less `background`.
             sent = json.loads(body)
@@ -168,6 +173,10 @@ class Proxy:
             )
             return
         path = "/" + params.get("path", "").lstrip("/")
+        if self.renders is not None and self.config.models[model].kind == "comfyui":
+            # A render server: its prompts are held jobs, its other paths never load it.
+            await self.renders.handle(scope, receive, send, model, path)
+            return
         # re's own cache compiles it once per pattern, so a reload's new one applies.
         if re.search(self.config.ignore_paths, path) and not self.scheduler.is_resident(model):
             # A browser asking for a favicon must not trigger a model swap.
@@ -186,7 +195,7 @@ class Proxy:
             chain, chain_length = read_chain(headers)
             body = await read_body(receive, self.config.max_body_bytes)
         except BadRequest as exc:
-            await send_error(send, exc.status, exc.message, code=exc.code)
+            await send_error(send, exc.status, exc.message, code=exc.code, param=exc.param)
             return
         except ConnectionError:
             return
@@ -335,7 +344,7 @@ def _with_service_tier(asked: int | None, doc: dict[str, Any]) -> int | None:
     try:
         tier = tier_priority(doc.get("service_tier"))
     except ValueError as exc:
-        raise BadRequest(400, str(exc), "invalid_service_tier") from None
+        raise BadRequest(400, str(exc), "invalid_service_tier", "service_tier") from None
     return asked if asked is not None else tier
 
 

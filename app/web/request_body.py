@@ -14,11 +14,14 @@ from litestar.types import Receive
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, message: str, code: str) -> None:
+    """A request refused before it is queued; `param` names the field at fault."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
+        self.param = param
 
 
 MAX_WAIT_HEADER = "x-gpulane-max-wait"
@@ -139,7 +142,7 @@ def json_model(body: bytes) -> tuple[dict[str, Any], str]:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest(
-            400, "request body has no 'model' (a string naming a model)", "missing_model"
+            400, "request body has no 'model' (a string naming a model)", "missing_model", "model"
         )
     return doc, model
 
@@ -152,7 +155,7 @@ def form_model(body: bytes, content_type: str) -> str:
         text = model.decode("utf-8", "replace").strip()
         if text:
             return text
-    raise BadRequest(400, "form has no 'model' field", "missing_model")
+    raise BadRequest(400, "form has no 'model' field", "missing_model", "model")
 
 
 def rename_form_model(body: bytes, content_type: str, model: str) -> bytes:

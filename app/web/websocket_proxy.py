@@ -12,7 +12,9 @@ takes it away (`maxRunTime`, an operator's cancel, shutdown), which closes both
 sides. A socket refused before it opens (bad key, unknown model, queue full,
 the upstream's own refusal) gets an HTTP answer in gpulane's error shape, or
 the upstream's own. The key is checked by the key middleware (app/web/auth.py),
-for sockets as for HTTP.
+for sockets as for HTTP; an upgrade another site's page asked for (its
+`Origin` not this server's nor in `server.allowedOrigins`) is refused before
+that (app/web/sites.py): the page could read and write the upstream's socket.
 
 A model with `compat.ignoreWebsockets` is llama-swap's exception: its sockets
 bypass the scheduler. They are not queued, hold no slot, count toward nothing,

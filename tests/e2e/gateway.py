@@ -97,7 +97,9 @@ class Gateway:
         self.env: dict[str, str] = {}
         """More environment variables for `gpulane serve`."""
 
-    def start(self, timeout: float = 30) -> Gateway:
+    def start(self, timeout: float = 30, *, up: Callable[[str], bool] | None = None) -> Gateway:
+        """Start `gpulane serve` and wait until `/health` answers OK (or what `up`
+        accepts of its text: a standby's, a server waiting for its disk)."""
         env = os.environ | self.env | {"PYTHONUNBUFFERED": "1", GATEWAY_VAR: self.marker}
         self.killed = False  # the next start's recovery stops what the last one left
         self.proc = subprocess.Popen(
@@ -131,8 +133,10 @@ class Gateway:
                 try:
                     health = client.get(self.url + "/health").text
                     # A standby is up once it says so (tests/e2e/test_standby.py).
-                    if health == "OK" or (
-                        "--standby" in self.args and health.startswith("standby")
+                    if (
+                        health == "OK"
+                        or ("--standby" in self.args and health.startswith("standby"))
+                        or (up is not None and up(health))
                     ):
                         return self
                 except httpx.HTTPError:

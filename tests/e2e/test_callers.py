@@ -280,6 +280,7 @@ def test_without_keys_x_gpulane_caller_names_the_caller_and_credentials_reach_th
         "message": "header X-Gpulane-Caller 'alice smith' is not a caller label; expected "
         "1-64 characters of letters, digits and . _ - ~ @ : + # /",
         "type": "invalid_request_error",
+        "param": None,
         "code": "invalid_caller",
     }
     assert tier.status_code == 400

@@ -9,14 +9,21 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from app.core import events as ev
+from app.core.priority import ALIASES
+from app.core.scoring import NS_PER_S
 from tests.e2e.gateway import REPO, Gateway, fake_model, poll
+from tests.unit.core_driver import T0, CoreDriver
+from tools.replay.generate import write_log
 
 Start = Callable[[str], Gateway]
 ALICE, BOB, ADMIN = "sk-alice-5f1d", "sk-bob-0c77", "sk-admin-9e2a"
@@ -222,3 +229,59 @@ def test_a_bad_chain_header_is_a_400_naming_it(
     assert named in json.loads(rows[0]["data"])["error"]
     with httpx.Client(base_url=gw.url) as http:
         assert http.get("/api/chains").json()["data"] == []
+
+
+def yesterdays_interactive_work(start_ns: int, hours: float) -> list[Any]:
+    """A log of interactive requests on `video` from `start_ns` for `hours`: one
+    every 5 minutes, each running 2 minutes (0.4 of the lane), as another
+    caller's day would have left it."""
+    d = CoreDriver(now_ns=start_ns)
+    every_ns, run_s = 300 * NS_PER_S, 120.0
+    for i in range(int(hours * 12)):
+        d.at(start_ns - T0 + i * every_ns)
+        rid = f"yesterday-{i}"
+        d.enqueue(rid, "video", ALIASES["interactive"], caller="someone")
+        dispatched = d.step()
+        assert dispatched is not None
+        if dispatched.swap:
+            d.start_swap("video", rid)
+            d.advance(NS_PER_S)
+            d.apply(ev.SwapFinished(at=d.now, model="video", duration_ms=1000.0))
+        d.apply(ev.RequestStarted(at=d.now, request_id=rid))
+        d.advance(int(run_s * NS_PER_S))
+        d.apply(ev.RequestCompleted(at=d.now, request_id=rid, http_status=200, run_ms=run_s * 1e3))
+    return d.log
+
+
+def test_a_chains_forecast_adds_the_work_that_overtook_it_on_earlier_days(
+    tmp_path: Path,
+) -> None:
+    """Yesterday, around this hour, interactive work took 0.4 of the lane: a batch
+    chain's finish today is forecast later than its own work alone, by the
+    overtaking work the same hours of yesterday saw."""
+    gw = Gateway(tmp_path, config())
+    now = time.time_ns()
+    # From 70 minutes before this time yesterday to 130 minutes after, so the
+    # hour now and the next are covered whatever the minute.
+    write_log(gw.db, yesterdays_interactive_work(now - 86400 * NS_PER_S - 70 * 60 * NS_PER_S, 3.3))
+    gw.start()
+    try:
+        alice = client(gw, "any")
+        for _ in range(2):
+            shot(alice, "film-2", 5)
+        with gw.client() as http:
+            p = http.get("/api/chains/film-2").json()["progress"]
+    finally:
+        gw.stop()
+    assert (p["done"], p["running"], p["waiting"]) == (2, 0, 3), p
+    basis = p["basis"]
+    assert basis["unqueued"] == 3 and basis["earlier_days"] == 1, basis
+    # Its own work: three shots of the model's median run (yesterday's 2 minutes).
+    own_s = 3 * basis["run_s"]["video"]
+    assert own_s >= 3 * 100, basis
+    # The overtaking work: shots of yesterday's rate at least, and a later finish.
+    assert basis["overtaking"] >= 1, basis
+    assert p["estimated_finish_in_s"] > 1.2 * own_s, (p, own_s)
+    assert p["estimated_finish_low_in_s"] is not None and p["estimated_finish_high_in_s"]
+    assert p["estimated_finish_low_in_s"] <= p["estimated_finish_in_s"]
+    assert p["estimated_finish_in_s"] <= p["estimated_finish_high_in_s"]

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,15 @@ def on_disk(gw: Gateway, request_id: str) -> dict[str, Any]:
     return dict(row)
 
 
+def health_text(client: httpx.Client) -> str:
+    """/health's text; '' while a connection is being closed (the server that
+    waited for its disk hands its socket over)."""
+    try:
+        return client.get("/health").text
+    except httpx.TransportError:
+        return ""
+
+
 def assert_log_whole_and_serving(gw: Gateway) -> None:
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
@@ -192,6 +203,66 @@ def test_a_full_disk_while_a_job_runs_loses_nothing_and_runs_nothing_twice(
     finally:
         gw.stop()
     assert_log_whole_and_serving(gw)
+
+
+@pytest.mark.parametrize("stop", ["stopped", "killed"])
+def test_a_restart_on_a_full_disk_waits_for_space_and_then_serves(
+    tmp_path: Path, small_disk: Path, stop: str
+) -> None:
+    """A clean stop leaves no write-ahead log, so the restart cannot even open
+    the file (SQLite: disk I/O error); a SIGKILL leaves it, so the restart opens
+    the file and cannot take the lease (database or disk is full). Either way
+    it used to exit 1; now it listens, says why, and serves once space returns."""
+    gw = gateway(tmp_path, small_disk / "gpulane.db").start()
+    try:
+        with gw.client() as client:
+            assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+        gw.stop() if stop == "stopped" else gw.kill()
+        filler = fill(small_disk)
+
+        gw.start(up=lambda health: health.startswith("event log cannot be opened"))
+        with gw.client() as client:
+            health = client.get("/health")
+            assert health.status_code == 503
+            assert "full" in health.text and "serving once it can" in health.text, health.text
+            assert int(health.headers["Retry-After"]) >= 1
+            refused = client.post("/v1/chat/completions", json=chat())
+            assert refused.status_code == 503, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "event_log_unavailable" and "full" in error["message"]
+            assert int(refused.headers["Retry-After"]) >= 1
+            # Still waiting a few tries later (it tries every second).
+            poll(lambda: gw.log.read_text().count("event log cannot be opened") >= 1, "logged")
+            assert gw.proc is not None and gw.proc.poll() is None
+
+            filler.unlink()
+            freed = time.monotonic()
+            poll(lambda: health_text(client) == "OK", "/health OK once space returns")
+            print(f"serving {time.monotonic() - freed:.2f} s after space returned ({stop})")
+            assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    finally:
+        gw.stop()
+    assert gw.proc is not None and gw.proc.returncode == 0
+    assert_log_whole_and_serving(gw)
+
+
+def test_a_server_waiting_for_its_disk_ignores_sighup_and_stops_on_sigterm(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    gw = gateway(tmp_path, small_disk / "gpulane.db").start()
+    gw.stop()
+    fill(small_disk)
+    gw.start(up=lambda health: health.startswith("event log cannot be opened"))
+    assert gw.proc is not None
+    try:
+        gw.proc.send_signal(signal.SIGHUP)
+        poll(lambda: "SIGHUP ignored" in gw.log.read_text(), "SIGHUP logged")
+        with gw.client() as client:
+            assert client.get("/health").status_code == 503
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(10) == 0
+    finally:
+        gw.stop()
 
 
 def test_immutable_database_files_while_a_request_runs(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ def assert_openai_error(r: httpx.Response, status: int, code: str) -> dict[str, 
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/json")
     error = r.json()["error"]
-    assert set(error) == {"message", "type", "code"} and error["code"] == code, error
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
     return error
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,46 @@ def test_api_events_sends_llama_swaps_messages_and_follows_model_states(
             assert time.monotonic() < deadline, (states, upstream_text)
         assert "ready" in states
         assert upstream_text.endswith("\n")
+
+
+def _next_inflight(
+    events: Iterator[tuple[str, Any]], wanted: Callable[[list[dict[str, Any]]], bool]
+) -> list[dict[str, Any]]:
+    """The requests of the next `inflight` snapshot that `wanted` accepts."""
+    deadline = time.monotonic() + 20
+    seen = []
+    for kind, data in events:
+        if kind == "inflight":
+            seen.append(data)
+            if wanted(data["requests"]):
+                return list(data["requests"])
+        assert time.monotonic() < deadline, f"no such inflight snapshot: {seen}"
+    raise AssertionError(f"the stream ended; inflight snapshots seen: {seen}")
+
+
+def test_api_events_sends_inflight_again_at_each_change(gw: Gateway, tmp_path: Path) -> None:
+    """`inflight` first, then again whenever the running requests change: here
+    a request starts (one row, its id) and ends (none)."""
+    release = tmp_path / "release"
+    held = {"fake": {"hold_file": str(release)}}
+    # A read timeout ends the wait for an event that never comes.
+    with (
+        gw.client(headers=AUTH, timeout=15) as client,
+        gw.client(headers=AUTH) as asker,
+        ThreadPoolExecutor(1) as pool,
+        client.stream("GET", "/api/events") as r,
+    ):
+        events = _events(r)
+        assert _next_inflight(events, lambda rows: True) == []  # nothing runs yet
+        answer = pool.submit(_chat, asker, "A", **held)
+        try:
+            [row] = _next_inflight(events, lambda rows: len(rows) == 1)
+        finally:
+            release.touch()  # the request ends, whatever the stream said
+        assert (row["model"], row["req_path"]) == ("A", "/v1/chat/completions")
+        done = answer.result(timeout=30)
+        assert done.status_code == 200 and done.headers["x-request-id"] == row["id"]
+        assert _next_inflight(events, lambda rows: rows == []) == []
 
 
 # -- streams, unload, /upstream, /running ------------------------------------------------

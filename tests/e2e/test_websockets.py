@@ -16,7 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.e2e.gateway import Gateway, running_gateway
+from tests.e2e.gateway import Gateway, poll, running_gateway
 
 KEY = "sk-admin-ws"
 USER_KEY = "sk-user-ws"
@@ -93,6 +93,25 @@ def test_the_upstreams_close_code_reaches_the_client(gw: Gateway) -> None:
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
+
+
+def test_a_clients_header_reaches_the_upstream(gw: Gateway) -> None:
+    headers = AUTH | {"X-Test": "through the proxy"}
+    with _open(gw, "/upstream/W/ws?header=1", headers=headers) as ws:
+        hello = json.loads(ws.recv(timeout=10))
+    assert hello["path"] == "/ws?header=1" and hello["x-test"] == "through the proxy"
+
+
+def test_the_clients_close_code_reaches_the_upstream(gw: Gateway) -> None:
+    with _open(gw, "/upstream/W/ws?close=4002") as ws:
+        ws.recv(timeout=10)  # the hello: the upstream's socket is open
+        ws.close(4002, "done here")
+    with gw.client(headers=AUTH) as client:
+        closed = poll(
+            lambda: client.get("/upstream/W/closed").json().get("/ws?close=4002"),
+            "the upstream to see the client's close",
+        )
+    assert closed == {"code": 4002, "reason": "done here"}
 
 
 def test_a_model_dispatched_get_route_takes_a_socket(gw: Gateway) -> None:

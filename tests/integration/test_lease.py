@@ -41,6 +41,8 @@ from app.store.lease import (
     this_process,
 )
 from app.store.tables import READ_MODELS
+from tests.integration.conftest import BACKENDS
+from tests.waiting import wait_until
 from tools.replay.generate import film, generate_events
 from tools.replay.verify import verify
 
@@ -315,8 +317,10 @@ async def test_leadership_releases_on_a_clean_stop(engine: Engine) -> None:
     clock[0] = NOW + 1
     leadership.ttl = 0.03  # renewals every 0.01 s
     keeping = asyncio.create_task(leadership.keep())
-    while (renewed := row(engine)) is None or renewed.renewed_at != NOW + 1:
-        await asyncio.sleep(0.01)  # polls until the first renewal is on disk
+    await wait_until(
+        lambda: (renewed := row(engine)) is not None and renewed.renewed_at == NOW + 1,
+        "the first renewal on disk",
+    )
     keeping.cancel()
     await leadership.release()
     current = row(engine)
@@ -362,45 +366,54 @@ async def test_lease_acquired_leaves_the_read_models_as_they_were(tmp_path: Path
     assert tables[0] == tables[1]
 
 
+def _started(at: int) -> ev.ServerStarted:
+    return ev.ServerStarted(
+        at=at,
+        version="t",
+        config_hash="h",
+        scheduler="serial",
+        aging_divisor_ns=1,
+        swap_affinity_bonus=0,
+    )
+
+
+@pytest.fixture(params=BACKENDS)
+def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """An empty database on each backend the lease runs on."""
+    url = (
+        request.getfixturevalue("postgres_url")
+        if request.param == "postgres"
+        else tmp_path / "gpulane.db"
+    )
+    engine = open_database(url)
+    yield engine
+    engine.dispose()
+
+
 async def test_the_event_store_of_a_taken_over_server_writes_nothing_more(
-    engine: Engine,
+    any_engine: Engine,
 ) -> None:
     """Fenced appends: the term is checked in the transaction that writes, so a
-    server taken over between two renewals cannot slip a batch in."""
+    server taken over between two renewals cannot slip a batch in (whatever its
+    renewal loop has yet to notice)."""
+    engine = any_engine
     old = acquire(engine, holder(1), NOW, alive=always(True))
     store = SqliteEventStore(engine, fence=partial(lease_store.fence, old.term))
     fenced: list[str] = []
     store.on_fenced = fenced.append
     store.start()
-    await store.append(
-        [
-            ev.ServerStarted(
-                at=1,
-                version="t",
-                config_hash="h",
-                scheduler="serial",
-                aging_divisor_ns=1,
-                swap_affinity_bonus=0,
-            )
-        ]
-    )
-    acquire(engine, holder(2), NOW + LEASE_TTL_S, alive=always(True))
-    kept = store.submit(
-        [
-            ev.ServerStarted(
-                at=2,
-                version="t",
-                config_hash="h",
-                scheduler="serial",
-                aging_divisor_ns=1,
-                swap_affinity_bonus=0,
-            )
-        ]
-    )
-    while not fenced:
-        await asyncio.sleep(0.01)
-    assert "term 1" in fenced[0] and store.failure is not None
-    assert not kept.done()
+    try:
+        await store.append([_started(1)])
+        acquire(engine, holder(2), NOW + LEASE_TTL_S, alive=always(True))
+        kept = store.submit([_started(2)])
+        await wait_until(lambda: fenced or kept.done(), "the write to be fenced or stored")
+        with engine.connect() as conn:
+            stored = conn.exec_driver_sql("SELECT count(*) FROM events").scalar()
+        assert stored == 1, "a server whose lease was taken over wrote to the log"
+        assert not kept.done()
+        assert len(fenced) == 1 and "term 1" in fenced[0] and store.failure is not None
+        store.submit([_started(3)])  # nor does a later batch get in, up to the close
+    finally:
+        await store.close()
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM events").scalar() == 1
-    await store.close()

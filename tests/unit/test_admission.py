@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
+
+from app.config import parse_config
 from app.core.run_estimate import Durations, RunEstimates
 from app.core.scoring import NS_PER_S, ScoringParams
-from app.runtime.admission import BatchLines, WaitEstimates, estimated_wait_s
+from app.runtime.admission import (
+    BatchLines,
+    Refused,
+    Wait,
+    WaitEstimates,
+    check_bounds,
+    estimated_wait_s,
+)
 from tests.unit.core_driver import CoreDriver
 
 MIN = 60 * NS_PER_S
@@ -57,16 +67,51 @@ def test_requests_lifted_by_aging_count_as_ahead() -> None:
     assert wait(driver, 20) == 1  # at 20 it goes first: nothing to wait for
 
 
-def test_a_run_past_its_expected_time_still_has_time_left() -> None:
+def test_a_run_past_its_expected_time_ends_with_its_models_longer_runs() -> None:
+    learnt = RunEstimates()
+    for minutes in (1, 2, 4, 8):
+        learnt.observe("m", "", minutes * MIN)
     driver = CoreDriver(ScoringParams(0, 0), resident="m")
     driver.enqueue("slow", "m", 0, expected_run_ns=2 * MIN)
     driver.step()
     running_since = {"slow": driver.now}
-    driver.advance(3 * MIN)  # once counted as 0 s left, then as half its expected run
-    # Having run 3 min (1 past its 2), it is expected to run as long again.
-    assert wait(driver, 0, running_since=running_since) == 3 * 60
+    driver.advance(3 * MIN)
+    waits = WaitEstimates(learnt.durations)
+    arriving = driver.state.newcomer("m", 0, driver.now)
+    # Having run 3 min (1 past its 2): its model's runs longer than that took 4
+    # and 8 min; their (lower) median says 1 min more.
+    told = waits.wait(driver.state, arriving, running_since, driver.now)
+    assert told == Wait(60)
+    assert told.text() == "about 60 s"
+
+
+def test_behind_a_run_longer_than_any_of_its_model_the_wait_is_the_known_one_said_so() -> None:
+    # Issue 39: a Retry-After of 17 s where the wait was over 50 s. The running
+    # job has outrun every run of its model: nobody knows when it ends. The
+    # wait told is the work known to be left (a's 1 min), and says so.
+    learnt = RunEstimates()
+    learnt.observe("m", "", 2 * MIN)
+    driver = CoreDriver(ScoringParams(0, 0), resident="m")
+    driver.enqueue("slow", "m", 0)
+    driver.step()
+    running_since = {"slow": driver.now}
+    driver.enqueue("a", "m", 0, expected_run_ns=MIN)
+    driver.advance(5 * MIN)
+    config = parse_config("maxQueued: 1\nmodels:\n  m:\n    cmd: server --port ${PORT}\n")
+    arriving = driver.state.newcomer("m", 0, driver.now)
+    waits = WaitEstimates(learnt.durations)
+    with pytest.raises(Refused) as refused:
+        check_bounds(config, driver.state, arriving, running_since, driver.now, waits)
+    assert refused.value.retry_after == 60
+    assert str(refused.value) == (
+        "the queue is full: 1 requests are waiting (maxQueued 1); retry after at least 60 s "
+        "(the work known to be left: work ahead has run longer than any run of its model, "
+        "its end unknown)"
+    )
+    # A minute later it still runs: still the known minute, still said as such.
     driver.advance(MIN)
-    assert wait(driver, 0, running_since=running_since) == 4 * 60  # grows while it runs
+    later = WaitEstimates(learnt.durations)
+    assert later.wait(driver.state, arriving, running_since, driver.now) == Wait(60, open=True)
 
 
 def test_loads_of_other_models_count() -> None:

@@ -70,6 +70,31 @@ def test_example_config_loads_with_home_from_environ() -> None:
     assert config.source == str(EXAMPLE)
 
 
+def test_example_config_runs_what_make_llama_built_wherever_the_cache_is() -> None:
+    """`GPULANE_CACHE=DIR make run` builds into DIR and serves the example config:
+    the config names DIR's files, by the rule tools/fetch_llama.py builds by."""
+    from tools import fetch_llama
+
+    elsewhere = {**ENV, "GPULANE_CACHE": "/srv/cache"}
+    config = load_config(EXAMPLE, environ=elsewhere)
+    short = config.models["smollm2"]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "environ", elsewhere)
+        built = (str(fetch_llama.server_path()), str(fetch_llama.model_path()))
+    assert built == (
+        "/srv/cache/bin/llama-server",
+        "/srv/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    )
+    assert (short.cmd[0], short.cmd[4]) == built
+    # Unset or empty, both take the one default; `~` is the home directory.
+    for value in ("", None, "~/.cache/gpulane"):
+        environ = ENV if value is None else {**ENV, "GPULANE_CACHE": value}
+        assert load_config(EXAMPLE, environ=environ).models["smollm2"].cmd[0] == (
+            "/home/tester/.cache/gpulane/bin/llama-server"
+        )
+
+
 def test_llama_swap_config_loads_with_one_warning_per_ignored_key() -> None:
     config = load_config(
         LLAMA_SWAP, environ={**ENV, "API_KEY_1": "sk-env", "OPENROUTER_API_KEY": "sk-or"}
@@ -775,6 +800,16 @@ def test_min_free_disk_is_a_byte_count_with_a_default_reserve() -> None:
     assert parse(one_model() + "jobs: {minFreeDisk: 0}\n").min_free_disk == 0
     (error,) = errors_of(one_model() + "jobs: {minFreeDisk: -1}\n")
     assert error == "jobs.minFreeDisk: -1 is out of range; expected bytes, an integer >= 0"
+    assert parse(one_model()).max_stored_bytes_per_caller == 4 << 30
+    assert (
+        parse(one_model() + "jobs: {maxStoredBytesPerCaller: 1}\n").max_stored_bytes_per_caller == 1
+    )
+    (error,) = errors_of(one_model() + "jobs: {maxStoredBytesPerCaller: 0}\n")
+    assert error == (
+        "jobs.maxStoredBytesPerCaller: 0 is out of range; expected bytes, an integer >= 1"
+    )
+    (error,) = errors_of(one_model() + "jobs: {maxStoredBytes: 1}\n")
+    assert "maxStoredBytesPerCaller" in error, error
 
 
 def test_strip_params_accepts_comma_string_or_list() -> None:

@@ -69,8 +69,9 @@ routing:
           either: "b | a & (q | b)"
         evict_costs: {q: 4}
 database: {path: /tmp/elsewhere.db, synchronous: normal}
-jobs: {resultRetention: 1d, maxAttempts: 5, minFreeDisk: 0, maxFileBytes: 1000}
-server: {maxBodyBytes: 5000}
+jobs: {resultRetention: 1d, maxAttempts: 5, minFreeDisk: 0, maxFileBytes: 1000,
+       maxStoredBytesPerCaller: 9000}
+server: {maxBodyBytes: 5000, allowedHosts: [gpu.example.com, .lan], allowedOrigins: ["https://chat.example.com"]}
 upstream: {ignorePaths: ["^/a$", "^/b$"]}
 models:
   a:
@@ -217,11 +218,15 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "max_attempts",
             "min_free_disk",
             "max_file_bytes",
+            "max_stored_bytes_per_caller",
             "max_body_bytes",
+            "allowed_hosts",
+            "allowed_origins",
             "ignore_paths",
             "shutdown_grace",
             "load_backoff",
             "load_backoff_max",
+            "memory_release_wait",
             "load_failure_limit",
             "sleep_host_memory",
         },
@@ -250,8 +255,11 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "max_run_time",
             "stream_idle_timeout",
             "pass_credentials",
+            "gpu_memory_mib",
             "capabilities",
             "ignore_websockets",
+            "kind",
+            "output_dir",
             "sleep",
         },
     }

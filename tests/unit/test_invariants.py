@@ -158,3 +158,64 @@ def test_a_chain_length_needs_a_chain_and_a_request_keeps_its_chain() -> None:
         chained("d", "film"), dispatch("d"), failed("d"), chained("d", None, attempt=2)
     )
     assert moved == [(4, "request_enqueued for d names chain None; its first enqueue named 'film'")]
+
+
+# -- a dispatched request that nobody sends (issue 38) ---------------------------------
+
+S = 10**9
+
+
+def limited_restart(max_run_s: int = 60) -> ev.AnyEvent:
+    return msgspec.structs.replace(restart(), max_run_time_ns={"m": max_run_s * S})
+
+
+def at(event: ev.AnyEvent, seconds: float) -> ev.AnyEvent:
+    return msgspec.structs.replace(event, at=T + round(seconds * S))
+
+
+def other_request(seconds: float) -> list[ev.AnyEvent]:
+    """Another request comes and goes at `seconds`: the log goes on."""
+    rid = f"x{seconds:g}"
+    gone = ev.RequestCancelled(at=T, request_id=rid, reason="explicit")
+    return [at(enq(rid), seconds), at(gone, seconds)]
+
+
+def test_a_dispatch_that_neither_starts_nor_ends_past_max_run_time_is_reported() -> None:
+    """Issue 38's log: put back by an unload, dispatched again with a swap that
+    finished, never started, while other requests came and went."""
+    log = [
+        limited_restart(),
+        enq("a"),
+        swap("m"),
+        dispatch("a"),
+        swapped("m"),
+        ev.RequestStarted(at=T, request_id="a"),
+        at(ev.RequestRequeued(request_id="a", attempt=1, at=T), 1),
+        at(dispatch("a"), 2),
+        at(swap("m"), 2),
+        at(swapped("m"), 5),
+        *other_request(60),  # 55 s after the load: within maxRunTime
+        *other_request(76),  # 71 s: past maxRunTime and its grace
+        *other_request(200),  # flagged once
+    ]
+    found = violations(*log)
+    assert len(found) == 1, found
+    seq, message = found[0]
+    assert seq == 13 and "request a, dispatched at seq 8 to m" in message
+    assert "neither started nor ended within its maxRunTime (60 s)" in message
+
+
+def test_a_request_that_starts_or_waits_for_a_long_load_is_not_reported() -> None:
+    started = [
+        limited_restart(),
+        enq("a"),
+        swap("m"),
+        at(dispatch("a"), 1),
+        at(swapped("m"), 500),  # a long load: it does not count
+        at(ev.RequestStarted(request_id="a", at=T), 501),
+        *other_request(1000),
+        at(done("a"), 2000),  # ran long: maxRunTime's own business
+    ]
+    assert violations(*started) == []
+    no_limit = [restart(), enq("a"), dispatch("a"), *other_request(10_000)]
+    assert violations(*no_limit) == []

@@ -5,10 +5,12 @@ lease's expiry, and a lost lease is told once."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 from sqlalchemy.engine import Engine
 
 from app.runtime.leadership import POLLS_PER_TTL, TRUST_MARGIN, Leadership
@@ -142,6 +144,27 @@ async def test_trust_ends_before_the_lease_and_a_renewal_restores_it_once(engine
     assert await leader.renew_once()  # nobody took over meanwhile: the same term goes on
     assert leader.trusted() and renewed == [time.now]
     assert current(engine).term == 1
+
+
+async def test_a_failed_renewal_says_when_the_lease_lapses_never_a_negative_time(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    time = FakeTime()
+    leader = elector(engine, time, 1)
+    lease = leader.take()
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("database or disk is full"))
+
+    monkeypatch.setattr("app.runtime.leadership.renew", full)
+    with caplog.at_level(logging.WARNING, logger="gpulane.lease"):
+        time.now = lease.expires_at - 10
+        assert await leader.renew_once()
+        time.now = lease.expires_at + 25
+        assert await leader.renew_once()
+    before, after = (r.getMessage() for r in caplog.records)
+    assert "it lapses in 10 s unless a renewal succeeds" in before
+    assert "it lapsed 25 s ago" in after and "-25" not in after
 
 
 async def test_a_lost_lease_is_told_once_and_fences_every_write(engine: Engine) -> None:

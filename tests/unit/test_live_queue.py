@@ -13,11 +13,11 @@ import pytest
 from app.core import events as ev
 from app.core.queue import Queued
 from app.core.residency import Group, GroupRouter
-from app.core.run_estimate import Durations
+from app.core.run_estimate import Durations, RunEstimates
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.core.state import SchedulerState, apply
 from app.report.live_queue import SLICE, estimate_starts, queue_view, queue_view_steps
-from app.report.run_times import RunTimes
+from app.report.run_times import RunTimes, recent_by_model
 from app.runtime.admission import estimated_wait_s
 from app.web.console.queue_page import page_window, queue_page
 from tests.unit.core_driver import CoreDriver
@@ -307,24 +307,71 @@ def _enqueued(q: Queued) -> ev.RequestEnqueued:
     )
 
 
-def test_an_overrunning_job_pushes_the_estimates_out_as_it_runs() -> None:
-    # A chat learnt at 2 s runs for a minute: the request behind it was told
-    # "starts in 1 s" at 44 s and at 79 s alike; its expected end was in the past.
-    times = Durations({"m": 2 * NS_PER_S})
+def test_an_overrunning_job_is_measured_against_its_models_longer_runs() -> None:
+    # Its model's last runs took 10-50 s (median 30 s). Past 30 s, what is known
+    # is the runs that lasted longer: it ends at their median; past the longest
+    # (50 s), its end is open, and the start behind it is the earliest it can be.
+    learnt = RunEstimates()
+    for seconds in (10, 20, 30, 40, 50):
+        learnt.observe("m", "/v1/chat/completions", seconds * NS_PER_S)
+    times = learnt.durations()
     driver = CoreDriver(ScoringParams(0, 0), resident="m")
     driver.enqueue("long", "m", 0)
     driver.step()
     running_since = {"long": driver.now}
     driver.enqueue("next", "m", 0)
     seen = []
-    for waited in (1, 44, 79):
-        now = running_since["long"] + waited * NS_PER_S
-        driver.now = now
+    for ran in (5, 35, 45, 55, 90):
+        now = running_since["long"] + ran * NS_PER_S
         view = queue_view(driver.state, running_since, now, times)
-        (running,) = view.running
+        ((running,), (entry,)) = view.running, view.waiting
         assert running.expected_end_at is not None and running.expected_end_at >= now / NS_PER_S
-        (entry,) = view.waiting
-        assert entry.estimated_start_in_s >= 0
-        seen.append(entry.estimated_start_in_s)
-    assert seen == [1.0, 44.0, 79.0]  # on time, then as long again as it has run
-    assert seen == sorted(seen)  # nothing ahead finished: never nearer
+        assert entry.estimated_start_open == running.expected_end_open
+        assert entry.estimated_start_at == running.expected_end_at
+        since = running_since["long"] / NS_PER_S
+        seen.append((running.expected_end_at - since, running.expected_end_open))
+    # Ends at +30 (its median), +40 and +50 (the median of the longer runs), then
+    # not known: "at least now", never "as long again as it has run" (+110, +180).
+    assert seen == [(30.0, False), (40.0, False), (50.0, False), (55.0, True), (90.0, True)]
+
+
+def test_a_run_of_a_model_with_no_history_has_an_open_end_once_past_its_default() -> None:
+    # A first model, no run ever completed: its expected run is the default (0).
+    driver = CoreDriver(ScoringParams(0, 0), resident="m")
+    driver.enqueue("first", "m", 0)
+    driver.step()
+    running_since = {"first": driver.now}
+    at = driver.now + 5 * NS_PER_S
+    (running,) = queue_view(driver.state, running_since, at, Durations()).running
+    assert running.expected_end_open  # not "+10 s at 5 s in"
+    assert running.expected_end_at == at / NS_PER_S
+
+
+def test_a_start_after_a_load_that_waits_for_an_open_run_is_the_earliest_it_can_be() -> None:
+    # b needs B loaded, which evicts A once A's open-ended run has drained: the
+    # 10 s load is known, what comes before it is not.
+    driver = CoreDriver(ScoringParams(0, 0), resident="A")
+    driver.enqueue("first", "A", 0)
+    driver.step()
+    running_since = {"first": driver.now}
+    driver.enqueue("b", "B", 0)
+    at = driver.now + 5 * NS_PER_S
+    times = Durations(load_ns={"B": 10 * NS_PER_S})
+    (entry,) = queue_view(driver.state, running_since, at, times).waiting
+    assert (entry.estimated_start_in_s, entry.estimated_start_open) == (10.0, True)
+    # Once A has a run of an hour in its history, the start is an estimate again.
+    times = Durations(load_ns={"B": 10 * NS_PER_S}, runs_seen_ns={"A": (3600 * NS_PER_S,)})
+    (entry,) = queue_view(driver.state, running_since, at, times).waiting
+    assert (entry.estimated_start_in_s, entry.estimated_start_open) == (3605.0, False)
+
+
+def test_the_logs_run_times_measure_an_overrun_as_the_live_server_does() -> None:
+    # explain and bench.eta_bench read run times from the log: the runs an
+    # overrun is measured against are the live server's (its last 32 per model).
+    samples = [("m", float(s)) for s in range(1, 41)] + [("n", 7.0)]  # oldest first
+    learnt = RunEstimates()
+    for model, seconds in samples:
+        learnt.observe(model, "", int(seconds * NS_PER_S))
+    read = RunTimes(recent_run_s=recent_by_model(samples)).durations()
+    assert read.runs_seen_ns == learnt.durations().runs_seen_ns
+    assert read.longer_than("m", 38 * NS_PER_S) == (39 * NS_PER_S, 40 * NS_PER_S)

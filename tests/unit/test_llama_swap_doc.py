@@ -33,6 +33,7 @@ from app.runtime.scheduler import Scheduler
 from app.store.engine import open_database
 from app.store.memory_store import InMemoryEventStore
 from app.web.app import create_app
+from app.web.comfyui_routes import comfyui_routes, open_renders
 from app.web.forward import Forwarder
 from app.web.jobs import JobRunner
 from app.web.model_routes import FORM_ROUTES, GET_ROUTES, JSON_ROUTES
@@ -243,7 +244,10 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Litestar]:
             Proxy(config, scheduler, forwarder),
             LogBuffer(),
             engine=engine,
-            extra_handlers=extra_routes(scheduler, jobs, engine),
+            extra_handlers=[
+                *extra_routes(scheduler, jobs, engine),
+                *comfyui_routes(open_renders(config, scheduler, jobs)),
+            ],
         )
         return built, forwarder, engine
 

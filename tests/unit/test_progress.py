@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from app.core.scoring import NS_PER_S, ScoringParams
 from app.report.progress import progress
+from app.report.render import progress_text
 from app.report.run_times import RunTimes
 from tests.unit.core_driver import CoreDriver
 
@@ -68,3 +69,22 @@ def test_a_chains_producer_gap_comes_before_each_shot_not_sent_yet() -> None:
     )
     assert p.estimated_finish_in_s == 40.0  # four runs of a
     assert q.estimated_finish_in_s == 40.0 + 3 * 2.0  # and the producer's gap before three
+
+
+def test_a_run_behind_a_run_with_no_known_end_ends_at_the_earliest_said_so() -> None:
+    # `other` runs a 10 s model 30 s in: past every run of a that the log read
+    # (RunTimes has medians only), its end is open; the run's line waits behind it.
+    d = CoreDriver(ScoringParams(), resident="a")
+    d.enqueue("other", "a", 0)
+    d.step()
+    d.enqueue("line0", "a", -100, caller="film")
+    now = d.now + 30 * NS_PER_S
+    p = progress(d.state, {"other": d.now}, now, TIMES, ["line0"], done=0, failed=0)
+    assert p.estimated_finish_open and p.estimated_finish_high_at is None
+    assert p.estimated_finish_in_s == 10.0  # line0's own run: what is known to be left
+    assert "ends after" in progress_text(p) and "at the earliest" in progress_text(p)
+    # 5 s in, other's end is known: so is the finish.
+    p = progress(
+        d.state, {"other": d.now}, d.now + 5 * NS_PER_S, TIMES, ["line0"], done=0, failed=0
+    )
+    assert not p.estimated_finish_open and p.estimated_finish_in_s == 5.0 + 10.0

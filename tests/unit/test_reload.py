@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+import pytest
+
 from app.config import parse_config
 from app.core import events as ev
 from app.core.policy import ahead_of
 from app.core.reload import plan_reload
 from app.core.state import SchedulerState, apply
+from app.runtime.reload import process_identity, reload_summary
 from tests.unit.core_driver import T0, CoreDriver
 from tests.unit.run_loop_fakes import Lane, config_text, settle
 from tools.replay.verify import verify
@@ -44,6 +48,34 @@ def test_a_model_whose_process_changed_is_restarted_and_an_unchanged_one_is_not(
         d.state, {"a": ("cmd1",), "b": ("x",)}, {"a": ("cmd2",), "b": ("x",)}, ["a", "b"]
     )
     assert plan.restarted == ["a"] and plan.failed == [] and plan.removed == []
+
+
+def test_the_reload_line_names_each_model_and_why_it_restarts() -> None:
+    # z removed and e added keep every other model's port (given in id order).
+    old = parse_config(cfg({"a": {}, "c": {}, "d": {}, "z": {}}))
+    new = parse_config(
+        cfg(
+            {
+                "a": {"cmd": "other-server --port ${PORT}", "env": ["X=1"]},
+                "c": {},
+                "d": {"checkEndpoint": "/ready"},
+                "e": {},
+            }
+        )
+    )
+    processes = process_identity(old), process_identity(new)
+    plan = plan_reload(CoreDriver().state, *processes, ["a", "z"])
+
+    assert reload_summary(plan, *processes) == (
+        "1 added (e), 1 removed (z), "
+        "2 to restart once idle (a: cmd, env changed; z: removed), "
+        "1 changed, not loaded (d: checkEndpoint changed)"
+    )
+    # Every key of the identity is named by its config key.
+    for key, value in (("cmdStop", "kill ${PID}"), ("proxy", "http://127.0.0.1:${PORT}")):
+        changed = process_identity(parse_config(cfg({"a": {key: value}})))
+        plan = plan_reload(CoreDriver().state, processes[0], changed, ["a"])
+        assert f"(a: {key} changed)" in reload_summary(plan, processes[0], changed)
 
 
 # -- the fold -----------------------------------------------------------------------
@@ -192,3 +224,40 @@ async def test_an_idle_changed_model_stops_at_once_and_an_unchanged_one_stays() 
     )
     await settle()
     assert lane.upstreams.calls == [("start", "A"), ("stop", "A")]
+
+
+# Each part of a model's process identity, changed alone (app/core/reload.py:
+# command, stop command, address, environment, readiness check).
+PROCESS_CHANGES = {
+    "cmd": {"cmd": "other-server --port ${PORT}"},
+    "cmdStop": {"cmdStop": "stop-server --port ${PORT}"},
+    "proxy": {"proxy": "http://127.0.0.2:${PORT}"},
+    "env": {"env": ["NEW=1"]},
+    "checkEndpoint": {"checkEndpoint": "/ready"},
+}
+
+
+@pytest.mark.parametrize("key", sorted(PROCESS_CHANGES))
+async def test_a_model_whose_process_changed_in_one_key_is_restarted(key: str) -> None:
+    lane = Lane(cfg(ABC))
+    await lane.finish(lane.admit("A"))
+    same = lane.scheduler.reload(parse_config(cfg(ABC)))
+    assert same is not None and same.restarted == []  # a reload alone restarts nothing
+    changed = parse_config(cfg({"A": PROCESS_CHANGES[key], "B": {}, "C": {}}))
+    assert changed.models["A"] != lane.config.models["A"], key  # the change took
+    event = lane.scheduler.reload(changed)
+    assert event is not None and event.restarted == ["A"], key
+    await settle()
+    assert lane.upstreams.calls == [("start", "A"), ("stop", "A")]
+
+
+async def test_a_model_whose_peer_changed_is_restarted() -> None:
+    """The peer a model's entry reaches: no config file changes it alone (a peer's
+    entries are named `<peer>/<model>`), so the new config is made by hand."""
+    lane = Lane(cfg(ABC))
+    await lane.finish(lane.admit("A"))
+    new = parse_config(cfg(ABC))
+    moved = msgspec.structs.replace(new.models["A"], peer="elsewhere")
+    new = msgspec.structs.replace(new, models={**new.models, "A": moved})
+    event = lane.scheduler.reload(new)
+    assert event is not None and event.restarted == ["A"]

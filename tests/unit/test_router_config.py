@@ -183,7 +183,8 @@ def test_matrix_errors_name_the_set_and_position() -> None:
     [
         (
             "routing: {router: {use: round-robin}}",
-            "routing.router.use: 'round-robin' is not allowed; expected one of group, matrix",
+            "routing.router.use: 'round-robin' is not allowed; "
+            "expected one of group, matrix, memory",
         ),
         (
             "routing: {router: {use: matrix}}",

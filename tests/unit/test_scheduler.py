@@ -584,7 +584,10 @@ async def test_unload_answers_once_stopped_and_ends_what_runs_on_the_model() -> 
 
 async def test_unload_requeues_a_running_job_and_keeps_waiting_requests() -> None:
     lane = Lane(serial())
+    sent_again: list[Ticket] = []
+    lane.scheduler.on_put_back(lambda ticket, job: sent_again.append(ticket))
     job = await running(lane, durable=True)
+    job.job = {"path": "/v1/chat"}  # what Jobs.run sets: the job to send again
     waiting = lane.admit("A")
     await settle()
     unloading = asyncio.ensure_future(lane.scheduler.unload(None))
@@ -593,6 +596,7 @@ async def test_unload_requeues_a_running_job_and_keeps_waiting_requests() -> Non
     requeued = lane.events(ev.RequestRequeued)
     assert [e.request_id for e in requeued] == [job.request_id]
     assert lane.events(ev.RequestFailed) == []
+    assert [t.request_id for t in sent_again] == [job.request_id]  # on a fresh ticket
     assert waiting.request_id in lane.scheduler.state.requests  # still queued, not lost
 
 

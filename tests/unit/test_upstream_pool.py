@@ -8,20 +8,26 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from app.web import upstream_pool
 from app.web.upstream_pool import NoAnswer, UpstreamError, UpstreamPool
+from tests.waiting import wait_until
 
 
 class Server:
     """HTTP/1.1 on a socket: answers every request with its own head as the body;
     with `close`, closes the connection after each answer without saying so (as
-    a server whose keep-alive timeout passed does)."""
+    a server whose keep-alive timeout passed does); with `say_close`, answers
+    `Connection: close`, reads nothing more, and closes a moment later (as a
+    busy server does: the client must not wait for the close to see it)."""
 
-    def __init__(self, close: bool = False) -> None:
+    def __init__(self, close: bool = False, say_close: bool = False) -> None:
         self.close = close
+        self.say_close = say_close
         self.connections = 0
         self.closed = 0
         self.heads: list[bytes] = []
@@ -37,9 +43,14 @@ class Server:
                         length = int(line.split(b":")[1])
                 await reader.readexactly(length)
                 self.heads.append(head)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(head), head))
+                extra = b"connection: close\r\n" if self.say_close else b""
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\n%scontent-length: %d\r\n\r\n%s" % (extra, len(head), head)
+                )
                 await writer.drain()
-                if self.close:
+                if self.say_close:
+                    await asyncio.sleep(0.2)  # the server's own pace, not a wait of the test
+                if self.close or self.say_close:
                     break
         except asyncio.IncompleteReadError:
             pass
@@ -94,12 +105,60 @@ def test_a_connection_the_server_closed_is_not_reused() -> None:
             pool = UpstreamPool(connect_timeout=5)
             for i in range(3):
                 await exchange(pool, f"{base}/x")
-                while server.closed <= i:  # until the server has closed it
-                    await asyncio.sleep(0.001)
+                await wait_until(lambda i=i: server.closed > i, "the server to close it")
             await pool.aclose()
 
     asyncio.run(main())
     assert server.connections == 3
+
+
+def test_a_connection_the_server_said_it_closes_is_not_reused() -> None:
+    """`Connection: close` ends the connection at this answer, even while the
+    socket is still open: a request sent on it would be lost when it closes."""
+    server = Server(say_close=True)
+
+    async def main() -> list[bytes]:
+        async with serving(server) as base:
+            pool = UpstreamPool(connect_timeout=5)
+            try:
+                return [await exchange(pool, f"{base}/x?n={i}") for i in range(2)]
+            finally:
+                await pool.aclose()
+
+    answers = asyncio.run(main())
+    assert server.connections == 2
+    assert [a.split(b"\r\n")[0] for a in answers] == [
+        b"POST /x?n=0 HTTP/1.1",
+        b"POST /x?n=1 HTTP/1.1",
+    ]
+
+
+def test_a_connection_idle_past_the_keep_alive_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection idle longer than KEEPALIVE_S is closed, not reused (its
+    server may be closing it that moment); one idle less is reused. The pool's
+    clock is a fake one, so no test waits five seconds."""
+    clock = [1000.0]
+    monkeypatch.setattr(
+        upstream_pool, "time", SimpleNamespace(monotonic=lambda: clock[0]), raising=True
+    )
+    server = Server()
+
+    async def main() -> list[int]:
+        async with serving(server) as base:
+            pool = UpstreamPool(connect_timeout=5)
+            seen = []
+            try:
+                for idle in (0.0, upstream_pool.KEEPALIVE_S - 0.1, upstream_pool.KEEPALIVE_S + 0.1):
+                    clock[0] += idle
+                    await exchange(pool, f"{base}/x")
+                    seen.append(server.connections)
+            finally:
+                await pool.aclose()
+            return seen
+
+    assert asyncio.run(main()) == [1, 1, 2]
 
 
 def test_concurrent_requests_each_get_a_connection_and_give_it_back() -> None:

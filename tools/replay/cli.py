@@ -39,7 +39,14 @@ from tools.replay.patience import (
     summary,
     with_patience,
 )
-from tools.replay.resources import Resources, ResourcesError, load_resources
+from tools.replay.resource_summary import resource_lines
+from tools.replay.resources import (
+    Resources,
+    ResourcesError,
+    load_resources,
+    log_footprints,
+    memory_resources,
+)
 from tools.replay.simulate import Policy, reference_policies, simulate
 from tools.replay.sweep import (
     GridError,
@@ -147,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OTHER.yaml",
         help="what-if resources: also run each parameter set on this config's router and "
         "slots (concurrencyLimit), e.g. a second GPU group or four chat slots; repeatable",
+    )
+    p.add_argument(
+        "--memory-budget",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="what-if resources: also run each parameter set under the memory router with "
+        "this budget (e.g. 141GB), models sized by the footprints the log recorded (or "
+        "declared); repeatable",
     )
     p.add_argument(
         "--slot-slowdown",
@@ -297,6 +313,12 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     workload = with_patience(extracted, patience)
     try:
         resources = [load_resources(path, workload.models) for path in args.config]
+        if args.memory_budget:
+            sizes = log_footprints(args.db)
+            resources += [
+                memory_resources(budget, sizes, workload.router, workload.models)
+                for budget in args.memory_budget
+            ]
     except ResourcesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -375,6 +397,9 @@ def _report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             report.table(rows, header, error=error, by=by, guessed=not workload.chains_recorded),
             end="",
         )
+        changed = resource_lines(rows, [what.label for what in resources])
+        if changed:
+            print("\nwhat-if resources (swaps avoided, lane busy share):\n" + changed, end="")
     return 0
 
 

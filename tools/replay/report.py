@@ -199,6 +199,10 @@ def figures(
         "swaps": result.swaps,
         "swap_s": _s(result.swap_ns),
         "idle_s": _s(max(0, makespan - result.busy_ns)),
+        # The lane's busy share: running work (not loading) over the span.
+        "busy_share": (
+            round(max(0, result.busy_ns - result.swap_ns) / makespan, 4) if makespan else None
+        ),
         "makespan_s": _s(makespan),
         "reorders": dict(result.reorders),
         "worst_wait_s": _s(worst if worst >= 0 else None),
@@ -518,6 +522,7 @@ def table(
                 _cell(r["swaps"], sp.get("swaps"), str),
                 _cell(r["swap_s"], sp.get("swap_s"), duration),
                 _cell(r["idle_s"], sp.get("idle_s"), duration),
+                _cell(r.get("busy_share"), sp.get("busy_share"), _share),
                 _cell(r["makespan_s"], sp.get("makespan_s"), duration),
                 "/".join(str(ro.get(k, 0)) for k in REORDER_REASONS),
                 worst,
@@ -535,6 +540,7 @@ def table(
             "swaps",
             "swapping",
             "idle",
+            "busy",
             "makespan",
             "reorders age/aff/fair/short",
             "worst wait",
@@ -586,6 +592,10 @@ def table(
             + "\n"
         )
     return out.getvalue()
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _worst(row: Figures) -> str:

@@ -249,7 +249,8 @@ def extract_events(
                 caller_weights = dict(p.caller_weights)
                 router = p.router
                 slots = (
-                    {m: n for m, n in p.concurrency.items() if n > 1}
+                    # A held model (a render server) runs one job at a time.
+                    {m: n for m, n in p.concurrency.items() if n > 1 and m not in p.held}
                     if p.scheduler == SERIAL and p.log_format >= 4
                     else {}
                 )

@@ -30,7 +30,7 @@ def batch_line_routes(batches: Batches) -> list[BaseRouteHandler]:
                 only_caller(identity(request.scope)), batch_id, offset, limit
             )
         except JobsError as exc:
-            return jobs_error(exc, with_param=True)
+            return jobs_error(exc)
         return Response({"data": data, "offset": offset, "total": total})
 
     return [lines]

@@ -26,6 +26,7 @@ from app import __version__
 from app.config import Config
 from app.report.run_times import CachedRunTimes
 from app.report.visibility import event_data_seen_by, request_ids_in, swaps_seen_by
+from app.runtime.gpu import MemoryStatus
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.scheduler import Scheduler
 from app.store import console_queries as q
@@ -206,6 +207,7 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         waiting: dict[str, int] = {}
         for item in live.scheduler.live().state.queue:
             waiting[item.model] = waiting.get(item.model, 0) + 1
+        memory = live.scheduler.memory_status()
         rows = []
         for spec in live.config.models.values():
             status = live.scheduler.model_status(spec.id)
@@ -221,6 +223,8 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
                 "median_run_s": times.run_s.get(spec.id),
                 "check_endpoint": spec.check_endpoint or "/",
                 "aliases": list(spec.aliases),
+                "gpu_memory_mib": memory.footprints.get(spec.id),
+                "gpu_memory_measured": spec.id in memory.measured,
             }
             if admin:  # where the upstream listens and what it printed: admin only
                 row["port"] = spec.port
@@ -228,7 +232,7 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
                 lines = live.logs.lines(f"upstream:{spec.id}")[-OUTPUT_LINES:]
                 row["output"] = [line.text for line in lines]
             rows.append(row)
-        return _json({"live": True, "admin": admin, "models": rows})
+        return _json({"live": True, "admin": admin, "models": rows, "memory": _memory(memory)})
 
     @get("/ui/api/requests/{request_id:str}/events", response_headers=SECURITY_HEADERS)
     async def request_events(
@@ -263,3 +267,25 @@ def _error(status: int, message: str, code: str) -> Response[Any]:
     return Response(
         error_body(status, message, code), status_code=status, media_type=MediaType.JSON
     )
+
+
+def _memory(status: MemoryStatus) -> dict[str, Any]:
+    """The models page's memory bar: the GPU (null without telemetry), the memory
+    router's budget (null without it), and the resident models' footprints."""
+    gpu = status.gpu
+    return {
+        "gpu": None
+        if gpu is None
+        else {
+            "name": gpu.name,
+            "total_mib": gpu.total_mib,
+            "used_mib": gpu.used_mib,
+            "free_mib": gpu.free_mib,
+            "utilization_pct": gpu.utilization_pct,
+        },
+        "budget_mib": status.budget_mib,
+        "resident": [
+            {"model": m, "mib": status.footprints.get(m), "measured": m in status.measured}
+            for m in status.resident
+        ],
+    }

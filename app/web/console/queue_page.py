@@ -98,6 +98,7 @@ def queue_page(
                 "waited_s": entry.waited_s,
                 "estimated_start_at": entry.estimated_start_at,
                 "estimated_start_in_s": entry.estimated_start_in_s,
+                "estimated_start_open": entry.estimated_start_open,
                 "score": msgspec.structs.asdict(entry.score),
                 "reason": reason(view, entry, ahead),
                 "waits_for": _waits_for(entry, caller),

@@ -24,6 +24,7 @@ from app.store.engine import DatabaseError, open_readonly, shown
 from app.web.console import console_routes
 from app.web.console.security import SECURITY_HEADERS, add_security_headers
 from app.web.errors import EXCEPTION_HANDLERS, error_body
+from app.web.sites import SiteRules, guard_sites
 
 
 def explain_route(engine: Engine) -> BaseRouteHandler:
@@ -57,5 +58,8 @@ def ui_command(db: str, host: str, port: int) -> int:
         print(f"gpulane: {exc}", file=sys.stderr)
         return 1
     print(f"gpulane ui: http://{host}:{port}/ui/ (read-only, {shown(db)})", flush=True)
-    uvicorn.run(readonly_app(engine), host=host, port=port, log_level="warning", access_log=False)
+    # DNS rebinding would let any page read the log through the browser: the
+    # Host check of `gpulane serve` (app/web/sites.py), with no config lists.
+    app = guard_sites(readonly_app(engine), SiteRules(None, host))
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     return 0

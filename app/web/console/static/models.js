@@ -1,8 +1,59 @@
 // Models: state, aliases, port and upstream address, median load time from the
 // log, what waits for each, load and unload (with confirmation, saying what a
 // busy model's unload stops), and the upstream's recent output. Polled.
+// Above them, a GPU memory bar: the resident models' footprints, memory other
+// processes hold, and what is free, over the GPU's total (or the memory router's
+// budget without telemetry).
 import { api } from "./api.js";
-import { confirmed, duration, flash, h, table } from "./dom.js";
+import { confirmed, duration, flash, h, s, table } from "./dom.js";
+
+export function gib(mib) {
+  return mib === null || mib === undefined ? "–" : (mib / 1024).toFixed(1) + " GiB";
+}
+
+// The bar is SVG: its sizes are attributes, which the console's CSP allows
+// (inline styles it does not).
+export function memoryBar(memory) {
+  if (!memory) return null;
+  const gpu = memory.gpu;
+  const scale = gpu ? gpu.total_mib : memory.budget_mib;
+  const known = memory.resident.filter((r) => r.mib);
+  const ours = known.reduce((sum, r) => sum + r.mib, 0);
+  const words = [];
+  if (gpu) {
+    words.push(`GPU memory: ${gib(gpu.used_mib)} of ${gib(gpu.total_mib)} used (${gpu.name})`);
+    if (gpu.utilization_pct !== null) words.push(`${gpu.utilization_pct} % busy`);
+  } else {
+    words.push(`No GPU telemetry: footprints are declared (gpuMemory); resident ${gib(ours)}`);
+  }
+  if (memory.budget_mib) words.push(`memory router budget ${gib(memory.budget_mib)}`);
+  if (!scale) return h("p", { id: "memory", class: "muted" }, words.join(" · "));
+  const W = 1000;
+  let x = 0;
+  const rects = [];
+  const segment = (mib, cls, label) => {
+    const width = Math.max(0, Math.min(W - x, (mib / scale) * W));
+    if (width <= 0) return;
+    rects.push(s("rect", { x, y: 0, width, height: 24, class: cls, "data-model": label },
+      s("title", {}, `${label}: ${gib(mib)}`)));
+    x += width;
+  };
+  known.forEach((r, i) => segment(r.mib, `mem-model mem-${i % 6}`, r.model));
+  if (gpu) segment(Math.max(0, gpu.used_mib - ours), "mem-other", "other processes");
+  const marks = [];
+  if (gpu && memory.budget_mib) {
+    const at = Math.min(W, (memory.budget_mib / scale) * W);
+    marks.push(s("line", { x1: at, x2: at, y1: 0, y2: 24, class: "mem-budget" }, s("title", {}, "budget")));
+  }
+  return h("section", { id: "memory" },
+    h("p", {}, words.join(" · ")),
+    s("svg", { viewBox: `0 0 ${W} 24`, preserveAspectRatio: "none", class: "mem-bar", role: "img",
+      "aria-label": words[0] },
+      s("rect", { x: 0, y: 0, width: W, height: 24, class: "mem-free" }), ...rects, ...marks),
+    h("p", { class: "muted legend" }, known.length
+      ? known.map((r) => `${r.model} ${gib(r.mib)}${r.measured ? "" : " (declared)"}`).join(" · ")
+      : "No model with a known footprint is loaded."));
+}
 
 const POLL_MS = 2000;
 
@@ -54,6 +105,8 @@ export async function render(main, info) {
         h("td", { class: "num" }, m.waiting ?? "–"),
         h("td", { class: "num" }, duration(m.median_load_s)),
         h("td", { class: "num" }, duration(m.median_run_s)),
+        h("td", { class: "num", title: m.gpu_memory_mib && !m.gpu_memory_measured ? "declared (gpuMemory)" : null },
+          gib(m.gpu_memory_mib), m.gpu_memory_mib && !m.gpu_memory_measured ? h("span", { class: "muted" }, " (declared)") : null),
         h("td", {}, data.live ? [
           h("button", { onclick: () => load(m), disabled: m.state !== "stopped" }, "Load"), " ",
           h("button", {
@@ -68,7 +121,8 @@ export async function render(main, info) {
           h("summary", {}, `Recent output of ${m.id} (last ${m.output.length} lines)`),
           m.output.length ? h("pre", { class: "output" }, m.output.join("\n")) : h("p", { class: "muted" }, "Nothing printed since the server started.")));
       body.replaceChildren(
-        table(["model", "aliases", "upstream", "state", "pid", "running", "waiting", "median load", "median run", ""], rows),
+        memoryBar(data.memory) ?? "",
+        table(["model", "aliases", "upstream", "state", "pid", "running", "waiting", "median load", "median run", "GPU memory", ""], rows),
         data.live ? "" : h("p", { class: "muted" }, "Read-only: models seen in the log, with their median load time."),
         ...outputs,
       );

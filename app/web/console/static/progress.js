@@ -22,8 +22,13 @@ export function progressSection(p, { prefix, ended = false, unit = "lines" }) {
     const runs = Object.entries(b.run_s).map(([m, x]) => `${m} ${duration(x)}`).join(", ");
     // The interval and the forecast of overtaking work, when the estimate gives them.
     const forecast = p.estimated_finish_low_at !== null && p.estimated_finish_low_at !== undefined;
-    const interval = forecast ? ` 80% between ${stamp(p.estimated_finish_low_at)} and ${p.estimated_finish_high_at === null ? "later (too little log to say)" : stamp(p.estimated_finish_high_at)}.` : "";
-    parts.push(h("p", { id: prefix + "-eta" }, `Expected to end at ${stamp(p.estimated_finish_at)} (in ${duration(p.estimated_finish_in_s)}).${interval}`));
+    const late = p.estimated_finish_open ? "later (a run has no known end)" : "later (too little log to say)";
+    const interval = forecast ? ` 80% between ${stamp(p.estimated_finish_low_at)} and ${p.estimated_finish_high_at === null ? late : stamp(p.estimated_finish_high_at)}.` : "";
+    // Behind a run longer than any run of its model: the least it can be, said so.
+    const eta = p.estimated_finish_open
+      ? `Expected to end after ${stamp(p.estimated_finish_at)} at the earliest (at least ${duration(p.estimated_finish_in_s)}): a run has gone longer than any run of its model, its end unknown.`
+      : `Expected to end at ${stamp(p.estimated_finish_at)} (in ${duration(p.estimated_finish_in_s)}).`;
+    parts.push(h("p", { id: prefix + "-eta" }, `${eta}${interval}`));
     const later = !forecast ? " Work that arrives later and goes first is not foreseen."
       : b.earlier_days ? ` Forecast from the same hours of ${b.earlier_days} earlier day${b.earlier_days === 1 ? "" : "s"}: ${b.overtaking} requests expected to arrive and go first.`
       : ` No earlier day in the log: ${b.overtaking} requests expected to arrive and go first, from today's rate so far (none with under half an hour of it, or after a quiet night); the interval's late end is that rate going on.`;

@@ -41,7 +41,10 @@ export async function render(main, info) {
         h("td", {}, r.caller || "–"),
         h("td", {}, bandTag(r.band), " ", r.priority),
         h("td", {}, duration(r.for_s)),
-        h("td", {}, clock(r.expected_end_at)),
+        // A run past every run of its model: no end is known, and none is made up.
+        h("td", { class: "expected-end" }, r.expected_end_open
+          ? h("span", { class: "muted", title: "it has run longer than any run of its model" }, "unknown: longer than any run of its model")
+          : clock(r.expected_end_at)),
         h("td", {}, h("button", { class: "danger", onclick: () => cancel(r.request_id, "running") }, "Cancel")),
       ),
     );
@@ -59,7 +62,10 @@ export async function render(main, info) {
         h("td", {}, w.model),
         h("td", {}, w.caller || "–"),
         h("td", {}, bandTag(w.band)),
-        h("td", { class: "start" }, h("span", {}, clock(w.estimated_start_at)), h("span", { class: "muted" }, `in ${duration(w.estimated_start_in_s)}`)),
+        // Behind a run whose end is unknown: the earliest it can start.
+        h("td", { class: "start" }, w.estimated_start_open
+          ? [h("span", {}, `after ${clock(w.estimated_start_at)}`), h("span", { class: "muted" }, `at least ${duration(w.estimated_start_in_s)}`)]
+          : [h("span", {}, clock(w.estimated_start_at)), h("span", { class: "muted" }, `in ${duration(w.estimated_start_in_s)}`)]),
         h("td", { class: "num" }, duration(w.waited_s)),
         terms.map((t) => h("td", { class: "num term", "data-term": t }, points(w.score[t] ?? 0))),
         h("td", { class: "num" }, points(w.score.total)),

@@ -43,7 +43,10 @@ export async function render(main, info, id) {
       story.priority_unreadable ? h("span", { id: "story-unreadable" }, ` · asked '${story.priority_unreadable}' (unreadable, used ${story.priority})`) : ""]],
     ["endpoint", story.endpoint],
     ["arrived", stamp(story.arrived_at)],
-    ["waited", duration(story.wait_s)],
+    ["waited", h("span", { id: "story-waited" }, duration(story.wait_s))],
+    // Arrival to its start: the wait above, then its own load (docs/queries.md).
+    ["time to start", h("span", { id: "story-time-to-start" }, story.time_to_start_s === null || story.time_to_start_s === undefined
+      ? "–" : `${duration(story.time_to_start_s)}` + (story.own_swap ? " (its wait, then its own load)" : ""))],
     ["started", story.started_at ? stamp(story.started_at) : "–"],
     ["ran", duration(story.run_s)],
     ["total", duration(story.total_s)],
@@ -71,7 +74,9 @@ export async function render(main, info, id) {
   }
   if (story.waiting) {
     const w = story.waiting;
-    facts.push(["position", `${w.position} of ${w.queue_depth}, expected to start at ${clock(w.estimated_start_at)} (in ${duration(w.estimated_start_in_s)})`]);
+    facts.push(["position", w.estimated_start_open
+      ? `${w.position} of ${w.queue_depth}, to start after ${clock(w.estimated_start_at)} at the earliest (at least ${duration(w.estimated_start_in_s)}: behind a run longer than any run of its model, its end unknown)`
+      : `${w.position} of ${w.queue_depth}, expected to start at ${clock(w.estimated_start_at)} (in ${duration(w.estimated_start_in_s)})`]);
   }
   const actions = [];
   if (info.live && (story.status === "queued" || story.status === "running")) {

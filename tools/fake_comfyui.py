@@ -1,0 +1,350 @@
+"""A fake ComfyUI server for tests and benchmarks: renders in the background.
+
+    python -m tools.fake_comfyui --port N [--name NAME] [--record FILE]
+
+Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
+2025-10-12): `server.py` (the routes and their answers) and `execution.py`
+(`PromptQueue`, the history entry, the status messages). What it keeps of them:
+
+- `POST /prompt` takes `{"prompt": {...}, "prompt_id"?, "client_id"?,
+  "extra_data"?, "front"?, "number"?}`, validates the workflow (every node's
+  `class_type` known, at least one output node), queues it and answers at once
+  `{"prompt_id", "number", "node_errors": {}}`; a bad workflow is 400
+  `{"error": {"type", "message", "details", "extra_info"}, "node_errors"}`.
+  A prompt id the client gives is used as given; else a new uuid4.
+- One worker thread renders one prompt at a time, in `(number, ...)` heap order
+  (`front` negates the number), as ComfyUI's `prompt_worker` does.
+- `GET /history/{id}` is `{}` until the prompt ends, then `{id: {"prompt":
+  [number, id, prompt, extra_data, outputs], "outputs", "status": {"status_str":
+  "success"|"error", "completed", "messages": [[event, data], ...]}, "meta"}}`;
+  `GET /history` has every entry; `POST /history {clear|delete}`.
+- `GET /queue` is `{"queue_running": [...], "queue_pending": [...]}` (the same
+  items); `POST /queue {clear|delete}` drops pending prompts only.
+- `POST /interrupt` (optionally `{"prompt_id"}`: only if that one runs) stops
+  the running render at its next step: `execution_interrupted`, status error.
+- `POST /free`, `GET /prompt` (`exec_info.queue_remaining`), `GET
+  /system_stats`, `GET /object_info`, `GET /view?filename=` (a few bytes).
+- No websocket (`/ws` is 404 here).
+
+The fake's own nodes: `FakeRender` (inputs `seconds` (1.0), `steps` (10),
+`fail` (false): an `execution_error` at the last step) and `SaveImage`; both
+are output nodes. `--output DIR` writes each output image there, as ComfyUI
+writes its `output/` folder. `--record FILE` appends a JSON line per render start and
+end, and one when SIGTERM arrives mid-render (`stopped_mid_render`), so a test
+can tell whether two renders overlapped or a server was stopped inside one.
+Standard library only, so it starts in tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+VERSION = "0.3.64"
+NODES = {"FakeRender", "SaveImage", "KSampler", "CheckpointLoaderSimple", "CLIPTextEncode"}
+OUTPUT_NODES = {"FakeRender", "SaveImage"}
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+class Queue:
+    """ComfyUI's PromptQueue, cut to what a client sees."""
+
+    def __init__(self, name: str, record: str | None, output: str | None = None) -> None:
+        self.name = name
+        self.record = record
+        self.output = output
+        self.lock = threading.RLock()
+        self.not_empty = threading.Condition(self.lock)
+        self.pending: list[tuple[float, str, dict[str, Any], dict[str, Any], list[str]]] = []
+        self.running: tuple[float, str, dict[str, Any], dict[str, Any], list[str]] | None = None
+        self.history: dict[str, dict[str, Any]] = {}
+        self.number = 0
+        self.interrupted = False
+        self.images = 0
+
+    def put(self, item: tuple[float, str, dict[str, Any], dict[str, Any], list[str]]) -> None:
+        with self.lock:
+            heapq.heappush(self.pending, item)
+            self.not_empty.notify()
+
+    def note(self, event: str, **fields: Any) -> None:
+        if self.record is None:
+            return
+        line = json.dumps({"event": event, "at": time.time(), "pid": os.getpid(), **fields})
+        with open(self.record, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def work(self) -> None:
+        while True:
+            with self.not_empty:
+                while not self.pending:
+                    self.not_empty.wait()
+                item = heapq.heappop(self.pending)
+                self.running = item
+                self.interrupted = False
+            self.execute(item)
+
+    def execute(self, item: tuple[float, str, dict[str, Any], dict[str, Any], list[str]]) -> None:
+        number, prompt_id, prompt, extra, outputs = item
+        messages: list[list[Any]] = []
+
+        def add(event: str, data: dict[str, Any]) -> None:
+            messages.append([event, {**data, "timestamp": int(time.time() * 1000)}])
+
+        add("execution_start", {"prompt_id": prompt_id})
+        add("execution_cached", {"nodes": [], "prompt_id": prompt_id})
+        self.note("render_started", prompt_id=prompt_id)
+        success, ui = True, {}
+        renders = [(nid, n) for nid, n in prompt.items() if n["class_type"] == "FakeRender"]
+        for node_id, node in renders or [("0", {"class_type": "SaveImage", "inputs": {}})]:
+            inputs = node.get("inputs", {})
+            seconds = float(inputs.get("seconds", 1.0 if renders else 0.1))
+            steps = max(1, int(inputs.get("steps", 10)))
+            for _ in range(steps):
+                time.sleep(seconds / steps)
+                if self.interrupted:
+                    break
+            if self.interrupted:
+                add("execution_interrupted", _where(prompt_id, node_id, node))
+                success = False
+                break
+            if inputs.get("fail"):
+                add(
+                    "execution_error",
+                    _where(prompt_id, node_id, node)
+                    | {"exception_message": "fake failure", "exception_type": "RuntimeError"},
+                )
+                success = False
+                break
+        if success:
+            for node_id in outputs:
+                with self.lock:
+                    self.images += 1
+                    name = f"{self.name}_{self.images:05}_.png"
+                ui[node_id] = {"images": [{"filename": name, "subfolder": "", "type": "output"}]}
+                if self.output is not None:
+                    with open(os.path.join(self.output, name), "wb") as f:
+                        f.write(image_bytes(self.name, name))
+            add("execution_success", {"prompt_id": prompt_id})
+        outcome = "success" if success else ("interrupted" if self.interrupted else "error")
+        self.note("render_ended", prompt_id=prompt_id, outcome=outcome)
+        with self.lock:
+            self.running = None
+            self.history[prompt_id] = {
+                "prompt": [number, prompt_id, prompt, extra, outputs],
+                "outputs": ui,
+                "status": {
+                    "status_str": "success" if success else "error",
+                    "completed": success,
+                    "messages": messages,
+                },
+                "meta": {nid: {"node_id": nid} for nid in ui},
+            }
+
+    def items(self) -> tuple[list[list[Any]], list[list[Any]]]:
+        with self.lock:
+            running = [list(self.running)] if self.running is not None else []
+            return running, [list(x) for x in self.pending]
+
+
+def image_bytes(server: str, name: str) -> bytes:
+    """What the fake renders into an image: its name and the server's."""
+    return f"fake image {name} from {server}".encode()
+
+
+def _where(prompt_id: str, node_id: str, node: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt_id": prompt_id, "node_id": node_id, "node_type": node["class_type"]}
+
+
+def _invalid(kind: str, message: str, details: str = "") -> dict[str, Any]:
+    error = {"type": kind, "message": message, "details": details, "extra_info": {}}
+    return {"error": error, "node_errors": {}}
+
+
+def validate(prompt: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """ComfyUI's validate_prompt, cut down: (error body or None, output nodes)."""
+    if not isinstance(prompt, dict):
+        return _invalid("invalid_prompt", "Invalid prompt: not a JSON object"), []
+    for node_id, node in prompt.items():
+        if not isinstance(node, dict) or "class_type" not in node:
+            message = "Cannot execute because a node is missing the class_type property."
+            return _invalid("invalid_prompt", message, f"Node ID '#{node_id}'"), []
+        if node["class_type"] not in NODES:
+            message = f"Cannot execute because node {node['class_type']} does not exist."
+            return _invalid("invalid_prompt", message, f"Node ID '#{node_id}'"), []
+    outputs = [nid for nid, n in prompt.items() if n["class_type"] in OUTPUT_NODES]
+    if not outputs:
+        return _invalid("prompt_no_outputs", "Prompt has no outputs"), []
+    return None, outputs
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log(f"{self.server.queue.name} {self.command} {self.path}")
+
+    def _json(self, status: int, doc: Any) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _body(self) -> Any:
+        size = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(size) if size else b""
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError:
+            return None
+
+    def do_GET(self) -> None:
+        q = self.server.queue
+        url = urlsplit(self.path)
+        path = url.path
+        if path in ("/", "/index.html"):
+            body = f"<html><body>fake ComfyUI {q.name}</body></html>".encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif path == "/system_stats":
+            system = {"os": sys.platform, "comfyui_version": VERSION, "python_version": "3"}
+            self._json(200, {"system": system | {"fake": q.name}, "devices": []})
+        elif path == "/object_info":
+            self._json(200, {name: {"name": name} for name in sorted(NODES)})
+        elif path == "/prompt":
+            running, pending = q.items()
+            self._json(200, {"exec_info": {"queue_remaining": len(running) + len(pending)}})
+        elif path == "/queue":
+            running, pending = q.items()
+            self._json(200, {"queue_running": running, "queue_pending": pending})
+        elif path == "/history":
+            with q.lock:
+                self._json(200, dict(q.history))
+        elif path.startswith("/history/"):
+            prompt_id = path.removeprefix("/history/")
+            with q.lock:
+                entry = q.history.get(prompt_id)
+            self._json(200, {} if entry is None else {prompt_id: entry})
+        elif path == "/view":
+            name = parse_qs(url.query).get("filename", [""])[0]
+            body = image_bytes(q.name, name)
+            self.send_response(200)
+            self.send_header("content-type", "image/png")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self._json(404, {"error": f"no route {path}"})
+
+    def do_POST(self) -> None:
+        q = self.server.queue
+        path = urlsplit(self.path).path
+        doc = self._body()
+        if doc is None:
+            self._json(400, _invalid("invalid_json", "the body is not JSON"))
+            return
+        if path == "/prompt":
+            self._prompt(doc)
+        elif path == "/queue":
+            with q.lock:
+                if doc.get("clear"):
+                    q.pending = []
+                for prompt_id in doc.get("delete", []):
+                    q.pending = [x for x in q.pending if x[1] != prompt_id]
+                    heapq.heapify(q.pending)
+            self._json(200, {})
+        elif path == "/interrupt":
+            wanted = doc.get("prompt_id")
+            with q.lock:
+                running = q.running
+                if running is not None and (not wanted or running[1] == wanted):
+                    q.interrupted = True
+            self._json(200, {})
+        elif path == "/history":
+            with q.lock:
+                if doc.get("clear"):
+                    q.history = {}
+                for prompt_id in doc.get("delete", []):
+                    q.history.pop(prompt_id, None)
+            self._json(200, {})
+        elif path == "/free":
+            self._json(200, {})
+        else:
+            self._json(404, {"error": f"no route {path}"})
+
+    def _prompt(self, doc: dict[str, Any]) -> None:
+        q = self.server.queue
+        if "prompt" not in doc:
+            self._json(400, _invalid("no_prompt", "No prompt provided", "No prompt provided"))
+            return
+        with q.lock:
+            if "number" in doc:
+                number = float(doc["number"])
+            else:
+                number = -q.number if doc.get("front") else q.number
+                q.number += 1
+        prompt_id = str(doc.get("prompt_id") or uuid.uuid4())
+        error, outputs = validate(doc["prompt"])
+        if error is not None:
+            self._json(400, error)
+            return
+        extra = dict(doc.get("extra_data") or {})
+        if "client_id" in doc:
+            extra["client_id"] = doc["client_id"]
+        q.put((number, prompt_id, doc["prompt"], extra, outputs))
+        self._json(200, {"prompt_id": prompt_id, "number": number, "node_errors": {}})
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], queue: Queue) -> None:
+        super().__init__(address, Handler)
+        self.queue = queue
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tools.fake_comfyui", description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--name", default="comfy")
+    parser.add_argument("--record", default=None, help="append render starts and ends here")
+    parser.add_argument("--output", default=None, help="write each output image here")
+    args = parser.parse_args(argv)
+    queue = Queue(args.name, args.record, args.output)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        running = queue.running
+        if running is not None:
+            queue.note("stopped_mid_render", prompt_id=running[1])
+        log(f"{args.name} received SIGTERM, exiting")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    server = Server((args.host, args.port), queue)
+    threading.Thread(target=queue.work, daemon=True, name="prompt_worker").start()
+    log(f"{args.name} fake ComfyUI {VERSION} on http://{args.host}:{args.port} pid={os.getpid()}")
+    server.serve_forever(poll_interval=0.5)
+
+
+if __name__ == "__main__":
+    main()
