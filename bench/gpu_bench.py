@@ -48,7 +48,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -108,35 +107,31 @@ def config(
             entry += f"    gpuMemory: {gib:g}GiB\n"
         return entry
 
-    serial = (
-        "swapAffinityBonus: 0\n        agingDivisor: 0"
-        if arm == "arrival"
-        else "swapAffinityBonus: 10\n        agingDivisor: 60"
-    )
-    router = "  router:\n    use: memory\n" if arm == "memory" else ""
-    return (
-        textwrap.dedent(f"""\
-        startPort: {start_port}
-        healthCheckTimeout: 300
-        routing:
-          scheduler:
-            use: serial
-            settings:
-              serial:
-                {serial}
-        """)
-        + router
-        + "models:\n"
-        + model(A)
-        + model(B)
-    )
+    bonus, aging = (0, 0) if arm == "arrival" else (10, 60)
+    lines = [
+        f"startPort: {start_port}",
+        "healthCheckTimeout: 300",
+        "routing:",
+        "  scheduler:",
+        "    use: serial",
+        "    settings:",
+        "      serial:",
+        f"        swapAffinityBonus: {bonus}",
+        f"        agingDivisor: {aging}",
+    ]
+    if arm == "memory":
+        # On a GPU the budget is the GPU's (auto, through NVML); a dry run has none.
+        budget = f"{2 * gib + 1:g}GiB" if dry else "auto"
+        lines += ["  router:", "    use: memory", "    settings:", "      memory:"]
+        lines += [f"        budget: {budget}"]
+    return "\n".join(lines) + "\nmodels:\n" + model(A) + model(B)
 
 
 def memory_router_present(gib: float) -> bool:
     """Whether this gpulane's config takes `routing.router.use: memory`."""
     from app.config import ConfigError, parse_config
 
-    text = config("memory", "x.py", Path("/dev/null"), 20000, gib, dry=False)
+    text = config("memory", "x.py", Path("/dev/null"), 20000, gib, dry=True)
     try:
         parse_config(text, environ={})
     except ConfigError:

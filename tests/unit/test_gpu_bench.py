@@ -26,3 +26,13 @@ def test_each_arms_config_loads(arm: str) -> None:
     assert set(config.models) == {gpu_bench.A, gpu_bench.B}
     assert (config.models[gpu_bench.A].sleep is not None) == (arm == "sleep")
     assert config.swap_affinity_bonus == (0 if arm == "arrival" else 10)
+    assert config.aging_divisor == (0 if arm == "arrival" else 60)
+    assert config.warnings == ()
+
+
+def test_the_memory_arm_runs_the_memory_router() -> None:
+    assert gpu_bench.memory_router_present(56)
+    text = gpu_bench.config("memory", "x.py", Path("/tmp/x.jsonl"), 21000, 1, True)
+    config = parse_config(text, environ={})
+    assert type(config.router).__name__ == "MemoryRouter"
+    assert config.models[gpu_bench.A].gpu_memory_mib == 1024
