@@ -49,7 +49,7 @@ bench: $(STAMP) postgres ## benchmarks that print figures (see docs/benchmarks.m
 	if command -v valgrind >/dev/null; then $(PY) -m bench.replay_instructions --lanes; \
 	else echo "bench.replay_instructions skipped: valgrind is not installed"; fi
 	$(PY) -m bench.swap_bench
-	$(PY) -m bench.sleep_bench
+	$(PY) -m bench.sleep_bench --live 0.1
 	$(PY) -m bench.console_bench
 	$(PY) -m bench.live_queue_bench
 	$(PY) -m bench.job_body_bench

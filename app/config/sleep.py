@@ -12,8 +12,9 @@ vLLM's `vllm/entrypoints/serve/sleep/api_router.py` (`VLLM_SERVER_DEV_MODE=1`
 and `--enable-sleep-mode`; a level-2 wake is `wake_up?tags=weights`, then
 `collective_rpc` `reload_weights`, then `wake_up?tags=kv_cache`, as vLLM's
 sleep-mode page does it) and SGLang's `http_server.py`
-(`--enable-memory-saver`). A ComfyUI server would sleep by `POST /free` and
-wake on its next prompt: not built yet (the renders work adds ComfyUI).
+(`--enable-memory-saver`). A ComfyUI server (`kind: comfyui`) would sleep by
+`POST /free` and wake at its next prompt, never while it holds a render: not
+built yet (docs/configuration.md, Sleep and wake).
 """
 
 from __future__ import annotations
