@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from websockets.sync.client import connect
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, free_port
 from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
@@ -427,3 +428,45 @@ def test_a_renders_progress_drives_its_expected_end_in_the_queue(
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
     assert_log_replays(gw.db)
+
+
+def test_gpulane_listens_on_its_own_socket_never_the_clients(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """A client watching ComfyUI's websocket as its own `client_id` keeps every
+    message of its render: gpulane's socket has an id of its own (ComfyUI hands
+    an id to its newest connection, so sharing it would take the client's)."""
+    record = tmp_path / "renders.jsonl"
+    port = free_port()
+    config = comfy_config(record).replace("--port ${PORT}", f"--port {port}", 1)
+    config = config.replace(
+        "checkEndpoint: /system_stats",
+        f"proxy: http://127.0.0.1:{port}\n    checkEndpoint: /system_stats",
+        1,
+    )
+    gw = gateway(config)
+    with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
+        first = client.post("/comfyui/prompt", json={"prompt": workflow(0.1)}).json()["prompt_id"]
+        history(client, first)  # ComfyUI is loaded
+        with connect(f"ws://127.0.0.1:{port}/ws?clientId=c1", open_timeout=5) as ws:
+            assert json.loads(ws.recv(timeout=5))["data"]["sid"] == "c1"
+            body = {"prompt": workflow(2.0, steps=10), "client_id": "c1"}
+            prompt_id = client.post("/comfyui/prompt", json=body).json()["prompt_id"]
+
+            def until_done() -> list[dict[str, Any]]:
+                got = []
+                while True:
+                    message = json.loads(ws.recv(timeout=30))
+                    got.append(message)
+                    data = message["data"]
+                    if message["type"] == "executing" and data["node"] is None:
+                        return got
+
+            messages = pool.submit(until_done).result(timeout=60)
+        steps = [
+            m["data"]["value"]
+            for m in messages
+            if m["type"] == "progress" and m["data"]["prompt_id"] == prompt_id
+        ]
+        assert steps == list(range(1, 11)), messages
+        assert history(client, prompt_id)[prompt_id]["status"]["completed"] is True
