@@ -20,7 +20,8 @@ It speaks the shapes of OpenAI's OpenAPI spec (openai/openai-openapi f85dbe2:
   server without the route answers).
 - `GET /health`.
 
-`--record FILE` appends a JSON line per render start and end, and one when
+`--record FILE` appends a JSON line per render start (with the bytes of an
+uploaded `input_reference`) and end, and one when
 SIGTERM arrives mid-render (`stopped_mid_render`), so a test can tell whether
 two renders overlapped or the server was stopped inside one. Standard library only.
 """
@@ -59,6 +60,8 @@ class Videos:
         self.order: list[str] = []
         self.pending: deque[str] = deque()
         self.running: str | None = None
+        self.references: dict[str, int] = {}
+        """Video id -> the bytes of its uploaded `input_reference`."""
 
     def record(self, event: str, **fields: Any) -> None:
         if self.args.record is None:
@@ -84,8 +87,11 @@ class Videos:
             "remixed_from_video_id": remixed_from,
             "error": None,
         }
+        reference = fields.get("input_reference_bytes")
         with self.lock:
             self.videos[video_id] = video
+            if reference is not None:
+                self.references[video_id] = int(reference)
             self.order.append(video_id)
         if self.args.sync:
             self.render(video_id)
@@ -110,7 +116,8 @@ class Videos:
                 return
             video["status"] = "in_progress"
             self.running = video_id
-        self.record("render_started", video_id=video_id)
+        reference = self.references.get(video_id)
+        self.record("render_started", video_id=video_id, reference_bytes=reference)
         failing = self.args.fail or str(video.get("prompt") or "").startswith("fail")
         outcome = "completed"
         for step in range(1, STEPS + 1):
@@ -153,8 +160,11 @@ def parse_form(body: bytes, content_type: str) -> dict[str, str]:
             text = line.decode("utf-8", "replace")
             if text.lower().startswith("content-disposition") and 'name="' in text:
                 name = text.split('name="', 1)[1].split('"', 1)[0]
+                content = value.removesuffix(b"\r\n")
                 if "filename=" not in text:
-                    out[name] = value.removesuffix(b"\r\n").decode("utf-8", "replace")
+                    out[name] = content.decode("utf-8", "replace")
+                else:  # an upload: the fake keeps its size, for the record
+                    out[name + "_bytes"] = str(len(content))
     return out
 
 

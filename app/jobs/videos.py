@@ -34,6 +34,8 @@ log = logging.getLogger("gpulane.jobs")
 
 POLL_S = 0.5
 """Between two reads of a rendering video's object."""
+SUBMIT_TIMEOUT = httpx.Timeout(None, connect=5.0)
+"""The create's: unbounded reads (a synchronous server answers when it rendered)."""
 LOST_AFTER = 5
 """Failed reads in a row after which the server is taken to be gone."""
 VARIANTS = ("video", "thumbnail", "spritesheet")
@@ -139,7 +141,11 @@ class VideoProbe:
     ) -> Verdict | None:
         headers = {"content-type": job["headers"].get("content-type", "application/json")}
         try:
-            r = await self.client.post(base_url + job["path"], content=body, headers=headers)
+            # A server that renders before it answers takes as long as the render:
+            # maxRunTime bounds it, not a read timeout.
+            r = await self.client.post(
+                base_url + job["path"], content=body, headers=headers, timeout=SUBMIT_TIMEOUT
+            )
         except httpx.HTTPError as exc:
             raise ProbeLost(f"the video server did not take the video: {_why(exc)}") from None
         if r.status_code >= 400:

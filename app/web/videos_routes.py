@@ -325,20 +325,21 @@ class VideoDoor:
             raise BadRequest(400, "order must be asc or desc", "invalid_value", "order")
         found = await asyncio.to_thread(list_jobs, self.engine, None, LISTED, only)
         views = [self._view(row["id"], row, result, only) for row, result in found]
-        videos = [self._object(v) for v in views if v is not None]
+        listed = [v for v in views if v is not None]
         if order == "asc":
-            videos.reverse()
+            listed.reverse()
         after = query.get("after")
         if after:
-            ids = [v["id"] for v in videos]
-            videos = videos[ids.index(after) + 1 :] if after in ids else []
-        page = videos[:limit]
+            ids = [v["id"] for v in listed]
+            listed = listed[ids.index(after) + 1 :] if after in ids else []
+        # Objects for the page only: a waiting one's place walks the queue.
+        page = [self._object(v) for v in listed[:limit]]
         doc = {
             "object": "list",
             "data": page,
             "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None,
-            "has_more": len(videos) > limit,
+            "has_more": len(listed) > limit,
         }
         await send_json(send, 200, json.dumps(doc).encode())
 

@@ -191,11 +191,13 @@ def test_a_waiting_video_shows_its_place_and_estimate_and_a_failed_one_its_error
 
 def test_remix_and_delete_and_a_server_without_remix(gateway: Start, tmp_path: Path) -> None:
     record = tmp_path / "videos.jsonl"
+    plain_record = tmp_path / "plain.jsonl"
+    plain_args = "--no-remix --no-variants --sync"
     other = textwrap.dedent(
         f"""
         plain-videos:
           kind: openai-videos
-          cmd: {FAKE} --port ${{PORT}} --render-s 0.3 --no-remix --no-variants --sync
+          cmd: {FAKE} --port ${{PORT}} --render-s 0.3 {plain_args} --record {plain_record}
           checkEndpoint: /health
         """
     )
@@ -208,8 +210,14 @@ def test_remix_and_delete_and_a_server_without_remix(gateway: Start, tmp_path: P
         assert remix.remixed_from_video_id == source.id
         assert client.videos.poll(remix.id, poll_interval_ms=100).status == "completed"
         # A server without remix (and answering synchronously): the remix fails, saying so.
-        plain = client.videos.create(model="plain-videos", prompt="a dog")
+        # The client's upload (multipart, `input_reference`) reaches it as sent.
+        reference = ("ref.png", b"\x89PNG\r\n" + bytes(5000), "image/png")
+        plain = client.videos.create(
+            model="plain-videos", prompt="a dog", input_reference=reference
+        )
         assert client.videos.poll(plain.id, poll_interval_ms=100).status == "completed"
+        (started,) = [r for r in records(plain_record) if r["event"] == "render_started"]
+        assert started["reference_bytes"] == 5006
         r = http.get(f"/v1/videos/{plain.id}/content", params={"variant": "thumbnail"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "variant_not_available"
         failed = client.videos.poll(
