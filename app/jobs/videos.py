@@ -28,10 +28,16 @@ from typing import Any
 
 import httpx
 
+from app.config import Config
 from app.jobs.held import ProbeLost, Verdict
 
 log = logging.getLogger("gpulane.jobs")
 
+DOOR = "videos"
+"""The jobs' door: their sender is the held runner with `VideoProbe`."""
+KIND_NAME = "openai-videos"
+"""The `kind` of a model that serves the Videos API."""
+ENDPOINT = "/v1/videos"
 POLL_S = 0.5
 """Between two reads of a rendering video's object."""
 SUBMIT_TIMEOUT = httpx.Timeout(None, connect=5.0)
@@ -42,6 +48,26 @@ VARIANTS = ("video", "thumbnail", "spritesheet")
 """The spec's `VideoContentVariant`s: `video` is fetched always, the others where
 the server has them."""
 KIND = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/webp"}
+
+
+def batch_line(config: Config, model: str, request_id: str, body: bytes) -> dict[str, Any]:
+    """What a Batch API line for `/v1/videos` adds to its job: the door and the
+    video's description, for a model with `kind: openai-videos` (another model
+    gets the line as a plain request)."""
+    if config.models[model].kind != KIND_NAME:
+        return {}
+    doc = _json(body)
+    doc = doc if isinstance(doc, dict) else {}
+    meta = {
+        "id": request_id,
+        "prompt": doc.get("prompt"),
+        "created_at": int(time.time()),
+        "remixed_from_video_id": None,
+        "model": doc.get("model") or model,
+        "size": doc.get("size"),
+        "seconds": doc.get("seconds"),
+    }
+    return {"door": DOOR, "meta": meta}
 
 
 class VideoStore:
@@ -229,7 +255,7 @@ class VideoProbe:
                 ok=False,
                 status=500,
                 error=f"the video server: {code}: {message}",
-                result=json.dumps(video).encode(),
+                result=json.dumps(_ours(video_id, video)).encode(),
             )
         if status != "completed":
             return None
@@ -239,8 +265,9 @@ class VideoProbe:
                 variants.append(variant)
         if "video" not in variants:
             error = "the video server says the video completed, but its content could not be kept"
-            return Verdict(ok=False, status=502, error=error, result=json.dumps(video).encode())
-        kept = video | {"variants": variants}
+            kept = _ours(video_id, video)
+            return Verdict(ok=False, status=502, error=error, result=json.dumps(kept).encode())
+        kept = _ours(video_id, video) | {"variants": variants}
         return Verdict(ok=True, status=200, result=json.dumps(kept).encode())
 
     async def _fetch(self, base_url: str, video_id: str, upstream_id: str, variant: str) -> bool:
@@ -265,8 +292,14 @@ class VideoProbe:
         return kept
 
 
+def _ours(video_id: str, video: dict[str, Any]) -> dict[str, Any]:
+    """The server's last object as gpulane keeps it (a batch line's answer too):
+    gpulane's id, the server's own in `upstream_id` (a remix is sent to it)."""
+    return video | {"id": video_id, "upstream_id": video.get("id")}
+
+
 def _failed(video_id: str, status: int, code: str, message: str) -> Verdict:
-    error = {"status": "failed", "error": {"code": code, "message": message}}
+    error = {"id": video_id, "status": "failed", "error": {"code": code, "message": message}}
     return Verdict(ok=False, status=status, error=message, result=json.dumps(error).encode())
 
 

@@ -39,7 +39,7 @@ from app.jobs.durable import JobRequest, Jobs
 from app.jobs.errors import JobsError
 from app.jobs.held import HeldRuns
 from app.jobs.job_view import job_view
-from app.jobs.videos import KIND, VARIANTS, VideoProbe, VideoStore
+from app.jobs.videos import DOOR, KIND, KIND_NAME, VARIANTS, VideoProbe, VideoStore
 from app.report.live_queue import position_of
 from app.runtime.admission import Refused
 from app.runtime.api import Admission
@@ -54,9 +54,6 @@ from app.web.request_body import BadRequest, max_wait_ns, read_body, rename_form
 
 log = logging.getLogger("gpulane.jobs")
 
-DOOR = "videos"
-"""The jobs' door: their sender is the held runner with the Videos API's probe."""
-KIND_NAME = "openai-videos"
 MAX_PROMPT = 32000
 """The spec's `maxLength` of `prompt`."""
 LISTED = 1000
@@ -152,15 +149,17 @@ class VideoDoor:
         else:
             source = await self._video(remix[0], remix[1])
             kept = _kept(source)
-            if source is None or source.get("status") != "completed" or "id" not in kept:
+            if source is None or source.get("status") != "completed" or not kept.get("upstream_id"):
                 why = "is not a completed video" if source is not None else "does not exist"
+                if source is not None and source.get("status") == "completed":
+                    why = "was answered by its server with bytes, without an id to remix"
                 message = f"video {remix[1]} {why}: only a completed video can be remixed"
                 raise BadRequest(400 if source is not None else 404, message, "invalid_video")
             model = str(source["model"])
             smeta = source.get("meta") or {}
             meta |= {"model": smeta.get("model") or model, "remixed_from_video_id": remix[1]}
             meta |= {"size": smeta.get("size"), "seconds": smeta.get("seconds")}
-            path = f"/v1/videos/{kept['id']}/remix"
+            path = f"/v1/videos/{kept['upstream_id']}/remix"
             body = json.dumps({"prompt": prompt}).encode()
             headers["content-type"] = "application/json"
         asked_priority = read_priority(headers.get(HEADER.lower()))

@@ -286,3 +286,46 @@ def test_a_crash_mid_video_ends_it_exactly_once(gateway: Start, tmp_path: Path) 
     assert row["attempt"] == 2
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_batch_of_videos_runs_each_line_as_a_held_video(gateway: Start, tmp_path: Path) -> None:
+    """The Batch API takes `/v1/videos` (OpenAI's spec lists it): each line is a
+    video held until its end, its answer the video with gpulane's id, whose
+    content gpulane serves."""
+    record = tmp_path / "videos.jsonl"
+    gw = gateway(video_config(record, args="--render-s 0.4"))
+    client = sdk(gw)
+    lines = [
+        {
+            "custom_id": f"shot-{n}",
+            "method": "POST",
+            "url": "/v1/videos",
+            "body": {"model": "sora-local", "prompt": f"shot {n}"},
+        }
+        for n in range(3)
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("shots.jsonl", text), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/videos",  # type: ignore[arg-type]  # the spec has it; older clients' types do not
+        completion_window="24h",
+    )
+    done = wait_for(
+        lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b,
+        timeout=60,
+    )
+    assert done and done.status == "completed", done
+    assert done.output_file_id is not None
+    output = client.files.content(done.output_file_id).read().decode()
+    answers = {a["custom_id"]: a["response"] for a in map(json.loads, output.splitlines())}
+    assert sorted(answers) == ["shot-0", "shot-1", "shot-2"]
+    starts = [r["event"] for r in records(record) if r["event"].startswith("render_")]
+    assert starts == ["render_started", "render_ended"] * 3  # one at a time, each held
+    with gw.client() as http:
+        for answer in answers.values():
+            body = answer["body"]
+            assert answer["status_code"] == 200 and body["status"] == "completed", answer
+            video = http.get(f"/v1/videos/{body['id']}").json()
+            assert video["status"] == "completed" and video["prompt"].startswith("shot ")
+            assert http.get(f"/v1/videos/{body['id']}/content").status_code == 200
