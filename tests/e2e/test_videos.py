@@ -329,3 +329,28 @@ def test_a_batch_of_videos_runs_each_line_as_a_held_video(gateway: Start, tmp_pa
             video = http.get(f"/v1/videos/{body['id']}").json()
             assert video["status"] == "completed" and video["prompt"].startswith("shot ")
             assert http.get(f"/v1/videos/{body['id']}/content").status_code == 200
+
+
+def test_an_operator_unload_mid_video_puts_it_back_and_it_renders_again_once(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """Only an operator's unload stops a video's server mid-render: the video goes
+    back in the queue, is sent again, and ends once."""
+    record = tmp_path / "videos.jsonl"
+    gw = gateway(video_config(record, args="--render-s 3"))
+    with gw.client() as http:
+        video_id = http.post("/v1/videos", json={"prompt": "p"}).json()["id"]
+        assert wait_for(lambda: rendering(record) != [])
+        assert http.post("/api/models/unload/sora-local").status_code == 200
+        done = settled(http, video_id, timeout=60)
+        assert done["status"] == "completed", done
+    stopped = [r["video_id"] for r in records(record) if r["event"] == "stopped_mid_render"]
+    first, second = rendering(record)
+    assert stopped == [first]
+    assert [(e["video_id"], e["outcome"]) for e in ends(record)] == [(second, "completed")]
+    terminal = gw.sql(
+        "SELECT type FROM events WHERE request_id=? AND type IN "
+        "('request_completed', 'request_failed', 'request_cancelled', 'request_abandoned')",
+        video_id,
+    )
+    assert [r["type"] for r in terminal] == ["request_completed"]
