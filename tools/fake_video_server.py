@@ -21,7 +21,8 @@ It speaks the shapes of OpenAI's OpenAPI spec (openai/openai-openapi f85dbe2:
 - `GET /health`.
 
 `--record FILE` appends a JSON line per render start (with the bytes of an
-uploaded `input_reference`) and end, and one when
+uploaded `input_reference`) and end, each naming the server's video id and
+its prompt, and one when
 SIGTERM arrives mid-render (`stopped_mid_render`), so a test can tell whether
 two renders overlapped or the server was stopped inside one. Standard library only.
 """
@@ -60,6 +61,7 @@ class Videos:
         self.order: list[str] = []
         self.pending: deque[str] = deque()
         self.running: str | None = None
+        self.running_prompt: str | None = None
         self.references: dict[str, int] = {}
         """Video id -> the bytes of its uploaded `input_reference`."""
 
@@ -116,8 +118,10 @@ class Videos:
                 return
             video["status"] = "in_progress"
             self.running = video_id
+            self.running_prompt = video.get("prompt")
         reference = self.references.get(video_id)
-        self.record("render_started", video_id=video_id, reference_bytes=reference)
+        prompt = video.get("prompt")
+        self.record("render_started", video_id=video_id, prompt=prompt, reference_bytes=reference)
         failing = self.args.fail or str(video.get("prompt") or "").startswith("fail")
         outcome = "completed"
         for step in range(1, STEPS + 1):
@@ -141,11 +145,12 @@ class Videos:
                 video["progress"] = 100
                 video["completed_at"] = int(time.time())
             self.running = None
-        self.record("render_ended", video_id=video_id, outcome=outcome)
+        self.record("render_ended", video_id=video_id, prompt=prompt, outcome=outcome)
 
     def stop(self, *_: Any) -> None:
-        if self.running is not None:
-            self.record("stopped_mid_render", video_id=self.running)
+        running = self.running
+        if running is not None:
+            self.record("stopped_mid_render", video_id=running, prompt=self.running_prompt)
         sys.exit(0)
 
 
