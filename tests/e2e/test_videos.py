@@ -170,6 +170,12 @@ def test_a_waiting_video_shows_its_place_and_estimate_and_a_failed_one_its_error
         waiting = http.get(f"/v1/videos/{second['id']}").json()
         assert waiting["status"] == "queued", waiting
         assert waiting["gpulane"]["place"] == 1 and waiting["gpulane"]["expected_start"] > 0
+        # The priority header moves a video ahead in gpulane's queue; a chain names it.
+        urgent = http.post(
+            "/v1/videos",
+            json={"prompt": "three"},
+            headers={"X-LlamaSwap-Priority": "interactive", "X-Gpulane-Chain": "film"},
+        ).json()
         failed = settled(http, second["id"])
         assert failed["status"] == "failed"
         assert failed["error"]["code"] == "video_generation_failed", failed
@@ -177,16 +183,27 @@ def test_a_waiting_video_shows_its_place_and_estimate_and_a_failed_one_its_error
         assert settled(http, first["id"])["status"] == "completed"
         r = http.get(f"/v1/videos/{second['id']}/content")
         assert r.status_code == 409 and r.json()["error"]["code"] == "video_not_ready"
+        assert settled(http, urgent["id"])["status"] == "completed"
+        order = [r["prompt"] for r in records(record) if r["event"] == "render_started"]
+        assert order == ["one", "three", "fail: two"]
         # Renders never overlapped, whatever concurrencyLimit says.
         starts = [r["event"] for r in records(record) if r["event"].startswith("render_")]
-        assert starts == ["render_started", "render_ended"] * 2
+        assert starts == ["render_started", "render_ended"] * 3
         # Pagination as the spec has it.
-        page = http.get("/v1/videos", params={"limit": 1}).json()
-        assert page["has_more"] is True and page["data"][0]["id"] == second["id"]
-        rest = http.get("/v1/videos", params={"limit": 1, "after": page["last_id"]}).json()
+        page = http.get("/v1/videos", params={"limit": 2}).json()
+        assert page["has_more"] is True
+        assert [v["id"] for v in page["data"]] == [urgent["id"], second["id"]]
+        rest = http.get("/v1/videos", params={"limit": 2, "after": page["last_id"]}).json()
         assert [v["id"] for v in rest["data"]] == [first["id"]] and rest["has_more"] is False
+        oldest = http.get("/v1/videos", params={"order": "asc", "limit": 1}).json()
+        assert oldest["data"][0]["id"] == first["id"]
         assert http.post("/v1/videos", json={"model": "chat", "prompt": "x"}).status_code == 400
         assert http.post("/v1/videos", json={"model": "sora-local"}).status_code == 400
+    (enqueued,) = gw.sql(
+        "SELECT data FROM events WHERE request_id=? AND type='request_enqueued'", urgent["id"]
+    )
+    doc = json.loads(enqueued["data"])
+    assert (doc["priority"], doc["chain"]) == (100, "film")
 
 
 def test_remix_and_delete_and_a_server_without_remix(gateway: Start, tmp_path: Path) -> None:
