@@ -39,7 +39,7 @@ from app.jobs.durable import JobRequest, Jobs
 from app.jobs.errors import JobsError
 from app.jobs.held import HeldRuns
 from app.jobs.job_view import job_view
-from app.jobs.videos import DOOR, KIND, KIND_NAME, VARIANTS, VideoProbe, VideoStore
+from app.jobs.videos import DOOR, ENDPOINT, KIND, KIND_NAME, VARIANTS, VideoProbe, VideoStore
 from app.report.live_queue import position_of
 from app.runtime.admission import Refused
 from app.runtime.api import Admission
@@ -244,6 +244,8 @@ class VideoDoor:
         view = job_view(video_id, row, result, live, caller)
         if view is None or (only is not None and view.get("caller") != only):
             return None
+        if row is None and (open_request is None or open_request.endpoint != ENDPOINT):
+            return None  # not yet in the read model, and not a video
         job = row["job"] if row is not None else None
         job = json.loads(job) if isinstance(job, str) else job or {}
         if row is not None and job.get("door") != DOOR:
