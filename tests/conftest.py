@@ -92,6 +92,17 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[TEST_SESSION_VAR] = uuid.uuid4().hex
 
 
+LLAMA_TIMEOUT_S = 1800
+"""The per-test backstop (pyproject.toml's `timeout`) for a `llama` test: the
+first one of a run may build llama-server and fetch its model (minutes)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("llama") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(LLAMA_TIMEOUT_S))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_process_left_behind() -> Iterator[None]:
     """Fails the run (an error at the last teardown) naming each process it left

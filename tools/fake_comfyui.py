@@ -28,7 +28,8 @@ Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
 
 The fake's own nodes: `FakeRender` (inputs `seconds` (1.0), `steps` (10),
 `fail` (false): an `execution_error` at the last step) and `SaveImage`; both
-are output nodes. `--record FILE` appends a JSON line per render start and
+are output nodes. `--output DIR` writes each output image there, as ComfyUI
+writes its `output/` folder. `--record FILE` appends a JSON line per render start and
 end, and one when SIGTERM arrives mid-render (`stopped_mid_render`), so a test
 can tell whether two renders overlapped or a server was stopped inside one.
 Standard library only, so it starts in tens of milliseconds.
@@ -61,9 +62,10 @@ def log(line: str) -> None:
 class Queue:
     """ComfyUI's PromptQueue, cut to what a client sees."""
 
-    def __init__(self, name: str, record: str | None) -> None:
+    def __init__(self, name: str, record: str | None, output: str | None = None) -> None:
         self.name = name
         self.record = record
+        self.output = output
         self.lock = threading.RLock()
         self.not_empty = threading.Condition(self.lock)
         self.pending: list[tuple[float, str, dict[str, Any], dict[str, Any], list[str]]] = []
@@ -133,6 +135,9 @@ class Queue:
                     self.images += 1
                     name = f"{self.name}_{self.images:05}_.png"
                 ui[node_id] = {"images": [{"filename": name, "subfolder": "", "type": "output"}]}
+                if self.output is not None:
+                    with open(os.path.join(self.output, name), "wb") as f:
+                        f.write(image_bytes(self.name, name))
             add("execution_success", {"prompt_id": prompt_id})
         outcome = "success" if success else ("interrupted" if self.interrupted else "error")
         self.note("render_ended", prompt_id=prompt_id, outcome=outcome)
@@ -153,6 +158,11 @@ class Queue:
         with self.lock:
             running = [list(self.running)] if self.running is not None else []
             return running, [list(x) for x in self.pending]
+
+
+def image_bytes(server: str, name: str) -> bytes:
+    """What the fake renders into an image: its name and the server's."""
+    return f"fake image {name} from {server}".encode()
 
 
 def _where(prompt_id: str, node_id: str, node: dict[str, Any]) -> dict[str, Any]:
@@ -236,7 +246,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {} if entry is None else {prompt_id: entry})
         elif path == "/view":
             name = parse_qs(url.query).get("filename", [""])[0]
-            body = f"fake image {name} from {q.name}".encode()
+            body = image_bytes(q.name, name)
             self.send_response(200)
             self.send_header("content-type", "image/png")
             self.send_header("content-length", str(len(body)))
@@ -318,8 +328,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--name", default="comfy")
     parser.add_argument("--record", default=None, help="append render starts and ends here")
+    parser.add_argument("--output", default=None, help="write each output image here")
     args = parser.parse_args(argv)
-    queue = Queue(args.name, args.record)
+    queue = Queue(args.name, args.record, args.output)
 
     def on_sigterm(signum: int, frame: object) -> None:
         running = queue.running

@@ -130,6 +130,7 @@ def _model(m: ModelConfig) -> dict[str, Any]:
         "timeouts": _timeouts(m),
         "compat": {"ignoreWebsockets": m.ignore_websockets},
         **({"kind": m.kind} if m.kind is not None else {}),
+        **({"outputDir": m.output_dir} if m.output_dir is not None else {}),
         "capabilities": {
             "in": list(m.capabilities.inputs),
             "out": list(m.capabilities.outputs),

@@ -161,7 +161,8 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         gpu_memory_mib=(
             None if m.gpu_memory is None else parse_mib(issues, m.gpu_memory, f"{path}.gpuMemory")
         ),
-        kind=_kind(issues, m.kind, model_id, f"{path}.kind"),
+        kind=(kind := _kind(issues, m.kind, model_id, f"{path}.kind")),
+        output_dir=_output_dir(issues, m.output_dir, kind, f"{path}.outputDir"),
     )
 
 
@@ -169,6 +170,18 @@ RENDER_KINDS = ("comfyui", "openai-videos")
 """Servers whose jobs run in the background, each with its probe (docs/renders.md)."""
 COMFYUI_AUTO = "comfyui_auto"
 """llama-swap's model id for `/comfyui/...`: a ComfyUI server unless said otherwise."""
+
+
+def _output_dir(issues: Issues, folder: str | None, kind: str | None, where: str) -> str | None:
+    if folder is None:
+        return None
+    if kind != "comfyui":
+        issues.error(where, "is ComfyUI's output folder: set it on a model with kind: comfyui")
+        return None
+    if not folder.strip():
+        issues.error(where, "is empty; give ComfyUI's output folder, or leave it out")
+        return None
+    return folder
 
 
 def _kind(issues: Issues, kind: str | None, model_id: str, where: str) -> str | None:

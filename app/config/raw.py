@@ -140,6 +140,9 @@ class RawModel(_Raw, frozen=True):
     # `openai-videos`): each
     # holds the model until its end is learnt (docs/renders.md).
     kind: str | None = None
+    # gpulane only, with kind comfyui: ComfyUI's output folder, from which a
+    # finished prompt's images are served while ComfyUI is not loaded.
+    output_dir: str | None = None
 
 
 class RawPeer(_Raw, frozen=True):

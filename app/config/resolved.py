@@ -101,6 +101,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     `openai-videos`;
     llama-swap's `comfyui_auto` id is one): each job holds the model, one at a
     time, until a probe learns its end (docs/renders.md). None: a plain server."""
+    output_dir: str | None = None
+    """`outputDir` (kind comfyui): ComfyUI's output folder, from which `/view`
+    serves a finished prompt's images while ComfyUI is not loaded."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

@@ -275,6 +275,18 @@ class MemoryWaitStarted(Event, tag="memory_wait_started", frozen=True):
     limit_ms: float = 0.0
 
 
+class GpuMemorySeen(Event, tag="gpu_memory_seen", frozen=True):
+    """GPU telemetry saw memory held by processes gpulane does not own change
+    (another program, another container): under the memory router it is taken
+    off the budget from here on. Recorded only when it moved by 1 GiB or more."""
+
+    others_mib: int
+    """Memory held by processes other than gpulane's model servers (and what
+    stopped ones still hold)."""
+    used_mib: int = 0
+    total_mib: int = 0
+
+
 class MemoryWaitEnded(Event, tag="memory_wait_ended", frozen=True):
     """The wait of `memory_wait_started` ended: the memory was released (the load
     goes on), or not within the limit (the load fails, its `swap_failed` follows
@@ -429,6 +441,7 @@ AnyEvent = (
     | LeaseAcquired
     | MemoryWaitStarted
     | MemoryWaitEnded
+    | GpuMemorySeen
 )
 
 TERMINAL = (RequestCompleted, RequestFailed, RequestCancelled, RequestAbandoned)

@@ -168,6 +168,9 @@ class MemoryView(msgspec.Struct, frozen=True, kw_only=True):
     """Models a waiting request needs."""
     busy: Set[str] = frozenset()
     """Models running requests or loading: they cannot go now."""
+    others_mib: int = 0
+    """GPU memory processes gpulane does not own hold (`gpu_memory_seen`): it
+    is taken off the budget."""
 
 
 Router = GroupRouter | MatrixRouter | MemoryRouter
@@ -181,24 +184,26 @@ def memory_evictions(
     """What loading `target` beside `resident` evicts under the memory router.
 
     `target` loads beside the resident models while the sum of the footprints
-    fits `budget_mib`. A model of unknown size (nothing measured, nothing
-    declared) loads alone, and a resident one of unknown size makes room for any
-    load; so does every model when the target alone does not fit. Otherwise the
-    resident models are taken in this order until the target fits: idle before
-    busy (a busy one cannot go now), then never one a waiting request needs if
-    another choice makes room, then the cheapest to bring back (`costs_ns`),
-    then the least recently used, then by name; last, any taken that the others
-    made unneeded is kept again (latest taken first)."""
+    fits `budget_mib`, less what other processes hold (`view.others_mib`). A
+    model of unknown size (nothing measured, nothing declared) loads alone, and
+    a resident one of unknown size makes room for any load; so does every model
+    when the target alone does not fit. Otherwise the resident models are taken
+    in this order until the target fits: idle before busy (a busy one cannot go
+    now), then never one a waiting request needs if another choice makes room,
+    then the cheapest to bring back (`costs_ns`), then the least recently used,
+    then by name; last, any taken that the others made unneeded is kept again
+    (latest taken first)."""
     others = sorted(m for m in resident if m != target)
     if target in resident or not others:
         return frozenset()
+    budget = router.budget_mib - view.others_mib
     size = router.footprint(target, view.measured_mib)
-    if size is None or size > router.budget_mib:
+    if size is None or size > budget:
         return frozenset(others)
     sizes = {m: router.footprint(m, view.measured_mib) for m in others}
     evict = [m for m in others if sizes[m] is None]
     known = {m: mib for m, mib in sizes.items() if mib is not None}
-    free = router.budget_mib - size - sum(known.values())
+    free = budget - size - sum(known.values())
     if free >= 0:
         return frozenset(evict)
     order = sorted(

@@ -199,6 +199,8 @@ class SchedulerState:
         router's from the log): what evicting it costs."""
         self.last_used: dict[str, int] = {}
         """When each model last ended a request or a load (unix ns)."""
+        self.others_mib = 0
+        """GPU memory processes gpulane does not own hold (`gpu_memory_seen`)."""
         self._set_peers(None, None)
 
     @property
@@ -264,6 +266,7 @@ class SchedulerState:
             last_used_ns=self.last_used,
             needed=frozenset(m for m, n in self.queue.waiting_by_model().items() if n),
             busy=frozenset(self._running_by_model).union(self.loads),
+            others_mib=self.others_mib,
         )
 
     def to_evict(self, target: str, resident: frozenset[str]) -> frozenset[str]:
@@ -669,6 +672,10 @@ def _process_stopped(state: SchedulerState, event: Any) -> None:
         state._residency_changed()
 
 
+def _gpu_memory_seen(state: SchedulerState, event: Any) -> None:
+    state.others_mib = event.others_mib
+
+
 def _measured(state: SchedulerState, event: Any) -> None:
     """A footprint measured (`gpu_memory_mib`): the memory router's size of it."""
     if event.gpu_memory_mib is not None:
@@ -728,4 +735,5 @@ _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.RequestCancelled: _ended,
     ev.RequestAbandoned: _ended,
     ev.ServerStarted: _server_started,
+    ev.GpuMemorySeen: _gpu_memory_seen,
 }

@@ -50,6 +50,15 @@ class MemoryRelease:
         self._timers = timers
         self._stopped: dict[int, str] = {}
         """pid -> the stopped model it belonged to, until the GPU lists it no more."""
+        self._closed: asyncio.Future[None] | None = None
+        """Done once gpulane stops: a waiting load ends at once."""
+
+    def close(self) -> None:
+        """gpulane stops: a load waiting for memory fails now instead of starting."""
+        if self._closed is None:
+            self._closed = asyncio.get_running_loop().create_future()
+        if not self._closed.done():
+            self._closed.set_result(None)
 
     def stopping(self, model: str, proc: Upstream | None) -> None:
         """`model`'s process is being stopped (or has exited): remember its pids."""
@@ -57,6 +66,10 @@ class MemoryRelease:
             return
         for pid in tree_pids(proc.pid):
             self._stopped[pid] = model
+
+    def stopped_pids(self) -> list[int]:
+        """The processes of stopped models not yet seen to free their memory."""
+        return list(self._stopped)
 
     def holders(self) -> list[ev.MemoryHolder]:
         """Processes of stopped models the GPU still lists with memory; the others
@@ -87,7 +100,7 @@ class MemoryRelease:
         self._loop.emit(
             [ev.MemoryWaitStarted(at=began, model=model, holders=holders, limit_ms=limit * 1000)]
         )
-        while holders:
+        while holders and not self.closed:
             left = limit - (clock() - began) / 1e9
             if left <= 0:
                 break
@@ -105,6 +118,8 @@ class MemoryRelease:
                 )
             ]
         )
+        if self.closed:
+            raise UpstreamStartError("gpulane is stopping", model_id=model)
         if holders:
             raise UpstreamStartError(
                 f"GPU memory was not released: {_named(holders)} {limit:g} s after it was "
@@ -113,7 +128,14 @@ class MemoryRelease:
                 model_id=model,
             )
 
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None and self._closed.done()
+
     async def _sleep(self, seconds: float) -> None:
+        """`seconds` on the timers (a fake clock in tests), or until gpulane stops."""
+        if self._closed is None:
+            self._closed = asyncio.get_running_loop().create_future()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def ring() -> None:
@@ -122,7 +144,7 @@ class MemoryRelease:
 
         handle = self._timers.call_later(seconds, ring)
         try:
-            await done
+            await asyncio.wait({done, self._closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             handle.cancel()
 

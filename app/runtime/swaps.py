@@ -22,6 +22,7 @@ from app.core.loads import idle_evictions, plan_load, preload_evictions
 from app.core.residency import MemoryRouter, plan_preload
 from app.core.state import SchedulerState
 from app.runtime.gpu import GpuMemory, MemoryStatus, memory_status, tree_pids
+from app.runtime.gpu_others import OthersWatch
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.memory_release import MemoryRelease
 from app.runtime.ports import Timers
@@ -71,6 +72,10 @@ class Swaps:
         self.memory = MemoryRelease(self, loop, timers)
         """Loads wait for stopped models' GPU memory (app/runtime/memory_release.py)."""
         self.processes.before_start = self.memory.wait
+        self.others = OthersWatch(
+            loop, timers, lambda: self.gpu, self.processes, self.memory.stopped_pids
+        )
+        """What other processes hold on the GPU (app/runtime/gpu_others.py): serve starts it."""
 
     def spec(self, model: str) -> ModelConfig:
         """`model`'s config: the current one, or for a model a reload removed
@@ -334,6 +339,7 @@ class Swaps:
         """Stop every upstream (ProcessStopped, reason shutdown) and wait for them."""
         for model in self.processes.models():
             self.stop(model, "shutdown")
+        self.memory.close()  # a load waiting for GPU memory ends now, and starts nothing
         # Each load's process is stopped, so it ends now and records how (a load
         # cancelled instead would leave its swap_started unfinished).
         await self.processes.loads_ended()

@@ -22,11 +22,15 @@ cancels only its own prompts, and fetches through `/view` only their images.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import mimetypes
 import re
 import uuid
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
 from litestar import asgi
@@ -34,6 +38,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Receive, Scope, Send
 
 from app.config import Config
+from app.config.callers import CREDENTIAL_HEADERS
 from app.core.priority import HEADER, read_priority, unreadable_priority
 from app.jobs.durable import JobRequest, Jobs
 from app.jobs.errors import JobsError
@@ -271,6 +276,9 @@ class ComfyDoor:
             await send_error(send, 403, message, code="admin_key_required")
             return
         if self.scheduler.model_status(model).state != "ready":
+            if path == "/view" and self.config.models[model].output_dir is not None:
+                await self._view_kept(scope, send, model, only_caller(who))
+                return
             message = (
                 f"ComfyUI ({model!r}) is not loaded: {path} is answered only while it runs, "
                 f"and only a POST /comfyui/prompt loads it (finished prompts: GET /comfyui/history)"
@@ -280,7 +288,13 @@ class ComfyDoor:
         body = await read_body(receive, self.config.max_body_bytes)
         query = bytes(scope.get("query_string", b"")).decode("latin-1")
         url = self.config.models[model].proxy + path + (f"?{query}" if query else "")
-        sent = {k: v for k, v in headers.items() if k not in _CONNECTION}
+        # The client's credentials are gpulane's unless the model passes them.
+        passed = self.config.models[model].pass_credentials
+        sent = {
+            k: v
+            for k, v in headers.items()
+            if k not in _CONNECTION and (k not in CREDENTIAL_HEADERS or k in passed)
+        }
         try:
             r = await self.client.request(method, url, content=body, headers=sent)
         except httpx.HTTPError as exc:
@@ -298,15 +312,52 @@ class ComfyDoor:
 
     async def _owns_image(self, caller: str | None, scope: Scope) -> bool:
         """Whether `filename` in the query names an image of one of the caller's prompts."""
-        query = bytes(scope.get("query_string", b"")).decode("latin-1")
-        found = re.search(r"(?:^|&)filename=([^&]*)", query)
-        if caller is None or found is None:
-            return False
-        name = found.group(1)
-        for view in await self.jobs.listing("completed", 1000, caller):
-            if view.get("door") == DOOR and f'"filename": "{name}"' in json.dumps(_entry(view)):
-                return True
+        wanted = _image_asked(scope)
+        return caller is not None and wanted is not None and await self._kept(wanted, caller)
+
+    async def _kept(self, image: tuple[str, str], only: str | None) -> bool:
+        """Whether (subfolder, filename) is an output of a finished prompt `only`
+        (None: anyone) may see."""
+        for view in await self.jobs.listing("completed", 1000, only):
+            if view.get("door") != DOOR:
+                continue
+            for entry in _entry(view).values():
+                for node in (entry.get("outputs") or {}).values():
+                    for item in node.get("images", []) if isinstance(node, dict) else []:
+                        if (item.get("subfolder", ""), item.get("filename")) == image:
+                            return True
         return False
+
+    async def _view_kept(self, scope: Scope, send: Send, model: str, only: str | None) -> None:
+        """`/view` of a finished prompt's image while ComfyUI is not loaded: from
+        its `outputDir`, for an image a kept history entry names."""
+        image = _image_asked(scope)
+        folder = Path(self.config.models[model].output_dir or ".").resolve()
+        path = None if image is None else (folder / image[0] / image[1]).resolve()
+        named = image is not None and await self._kept(image, only)
+        if path is None or not named or not path.is_relative_to(folder) or not path.is_file():
+            what = "no image" if image is None else f"{image[1]!r}"
+            message = (
+                f"{what} is not an output of a finished prompt kept by gpulane "
+                f"(ComfyUI {model!r} is not loaded; its outputDir is served for those)"
+            )
+            await send_error(send, 404, message, code="not_found")
+            return
+        body = await asyncio.to_thread(path.read_bytes)
+        kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        head = [(b"content-type", kind.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _image_asked(scope: Scope) -> tuple[str, str] | None:
+    """(subfolder, filename) of a `/view` query for an output image; None when it
+    names none or another type (input, temp: never kept)."""
+    query = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
+    name = query.get("filename", [""])[0]
+    if not name or query.get("type", ["output"])[0] != "output":
+        return None
+    return query.get("subfolder", [""])[0], name
 
 
 def _entry(view: dict[str, Any]) -> dict[str, Any]:

@@ -76,26 +76,27 @@ class LogWait:
 async def open_when_disk_allows(
     gate: LogWait, open_log: Callable[[], T], stop: Callable[[], None]
 ) -> T:
-    """Try `open_log` every RETRY_S until it returns (then `stop` the waiting
-    server and return what it opened); a refusal by the disk is kept in `gate`
-    and logged when its reason changes; any other `DatabaseError` is raised."""
+    """Try `open_log` every RETRY_S until it returns what it opened; a refusal
+    by the disk is kept in `gate` and logged when its reason changes; any other
+    error is raised. Either way the waiting server is told to `stop`."""
     last = str(gate.why)
-    while True:
-        await asyncio.sleep(RETRY_S)
-        try:
-            opened = await asyncio.to_thread(open_log)
-        except DatabaseError as exc:
-            if not refused_by_disk(exc):
-                stop()
-                raise
-            gate.why = exc
-            if str(exc) != last:
-                last = str(exc)
-                log.warning("%s", gate.text())
-            continue
-        log.info("event log opened: starting")
+    try:
+        while True:
+            await asyncio.sleep(RETRY_S)
+            try:
+                opened = await asyncio.to_thread(open_log)
+            except DatabaseError as exc:
+                if not refused_by_disk(exc):
+                    raise
+                gate.why = exc
+                if str(exc) != last:
+                    last = str(exc)
+                    log.warning("%s", gate.text())
+                continue
+            log.info("event log opened: starting")
+            return opened
+    finally:
         stop()
-        return opened
 
 
 def _free_note(db: str) -> str:

@@ -196,6 +196,10 @@ async def _wait_then_serve(
         return 1
     gate = LogWait(db_path, why)
     log.warning("%s; listening on %s meanwhile", gate.text(), listen)
+    # SIGHUP (a reload, a closed terminal) never ends the server; nothing to reload yet.
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGHUP, log.info, "SIGHUP ignored until the event log opens"
+    )
     waiting = _Server(_nothing, _uvicorn_config(config, gate, address, tls, lifespan="off"))
 
     def stop() -> None:
@@ -274,6 +278,7 @@ async def _serve(
     # shared by files when GPULANE_FAKE_GPU names one (tests, demos).
     gpu = GpuMemory(gpu_file.from_environment() or open_nvml())
     scheduler.swaps.gpu = gpu
+    scheduler.swaps.others.start()  # what other processes hold: the memory router's budget
     scheduler.metrics.watch_gpu(gpu, lambda: footprints(scheduler.config, gpu))
     # A leader whose lease may have lapsed (paused, cut off) dispatches nothing.
     scheduler.may_dispatch = leadership.trusted

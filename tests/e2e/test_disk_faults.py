@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -107,6 +108,15 @@ def on_disk(gw: Gateway, request_id: str) -> dict[str, Any]:
         request_id,
     )
     return dict(row)
+
+
+def health_text(client: httpx.Client) -> str:
+    """/health's text; '' while a connection is being closed (the server that
+    waited for its disk hands its socket over)."""
+    try:
+        return client.get("/health").text
+    except httpx.TransportError:
+        return ""
 
 
 def assert_log_whole_and_serving(gw: Gateway) -> None:
@@ -227,13 +237,32 @@ def test_a_restart_on_a_full_disk_waits_for_space_and_then_serves(
 
             filler.unlink()
             freed = time.monotonic()
-            poll(lambda: client.get("/health").text == "OK", "/health OK once space returns")
+            poll(lambda: health_text(client) == "OK", "/health OK once space returns")
             print(f"serving {time.monotonic() - freed:.2f} s after space returned ({stop})")
             assert client.post("/v1/chat/completions", json=chat()).status_code == 200
     finally:
         gw.stop()
     assert gw.proc is not None and gw.proc.returncode == 0
     assert_log_whole_and_serving(gw)
+
+
+def test_a_server_waiting_for_its_disk_ignores_sighup_and_stops_on_sigterm(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    gw = gateway(tmp_path, small_disk / "gpulane.db").start()
+    gw.stop()
+    fill(small_disk)
+    gw.start(up=lambda health: health.startswith("event log cannot be opened"))
+    assert gw.proc is not None
+    try:
+        gw.proc.send_signal(signal.SIGHUP)
+        poll(lambda: "SIGHUP ignored" in gw.log.read_text(), "SIGHUP logged")
+        with gw.client() as client:
+            assert client.get("/health").status_code == 503
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(10) == 0
+    finally:
+        gw.stop()
 
 
 def test_immutable_database_files_while_a_request_runs(tmp_path: Path) -> None:

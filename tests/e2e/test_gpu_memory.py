@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.gateway import Gateway, fake_model, poll
+from tests.e2e.log_replay import assert_log_replays
 
 TOTAL_MIB = 81_920
 Start = Callable[..., tuple[Gateway, Path]]
@@ -70,6 +71,7 @@ def test_a_load_waits_for_the_memory_a_stopped_model_frees_late(start: Start) ->
     assert 'gpulane_gpu_memory_used_bytes{gpu="0",name="fake GPU (files)"} 6.291456e+10' in metrics
     assert 'gpulane_model_gpu_memory_bytes{model="A"} 6.291456e+10' in metrics
     assert chat(gw, "B").status_code == 200  # A stops; its memory is back 2 s after its exit
+    poll(lambda: events(gw, "swap_finished")[1:], "B's load recorded")
     (began,) = events(gw, "memory_wait_started")
     assert began["model"] == "B" and began["holders"] == [
         {"pid": pid_a, "model": "A", "mib": 60000}
@@ -77,6 +79,10 @@ def test_a_load_waits_for_the_memory_a_stopped_model_frees_late(start: Start) ->
     (ended,) = events(gw, "memory_wait_ended")
     assert ended["released"] is True and 1000 <= ended["waited_ms"] <= 10_000
     assert events(gw, "process_stopping")[0]["gpu_memory_mib"] == 60000
+    gw.stop()
+    checked = gw.db_check()  # the waits are sound to `db check`, and replay verifies
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert_log_replays(gw.db)
 
 
 def test_memory_never_released_fails_the_requests_naming_the_holder(start: Start) -> None:
@@ -87,9 +93,9 @@ def test_memory_never_released_fails_the_requests_naming_the_holder(start: Start
     assert failed.status_code == 502
     text = failed.text
     assert f"GPU memory was not released: pid {pid_a} (model 'A') still holds 60000 MiB" in text
+    events(gw, "swap_failed")  # the failed load recorded
     (ended,) = events(gw, "memory_wait_ended")
     assert ended["released"] is False
-    events(gw, "swap_failed")  # the failed load recorded
     # The lane moves on: once the driver lets go, the next request is served.
     (gpu / f"{pid_a}.json").unlink()
     assert chat(gw, "A").status_code == 200

@@ -164,8 +164,10 @@ def test_every_answer_has_the_security_headers_errors_and_redirect_included(
     with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 200 + b"\r\n")
         head = b""
-        while b"\r\n\r\n" not in head:
-            head += sock.recv(65536)
+        while b"\r\n\r\n" not in head:  # each recv waits at most the socket's 10 s
+            chunk = sock.recv(65536)
+            assert chunk, f"closed before a whole response head: {head!r}"
+            head += chunk
     assert head.startswith(b"HTTP/1.1 431 ")
     for header in SECURITY_HEADERS:
         line = f"\r\n{header.name}: {header.value}\r\n".lower().encode()

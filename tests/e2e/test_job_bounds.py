@@ -111,6 +111,32 @@ def test_a_callers_stored_bytes_have_a_cap(gateway: Start, tmp_path: Path) -> No
         assert error["code"] == "caller_storage_full"
         assert "jobs.maxStoredBytesPerCaller" in error["message"] and str(cap) in error["message"]
         assert "caller 'alice'" in error["message"]
+        # A batch whose lines would pass it is refused the same, before any line is queued.
+        batch_line = {
+            "custom_id": "one",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": chat() | {"padding": padding},
+        }
+        alice = {"X-Gpulane-Caller": "alice"}
+        uploaded = client.post(
+            "/v1/files",
+            files={"file": ("in.jsonl", json.dumps(batch_line).encode() + b"\n")},
+            data={"purpose": "batch"},
+            headers=alice,
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        batch = client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+            headers=alice,
+        )
+        assert batch.status_code == 429, batch.text
+        assert batch.json()["error"]["code"] == "caller_storage_full"
         # Another caller's jobs are its own.
         assert submit(client, "bob").status_code == 202
         rejected = gw.wait_for("SELECT data FROM events WHERE type = 'request_rejected'")
@@ -121,3 +147,26 @@ def test_a_callers_stored_bytes_have_a_cap(gateway: Start, tmp_path: Path) -> No
         for job in (held.json()["id"], second.json()["id"]):
             poll(lambda j=job: client.get(f"/v1/jobs/{j}").json()["status"] == "completed", "done")
         assert submit(client, "alice").status_code == 202
+
+
+def test_the_jobs_a_restart_recovers_count_against_their_caller(
+    gateway: Start, tmp_path: Path
+) -> None:
+    gw = gateway(config("jobs:\n  maxStoredBytesPerCaller: 40000\n"))
+    release = tmp_path / "release"
+    body = chat(hold_file=str(release)) | {"padding": "x" * 15_000}
+    alice = ASYNC | {"X-Gpulane-Caller": "alice"}
+    try:
+        with gw.client() as client:
+            for _ in range(2):
+                assert (
+                    client.post("/v1/chat/completions", json=body, headers=alice).status_code == 202
+                )
+        gw.kill()
+        gw.start()
+        with gw.client() as client:
+            over = client.post("/v1/chat/completions", json=body, headers=alice)
+            assert over.status_code == 429, over.text
+            assert over.json()["error"]["code"] == "caller_storage_full"
+    finally:
+        release.touch()

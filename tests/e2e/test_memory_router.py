@@ -123,6 +123,10 @@ def test_measured_footprints_let_models_share_and_are_known_after_a_restart(
             for model in "ABABAB":
                 r = client.post("/v1/chat/completions", json={"model": model, **body})
                 assert r.status_code == 200
+        poll(
+            lambda: len(gw.sql("SELECT 1 FROM requests WHERE finished_at IS NOT NULL")) == 6,
+            "all recorded",
+        )
         # A alone (unknown), B alone (unknown: A goes), then A beside B for good.
         assert loads(gw) == ["A", "B", "A"]
         gw.stop()

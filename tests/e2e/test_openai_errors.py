@@ -79,6 +79,8 @@ def test_error_answers_validate_against_openais_error_response(tmp_path: Path) -
             assert activity["param"] is None
             unload = openai_error(post("/api/models/unload/nope", headers=bearer(ADMIN)), 404)
             assert unload["code"] == "model_not_found"
+            cross_site = bearer(ADMIN) | {"Origin": "http://evil.example"}
+            assert openai_error(client.get("/unload", headers=cross_site), 403)["param"] is None
 
             # 429: one running, the user's one waiting, and one more.
             release = tmp_path / "release"

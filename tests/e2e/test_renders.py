@@ -26,18 +26,29 @@ from tests.e2e.log_replay import assert_log_replays
 Start = Callable[[str], Gateway]
 
 
-def comfy_config(record: Path, *, concurrency: int = 50, extra: str = "", keys: str = "") -> str:
+def comfy_config(
+    record: Path,
+    *,
+    concurrency: int = 50,
+    extra: str = "",
+    keys: str = "",
+    output: Path | None = None,
+) -> str:
     """ComfyUI as llama-swap names it (`comfyui_auto`, with llama-swap's raised
-    concurrencyLimit) beside a chat model, one at a time on one GPU."""
+    concurrencyLimit) beside a chat model, one at a time on one GPU; with
+    `output`, its output folder, which gpulane serves while it is not loaded."""
+    written = f" --output {output}" if output is not None else ""
     comfy = textwrap.dedent(
         f"""
           comfyui_auto:
-            cmd: {sys.executable} -m tools.fake_comfyui --port ${{PORT}} --record {record}
+            cmd: {sys.executable} -m tools.fake_comfyui --port ${{PORT}} --record {record}{written}
             checkEndpoint: /system_stats
             concurrencyLimit: {concurrency}
             maxRunTime: 120
         """
     )
+    if output is not None:
+        comfy += f"  outputDir: {output}\n"
     entries = (comfy + fake_model("chat") + extra).replace("\n", "\n  ")
     return keys + "models:" + entries + "\n"
 
@@ -107,7 +118,9 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
     evicted mid-render), the render completes, and its history is served through
     gpulane after its server was swapped out."""
     record = tmp_path / "renders.jsonl"
-    gw = gateway(comfy_config(record))
+    output = tmp_path / "output"
+    output.mkdir()
+    gw = gateway(comfy_config(record, output=output))
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
         t0 = time.monotonic()
         r = client.post("/comfyui/prompt", json={"prompt": workflow(3.0), "client_id": "c1"})
@@ -135,6 +148,13 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
         assert entry["status"]["status_str"] == "success"
         assert entry["outputs"]["2"]["images"][0]["filename"].endswith(".png")
         assert prompt_id in client.get("/comfyui/history").json()
+        # Its image too, from ComfyUI's output folder, and nothing else there.
+        image = entry["outputs"]["2"]["images"][0]["filename"]
+        r = client.get(f"/comfyui/view?filename={image}&type=output&subfolder=")
+        assert r.status_code == 200 and r.content == (output / image).read_bytes()
+        (output / "other.png").write_bytes(b"not a kept output")
+        for name in ("other.png", f"../output/{image}", "../renders.jsonl"):
+            assert client.get(f"/comfyui/view?filename={name}").status_code == 404, name
         # Other ComfyUI paths never load it: 409 naming what would.
         r = client.get("/comfyui/object_info")
         assert r.status_code == 409 and "POST /comfyui/prompt" in r.json()["error"]["message"]
@@ -157,6 +177,9 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
     assert kinds.count("request_completed") == 1 and "request_failed" not in kinds
     completed = next(e for e in events if e["type"] == "request_completed")
     assert completed["run_ms"] >= 2500, "the render's run is not its real length"
+    # The console's timeline draws a request from its dispatch to its end.
+    (row,) = gw.sql("SELECT dispatched_at, finished_at FROM requests WHERE id=?", prompt_id)
+    assert row["finished_at"] - row["dispatched_at"] >= 2.5, dict(row)
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
     assert_log_replays(gw.db)
@@ -291,5 +314,65 @@ def test_a_crash_mid_render_ends_the_render_exactly_once(gateway: Start, tmp_pat
     assert [r["type"] for r in terminal] == ["request_completed"]
     (row,) = gw.sql("SELECT attempt FROM requests WHERE id=?", prompt_id)
     assert row["attempt"] == 2
+    check = gw.db_check()
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_chain_of_twenty_prompts_shows_its_progress_and_an_estimate(
+    gateway: Start, tmp_path: Path
+) -> None:
+    record = tmp_path / "renders.jsonl"
+    gw = gateway(comfy_config(record))
+    headers = {
+        "X-Gpulane-Chain": "reel-1",
+        "X-Gpulane-Chain-Length": "20",
+        "X-Gpulane-Caller": "studio",
+        "X-LlamaSwap-Priority": "batch",
+    }
+    with gw.client() as client:
+        ids = [
+            client.post("/comfyui/prompt", json={"prompt": workflow(0.3)}, headers=headers).json()[
+                "prompt_id"
+            ]
+            for _ in range(20)
+        ]
+        seen = wait_for(
+            lambda: (
+                (c := client.get("/api/chains/reel-1?caller=studio").json())["progress"]["done"]
+                >= 3
+                and c
+            )
+        )
+        progress = seen["progress"]
+        assert (progress["total"], progress["running"]) == (20, 1), progress
+        assert progress["estimated_finish_in_s"] > 0
+        # Each render's run is learnt from its real length, not its submission's.
+        assert progress["basis"]["run_s"]["comfyui_auto"] >= 0.25, progress["basis"]
+        assert history(client, ids[-1], timeout=60)[ids[-1]]["status"]["completed"] is True
+    assert overlaps(record) == []
+
+
+def test_an_operator_unload_mid_render_puts_it_back_and_it_renders_again(
+    gateway: Start, tmp_path: Path
+) -> None:
+    record = tmp_path / "renders.jsonl"
+    gw = gateway(comfy_config(record))
+    with gw.client() as client:
+        prompt_id = client.post("/comfyui/prompt", json={"prompt": workflow(2.0)}).json()[
+            "prompt_id"
+        ]
+        assert wait_for(lambda: rendering(record, prompt_id))
+        assert client.post("/api/models/unload/comfyui_auto").status_code == 200
+        entry = history(client, prompt_id, timeout=60)[prompt_id]
+        assert entry["status"]["completed"] is True
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    starts = [r for r in records(record) if r["event"] == "render_started"]
+    assert len(starts) == 2 and starts[0]["pid"] != starts[1]["pid"]  # a fresh ComfyUI
+    kinds = [
+        r["type"]
+        for r in gw.sql("SELECT type FROM events WHERE request_id=? ORDER BY seq", prompt_id)
+    ]
+    assert kinds.count("request_requeued") == 1 and kinds.count("request_completed") == 1
+    assert "request_failed" not in kinds and "request_cancelled" not in kinds
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr

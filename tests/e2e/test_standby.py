@@ -380,6 +380,9 @@ ROUNDS = {"sqlite": 50, "postgres": 15}
 """Failovers in the loop, per database."""
 
 
+# Above the suite's per-test backstop: 262 s was measured for the 50 SQLite
+# rounds with seven other engineers' tests on two cores (86 s for PostgreSQL's 15).
+@pytest.mark.timeout(1200)
 def test_fifty_sigkills_of_the_leader_lose_no_job_and_complete_none_twice(
     tmp_path: Path, database: str
 ) -> None:

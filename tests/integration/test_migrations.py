@@ -51,7 +51,10 @@ import os, sys, time
 from app.store.engine import DatabaseError, open_database
 db, go = sys.argv[1:]
 print("ready", flush=True)
+deadline = time.monotonic() + 60
 while not os.path.exists(go):
+    if time.monotonic() > deadline:
+        sys.exit("never told to go")
     time.sleep(0.001)
 try:
     open_database(db).dispose()

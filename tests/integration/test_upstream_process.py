@@ -580,7 +580,9 @@ async def test_a_port_proxy_started_after_the_upstream_is_accepted(
         assert upstream.pid is not None
         spawned = read_proc(upstream.pid)
         assert spawned is not None
+        deadline = time.monotonic() + 10
         while True:  # /proc counts start time in 10 ms ticks: "after" must be a later tick
+            assert time.monotonic() < deadline, "no process started a tick after the upstream"
             proxy = foreign(*fake_upstream_argv(port, "--name", "port-proxy"))
             started = read_proc(proxy.pid)
             if started is not None and started.start_ticks > spawned.start_ticks:

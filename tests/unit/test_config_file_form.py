@@ -256,6 +256,7 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "capabilities",
             "ignore_websockets",
             "kind",
+            "output_dir",
         },
     }
     for struct, fields in printed.items():

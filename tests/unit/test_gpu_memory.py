@@ -330,3 +330,20 @@ async def test_the_console_s_memory_status_has_the_gpu_and_each_footprint() -> N
     assert status.gpu is not None and status.gpu.used_mib == 8_000
     assert status.footprints == {"A": 20_480, "B": 7_000}
     assert (status.measured, status.resident, status.budget_mib) == (frozenset({"B"}), ("B",), None)
+
+
+async def test_a_load_waiting_for_memory_ends_at_once_when_gpulane_stops() -> None:
+    import asyncio
+
+    lane, gpu = held_lane(release_wait=600.0)
+    await a_ran_and_holds(lane, gpu)  # and never gives it back
+    lane.admit("B")
+    await settle()
+    assert lane.events(ev.MemoryWaitStarted)
+    # No clock moves: the stop itself ends the wait (a bound in case it does not).
+    await asyncio.wait_for(lane.scheduler.shutdown(), timeout=30)
+    (ended,) = lane.events(ev.MemoryWaitEnded)
+    assert not ended.released
+    assert ("start", "B") not in lane.upstreams.calls
+    (failed,) = lane.events(ev.SwapFailed)
+    assert failed.model == "B" and "gpulane is stopping" in failed.error

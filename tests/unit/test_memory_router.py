@@ -248,3 +248,41 @@ async def test_a_measured_footprint_lets_a_model_of_unknown_size_share_later() -
     lane.upstreams.last("B").load()
     await lane.finish(b)
     assert swaps(lane) == [("A", []), ("B", [])]  # A measured 20 GiB: B fits beside it
+
+
+# -- memory other processes hold ------------------------------------------------------
+
+
+def test_memory_other_processes_hold_is_taken_off_the_budget() -> None:
+    r = router(80, A=40, B=35)
+    assert memory_evictions(r, "B", {"A"}) == frozenset()
+    assert memory_evictions(r, "B", {"A"}, MemoryView(others_mib=10 * GIB)) == {"A"}
+
+
+async def test_what_another_program_takes_on_the_gpu_is_recorded_and_counts() -> None:
+    from app.runtime.gpu import FakeGpu, GpuMemory
+
+    lane = Lane(memory_config("80GiB", A="40GiB", B="35GiB"))
+    gpu = FakeGpu(81_920, clock=lambda: lane.clock.now_ns / 1e9)
+    lane.scheduler.swaps.gpu = GpuMemory(gpu)
+    lane.scheduler.swaps.others.start()
+    await lane.finish(lane.admit("A"))
+    pid_a = lane.upstreams.last("A").pid or 0
+    gpu.take(pid_a, 40 * GIB)
+    gpu.others_mib = 10 * GIB  # another program takes 10 GiB of the GPU
+    await lane.clock.advance(2.0)
+    (seen,) = lane.events(ev.GpuMemorySeen)
+    assert seen.others_mib == 10 * GIB
+    b = lane.admit("B")
+    await settle()
+    gpu.give_back(pid_a)  # A was evicted: its memory comes back, B's load goes on
+    await lane.clock.advance(0.2)
+    await lane.finish(b)
+    assert swaps(lane) == [("A", []), ("B", ["A"])]  # 40 + 35 fit 80, not 70
+    gpu.others_mib = 0
+    await lane.clock.advance(2.0)
+    assert [e.others_mib for e in lane.events(ev.GpuMemorySeen)] == [10 * GIB, 0]
+    await lane.finish(lane.admit("A"))
+    assert swaps(lane)[-1] == ("A", [])  # room again: A loads beside B
+    log = [server_started(lane.config, 0, 0), *lane.events()]
+    assert verify(enumerate(log, start=1)).ok

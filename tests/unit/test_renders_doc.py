@@ -21,6 +21,7 @@ def test_the_pasted_config_loads_with_comfyui_as_a_held_render_server() -> None:
         "/system_stats",
         3600,
     )
+    assert comfy.output_dir == "/opt/ComfyUI/output"
     assert config.models["qwen"].kind is None
     assert server_started(config, 0, 0).held == ["comfyui_auto"]
 
@@ -33,3 +34,13 @@ def test_a_kind_gpulane_does_not_know_is_an_error_naming_the_allowed_ones() -> N
         assert "models.m.kind" in str(exc) and "comfyui" in str(exc), str(exc)
     else:
         raise AssertionError("kind: comfy was accepted")
+
+
+def test_output_dir_belongs_to_a_comfyui_model() -> None:
+    text = "models:\n  m:\n    cmd: server --port ${PORT}\n    outputDir: /tmp/out\n"
+    try:
+        parse_config(text)
+    except Exception as exc:
+        assert "models.m.outputDir" in str(exc) and "kind: comfyui" in str(exc), str(exc)
+    else:
+        raise AssertionError("outputDir without kind comfyui was accepted")
