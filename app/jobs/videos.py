@@ -185,8 +185,9 @@ class VideoProbe:
             # A server that answers with the video itself: rendered in this request.
             partial = self.store.partial(video_id, "video")
             partial.write_bytes(r.content)
-            kept = await asyncio.to_thread(self.store.keep, video_id, "video", partial)
-            done = {"status": "completed", "progress": 100, "variants": ["video"] if kept else []}
+            if not await asyncio.to_thread(self.store.keep, video_id, "video", partial):
+                log.warning("video %s: its video is over jobs.maxVideoBytes: not kept", video_id)
+            done = {"id": video_id, "status": "completed", "progress": 100, "variants": ["video"]}
             return Verdict(ok=True, status=200, result=json.dumps(done).encode())
         video = _json(r.content)
         if not isinstance(video, dict) or not isinstance(video.get("id"), str):
@@ -261,31 +262,37 @@ class VideoProbe:
             return None
         variants = []
         for variant in VARIANTS:
-            if await self._fetch(base_url, video_id, str(video["id"]), variant):
+            # One over jobs.maxVideoBytes was provided all the same: /content says so (410).
+            if await self._fetch(base_url, video_id, str(video["id"]), variant) is not None:
                 variants.append(variant)
         if "video" not in variants:
-            error = "the video server says the video completed, but its content could not be kept"
+            error = (
+                "the video server says the video completed, but its content could not be fetched"
+            )
             kept = _ours(video_id, video)
             return Verdict(ok=False, status=502, error=error, result=json.dumps(kept).encode())
         kept = _ours(video_id, video) | {"variants": variants}
         return Verdict(ok=True, status=200, result=json.dumps(kept).encode())
 
-    async def _fetch(self, base_url: str, video_id: str, upstream_id: str, variant: str) -> bool:
-        """Fetch one variant's content onto gpulane's disk: whether it was kept."""
+    async def _fetch(
+        self, base_url: str, video_id: str, upstream_id: str, variant: str
+    ) -> bool | None:
+        """Fetch one variant's content onto gpulane's disk: whether it was kept
+        (False: over jobs.maxVideoBytes); None when the server did not provide it."""
         url = f"{base_url}/v1/videos/{upstream_id}/content"
         params = {} if variant == "video" else {"variant": variant}
         partial = self.store.partial(video_id, variant)
         try:
             async with self.client.stream("GET", url, params=params) as r:
                 if r.status_code != 200:
-                    return False
+                    return None
                 with partial.open("wb") as f:
                     async for chunk in r.aiter_bytes():
                         f.write(chunk)
         except httpx.HTTPError as exc:
             log.warning("video %s: its %s could not be fetched: %s", video_id, variant, _why(exc))
             partial.unlink(missing_ok=True)
-            return False
+            return None
         kept = await asyncio.to_thread(self.store.keep, video_id, variant, partial)
         if not kept:
             log.warning("video %s: its %s is over jobs.maxVideoBytes: not kept", video_id, variant)

@@ -371,3 +371,19 @@ def test_an_operator_unload_mid_video_puts_it_back_and_it_renders_again_once(
         video_id,
     )
     assert [r["type"] for r in terminal] == ["request_completed"]
+
+
+def test_content_over_the_disk_cap_is_not_kept_and_the_video_still_completes(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """jobs.maxVideoBytes: the fake's video (4 KiB) is over a 1,000-byte cap, its
+    thumbnail is not. The video completes; its content is 410, saying why."""
+    record = tmp_path / "videos.jsonl"
+    gw = gateway(video_config(record, args="--render-s 0.3") + "jobs:\n  maxVideoBytes: 1000\n")
+    with gw.client() as http:
+        video_id = http.post("/v1/videos", json={"prompt": "big"}).json()["id"]
+        assert settled(http, video_id)["status"] == "completed"
+        r = http.get(f"/v1/videos/{video_id}/content")
+        assert r.status_code == 410 and "jobs.maxVideoBytes" in r.json()["error"]["message"]
+        thumb = http.get(f"/v1/videos/{video_id}/content", params={"variant": "thumbnail"})
+        assert thumb.status_code == 200 and thumb.content.startswith(b"RIFFthumbnail")
