@@ -24,7 +24,16 @@ Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
   the running render at its next step: `execution_interrupted`, status error.
 - `POST /free`, `GET /prompt` (`exec_info.queue_remaining`), `GET
   /system_stats`, `GET /object_info`, `GET /view?filename=` (a few bytes).
-- No websocket (`/ws` is 404 here).
+- `GET /ws?clientId=ID` is ComfyUI's websocket (`server.py`
+  `websocket_handler`): a socket named ID (a new uuid without one; the newest
+  connection with an ID takes it, and any closing one drops it), first sent
+  `status` (`{"status": {"exec_info": ...}, "sid"}`), then JSON text messages
+  `{"type", "data"}`. As ComfyUI (`execution.py` `add_message`, `main.py`
+  `hijack_progress` and `prompt_worker`): `progress` (`{"value", "max",
+  "prompt_id", "node"}`, one per step) goes to the prompt's `client_id`, or to
+  every socket when the prompt has none; `executing` and the status messages
+  (`execution_start`, `execution_success`, ...) only to a prompt's `client_id`,
+  except `execution_interrupted`, which a prompt without one broadcasts.
 
 The fake's own nodes: `FakeRender` (inputs `seconds` (1.0), `steps` (10),
 `fail` (false): an `execution_error` at the last step) and `SaveImage`; both
@@ -38,6 +47,9 @@ Standard library only, so it starts in tens of milliseconds.
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import hashlib
 import heapq
 import json
 import os
@@ -47,7 +59,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 VERSION = "0.3.64"
@@ -55,8 +67,52 @@ NODES = {"FakeRender", "SaveImage", "KSampler", "CheckpointLoaderSimple", "CLIPT
 OUTPUT_NODES = {"FakeRender", "SaveImage"}
 
 
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455
+
+
 def log(line: str) -> None:
     print(line, flush=True)
+
+
+class Socket:
+    """One websocket client: text frames out, whoever's thread sends them."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+
+    def send_frame(self, opcode: int, payload: bytes) -> None:
+        size = len(payload)
+        if size < 126:
+            head = bytes([0x80 | opcode, size])
+        elif size < 1 << 16:
+            head = bytes([0x80 | opcode, 126]) + size.to_bytes(2, "big")
+        else:
+            head = bytes([0x80 | opcode, 127]) + size.to_bytes(8, "big")
+        with self.lock:
+            self.out.write(head + payload)
+            self.out.flush()
+
+    def send_json(self, event: str, data: dict[str, Any]) -> None:
+        try:
+            self.send_frame(0x1, json.dumps({"type": event, "data": data}).encode())
+        except OSError:
+            pass  # ComfyUI's send_socket_catch_exception: a gone client is no error
+
+
+def read_frame(stream: BinaryIO) -> tuple[int, bytes] | None:
+    """(opcode, payload) of the client's next frame; None at the end."""
+    head = stream.read(2)
+    if len(head) < 2:
+        return None
+    opcode, size = head[0] & 0x0F, head[1] & 0x7F
+    if size == 126:
+        size = int.from_bytes(stream.read(2), "big")
+    elif size == 127:
+        size = int.from_bytes(stream.read(8), "big")
+    mask = stream.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+    data = stream.read(size)
+    return opcode, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
 
 
 class Queue:
@@ -74,6 +130,15 @@ class Queue:
         self.number = 0
         self.interrupted = False
         self.images = 0
+        self.sockets: dict[str, Socket] = {}
+
+    def send(self, event: str, data: dict[str, Any], sid: str | None) -> None:
+        """ComfyUI's `send_json`: to socket SID, or to every socket when None."""
+        with self.lock:
+            targets = list(self.sockets.values()) if sid is None else [self.sockets.get(sid)]
+        for socket in targets:
+            if socket is not None:
+                socket.send_json(event, data)
 
     def put(self, item: tuple[float, str, dict[str, Any], dict[str, Any], list[str]]) -> None:
         with self.lock:
@@ -100,9 +165,13 @@ class Queue:
     def execute(self, item: tuple[float, str, dict[str, Any], dict[str, Any], list[str]]) -> None:
         number, prompt_id, prompt, extra, outputs = item
         messages: list[list[Any]] = []
+        client = extra.get("client_id")
 
-        def add(event: str, data: dict[str, Any]) -> None:
-            messages.append([event, {**data, "timestamp": int(time.time() * 1000)}])
+        def add(event: str, data: dict[str, Any], broadcast: bool = False) -> None:
+            data = {**data, "timestamp": int(time.time() * 1000)}
+            messages.append([event, data])
+            if client is not None or broadcast:
+                self.send(event, data, client)
 
         add("execution_start", {"prompt_id": prompt_id})
         add("execution_cached", {"nodes": [], "prompt_id": prompt_id})
@@ -113,12 +182,17 @@ class Queue:
             inputs = node.get("inputs", {})
             seconds = float(inputs.get("seconds", 1.0 if renders else 0.1))
             steps = max(1, int(inputs.get("steps", 10)))
-            for _ in range(steps):
+            if client is not None:
+                where = {"node": node_id, "display_node": node_id, "prompt_id": prompt_id}
+                self.send("executing", where, client)
+            for step in range(steps):
                 time.sleep(seconds / steps)
                 if self.interrupted:
                     break
+                progress = {"value": step + 1, "max": steps, "prompt_id": prompt_id}
+                self.send("progress", progress | {"node": node_id}, client)
             if self.interrupted:
-                add("execution_interrupted", _where(prompt_id, node_id, node))
+                add("execution_interrupted", _where(prompt_id, node_id, node), broadcast=True)
                 success = False
                 break
             if inputs.get("fail"):
@@ -141,6 +215,8 @@ class Queue:
             add("execution_success", {"prompt_id": prompt_id})
         outcome = "success" if success else ("interrupted" if self.interrupted else "error")
         self.note("render_ended", prompt_id=prompt_id, outcome=outcome)
+        if client is not None:
+            self.send("executing", {"node": None, "prompt_id": prompt_id}, client)
         with self.lock:
             self.running = None
             self.history[prompt_id] = {
@@ -218,7 +294,9 @@ class Handler(BaseHTTPRequestHandler):
         q = self.server.queue
         url = urlsplit(self.path)
         path = url.path
-        if path in ("/", "/index.html"):
+        if path == "/ws":
+            self._websocket(parse_qs(url.query).get("clientId", [""])[0])
+        elif path in ("/", "/index.html"):
             body = f"<html><body>fake ComfyUI {q.name}</body></html>".encode()
             self.send_response(200)
             self.send_header("content-type", "text/html")
@@ -254,6 +332,43 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         else:
             self._json(404, {"error": f"no route {path}"})
+
+    def _websocket(self, sid: str) -> None:
+        q = self.server.queue
+        key = self.headers.get("sec-websocket-key")
+        if "websocket" not in (self.headers.get("upgrade") or "").lower() or not key:
+            self._json(400, {"error": "a websocket upgrade is expected"})
+            return
+        accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        sid = sid or uuid.uuid4().hex
+        socket = Socket(self.wfile)
+        with q.lock:
+            q.sockets[sid] = socket  # as ComfyUI: the newest connection takes the id
+        try:
+            running, pending = q.items()
+            status = {"exec_info": {"queue_remaining": len(running) + len(pending)}}
+            socket.send_json("status", {"status": status, "sid": sid})
+            while (frame := read_frame(self.rfile)) is not None:
+                opcode, payload = frame
+                if opcode == 0x8:
+                    with contextlib.suppress(OSError):
+                        socket.send_frame(0x8, payload[:2])
+                    break
+                if opcode == 0x9:
+                    with contextlib.suppress(OSError):
+                        socket.send_frame(0xA, payload)
+        except OSError:
+            pass
+        finally:
+            with q.lock:
+                q.sockets.pop(sid, None)  # as ComfyUI, whichever socket holds the id now
 
     def do_POST(self) -> None:
         q = self.server.queue

@@ -87,6 +87,8 @@ def file_form(config: Config) -> dict[str, Any]:
             "minFreeDisk": config.min_free_disk,
             "maxFileBytes": config.max_file_bytes,
             "maxStoredBytesPerCaller": config.max_stored_bytes_per_caller,
+            "maxVideoBytes": config.max_video_bytes,
+            **({"videoDir": config.video_dir} if config.video_dir is not None else {}),
         },
         "server": {
             "maxBodyBytes": config.max_body_bytes,

@@ -168,7 +168,7 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
     )
 
 
-RENDER_KINDS = ("comfyui",)
+RENDER_KINDS = ("comfyui", "openai-videos")
 """Servers whose jobs run in the background, each with its probe (docs/renders.md)."""
 COMFYUI_AUTO = "comfyui_auto"
 """llama-swap's model id for `/comfyui/...`: a ComfyUI server unless said otherwise."""

@@ -38,6 +38,8 @@ DEFAULT_MAX_FILE_BYTES: Final = 200 * 1024 * 1024
 # Bytes one caller's open durable jobs may hold in the database (bodies,
 # stored headers, idempotency keys): 429 above it. 64 bodies of the largest size.
 DEFAULT_MAX_STORED_BYTES_PER_CALLER: Final = 4 * 1024 * 1024 * 1024
+# The most bytes of finished videos' content gpulane keeps (`jobs.maxVideoBytes`).
+DEFAULT_MAX_VIDEO_BYTES: Final = 20 * 1024 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Limits on one forwarded request, in seconds. Generous on purpose: a
 # 16-minute non-streaming render must finish, and so must a streamed one that
@@ -134,7 +136,8 @@ class RawModel(_Raw, frozen=True):
     pass_credentials: bool | list[str] | None = None
     # gpulane only: the GPU memory the model takes ("24GiB"), until it is measured.
     gpu_memory: str | int | None = None
-    # gpulane only: a server whose jobs run in the background (`comfyui`): each
+    # gpulane only: a server whose jobs run in the background (`comfyui`,
+    # `openai-videos`): each
     # holds the model until its end is learnt (docs/renders.md).
     kind: str | None = None
     # gpulane only, with kind comfyui: ComfyUI's output folder, from which a
@@ -255,6 +258,8 @@ class RawJobs(_Raw, frozen=True):
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
+    max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES
+    video_dir: str | None = None
 
 
 class RawServer(_Raw, frozen=True):

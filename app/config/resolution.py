@@ -176,6 +176,8 @@ class Resolver:
             min_free_disk=_min_free_disk(raw, issues),
             max_file_bytes=_max_file_bytes(raw, issues),
             max_stored_bytes_per_caller=_max_stored_bytes_per_caller(raw, issues),
+            max_video_bytes=_max_video_bytes(raw, issues),
+            video_dir=raw.jobs.video_dir or None,
             max_body_bytes=_max_body_bytes(raw, issues),
             allowed_hosts=resolve_allowed_hosts(raw, issues),
             allowed_origins=resolve_allowed_origins(raw, issues),
@@ -299,6 +301,15 @@ def _max_stored_bytes_per_caller(raw: RawConfig, issues: Issues) -> int:
         issues.error(
             "jobs.maxStoredBytesPerCaller",
             f"{value} is out of range; expected bytes, an integer >= 1",
+        )
+    return value
+
+
+def _max_video_bytes(raw: RawConfig, issues: Issues) -> int:
+    value = raw.jobs.max_video_bytes
+    if value < 0:
+        issues.error(
+            "jobs.maxVideoBytes", f"{value} is out of range; expected bytes, an integer >= 0"
         )
     return value
 

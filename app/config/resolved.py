@@ -19,6 +19,7 @@ from app.config.raw import (
     DEFAULT_MAX_QUEUED_PER_CALLER,
     DEFAULT_MAX_RUN_TIME,
     DEFAULT_MAX_STORED_BYTES_PER_CALLER,
+    DEFAULT_MAX_VIDEO_BYTES,
     DEFAULT_MEMORY_RELEASE_WAIT,
     DEFAULT_MIN_FREE_DISK,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
@@ -97,7 +98,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """`gpuMemory`: the GPU memory it declares (MiB), its footprint until one is
     measured; None: not declared."""
     kind: str | None = None
-    """`kind`: a render server whose jobs run in the background (`comfyui`;
+    """`kind`: a render server whose jobs run in the background (`comfyui`,
+    `openai-videos`;
     llama-swap's `comfyui_auto` id is one): each job holds the model, one at a
     time, until a probe learns its end (docs/renders.md). None: a plain server."""
     output_dir: str | None = None
@@ -177,6 +179,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     max_stored_bytes_per_caller: int = DEFAULT_MAX_STORED_BYTES_PER_CALLER
     """Bytes one caller's open durable jobs may hold in the database: bodies,
     stored headers and idempotency keys (`jobs.maxStoredBytesPerCaller`); 429 above it."""
+    max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES
+    """Bytes of finished videos' content kept on disk (`jobs.maxVideoBytes`): the
+    oldest go first past it (docs/renders.md, the Videos API)."""
+    video_dir: str | None = None
+    """`jobs.videoDir`: where that content is kept; None: beside the database."""
     max_body_bytes: int
     allowed_hosts: tuple[str, ...] = ()
     """`server.allowedHosts`: names a `Host` header may carry besides localhost,

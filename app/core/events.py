@@ -359,6 +359,15 @@ class RequestStarted(Event, tag="request_started", frozen=True):
     """Names of request headers not forwarded because HTTP/1.1 cannot carry their value."""
 
 
+class RequestProgressed(Event, tag="request_progressed", frozen=True):
+    """A running job reported how far it is (a render: steps done of steps),
+    sampled: the running job's expected end follows it (`start_estimate.end_of`)."""
+
+    request_id: str
+    done: int
+    total: int
+
+
 class RequestCompleted(Event, tag="request_completed", frozen=True):
     request_id: str
     http_status: int
@@ -486,6 +495,7 @@ AnyEvent = (
     | ProcessWoken
     | SleepSkipped
     | RequestStarted
+    | RequestProgressed
     | RequestCompleted
     | RequestFailed
     | RequestCancelled

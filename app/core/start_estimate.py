@@ -7,8 +7,9 @@ A pure simulation of the dispatch rule on the queue as it stands, over the
 state and the learnt run times (`Durations`, app/core/run_estimate.py):
 
 - Each running request ends its own expected run after its dispatch (the one
-  learnt for it at enqueue, else its model's), plus its model's load when it
-  was dispatched into a load still going on. One that has run longer than that
+  learnt for it at enqueue, else its model's; once it reported progress, f
+  done t after its run began, t / f), plus its model's load when it was
+  dispatched into a load still going on. One that has run longer than that
   (an overrun: its run alone, from the end of its load, past its expected run)
   ends, as far as its model's last runs know, at the median of those that
   lasted longer than it has so far (`Durations.longer_than`). One that has run
@@ -183,14 +184,22 @@ def end_of(
     times: Durations,
 ) -> Estimate:
     """When a running request is expected to end, as the estimate counts it: its
-    expected run after its load; for an overrun, the median of its model's last
-    runs that lasted longer than it has so far; past all of them, open (not
-    before now, no end known). Never before now."""
+    expected run after its load, or, once it reported progress (fraction f done
+    t after its run began, `request_progressed`), t / f after that start; for
+    an overrun, the median of its model's last runs that lasted longer than it
+    has so far; past all of them, open (not before now, no end known). Never
+    before now."""
     request = state.requests[request_id]
     model = state.running.get(request_id, request.model)
     expected = times.of(model, request.expected_run_ns)
     load = times.load(model) if model in state.loads else 0
     run_from = running_since.get(request_id, now_ns) + load
+    if request.progress is not None:
+        done, total, at_ns = request.progress
+        if 0 < done <= total and at_ns > run_from:
+            # What the job itself says beats what its model's past runs say.
+            # (The run's start is its dispatch: a load it waited for errs long.)
+            expected = (at_ns - run_from) * total // done
     if run_from + expected > now_ns:
         return Estimate(run_from + expected)
     longer = times.longer_than(model, now_ns - run_from)

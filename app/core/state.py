@@ -88,6 +88,8 @@ class OpenRequest(msgspec.Struct):
     endpoint: str = ""
     """Its endpoint: the short-job term is per (model, endpoint) from log format 3."""
     """When its current attempt was dispatched: the start of what its caller is charged."""
+    progress: tuple[int, int, int] | None = None
+    """The current attempt's last `request_progressed`: (done, total, at ns)."""
 
 
 class SchedulerState:
@@ -606,6 +608,7 @@ def _dispatched(state: SchedulerState, event: Any) -> None:
     request.running = True
     request.attempt = event.attempt
     request.dispatched_ns = event.at
+    request.progress = None
     if event.swap:
         # The swap is committed from this moment, before SwapStarted is
         # recorded: what it evicts takes no more work (the decision found it
@@ -619,6 +622,12 @@ def _dispatched(state: SchedulerState, event: Any) -> None:
         state.loads[event.model] = event.request_id
         state._residency_changed()
     state._set_running(event.request_id, event.model)
+
+
+def _progressed(state: SchedulerState, event: Any) -> None:
+    request = state.requests.get(event.request_id)
+    if request is not None and request.running and event.total > 0:
+        request.progress = (event.done, event.total, event.at)
 
 
 def _requeued(state: SchedulerState, event: Any) -> None:
@@ -751,6 +760,7 @@ _HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     ev.RequestEnqueued: _enqueued,
     ev.RequestDispatched: _dispatched,
     ev.RequestRequeued: _requeued,
+    ev.RequestProgressed: _progressed,
     ev.RequestRestored: _enqueued,
     ev.SwapStarted: _swap_started,
     ev.SwapFinished: _swap_finished,

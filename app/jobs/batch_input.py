@@ -29,6 +29,7 @@ BATCH_ENDPOINTS: Final = (
     "/v1/images/generations",
     "/v1/audio/speech",
     "/v1/messages",
+    "/v1/videos",
 )
 """The JSON inference routes a batch may target (its `endpoint`)."""
 

@@ -44,6 +44,8 @@ from app.jobs.batch_progress import BatchProgress
 from app.jobs.durable import Jobs
 from app.jobs.errors import Conflict, Invalid, NoSpace, NotFound, OverCap
 from app.jobs.job_view import seen_by
+from app.jobs.videos import ENDPOINT as VIDEOS_ENDPOINT
+from app.jobs.videos import batch_line as video_line
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, new_request_id
 from app.store.batches import (
@@ -266,6 +268,9 @@ class Batches:
             "batch_id": batch["id"],
             "custom_id": state["custom_id"],
         }
+        if batch["endpoint"] == VIDEOS_ENDPOINT:
+            # A video line is held until its server says it ended (app/jobs/videos.py).
+            job |= video_line(self.jobs.config, model, request_id, body)
         deadline_ns = int(batch["expires_at"] * 1e9)
         admission = Admission(
             model=model,

@@ -97,6 +97,9 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     or a held job's (`comfyui`: sent by `senders[door]`, app/jobs/held.py)."""
     request_id: str | None = None
     """The id the job is to have (a ComfyUI prompt's `prompt_id`); None: a new one."""
+    meta: dict[str, Any] | None = None
+    """What its door keeps with the job to describe it later (a video's prompt,
+    size, seconds: app/web/videos_routes.py); in the enqueue event, never sent."""
 
 
 class Accepted(msgspec.Struct, frozen=True):
@@ -197,6 +200,8 @@ class Jobs:
             raise OverCap(over, "caller_storage_full")
         if request.door is not None:
             job["door"] = request.door
+        if request.meta is not None:
+            job["meta"] = request.meta
         admission = msgspec.structs.replace(
             admission, durable=True, idempotency_key=key, job=job, request_id=request_id
         )

@@ -15,6 +15,12 @@ The time limits stay the scheduler's: `maxRunTime` (from the hand-over), an
 operator's cancel or unload (the job is put back and sent again), a stop. When
 the scheduler takes the request away (`Ticket.detached`) the sender stops asking
 and tells the server to drop the job (`Probe.interrupt`, best effort).
+
+A probe that also learns how far the job is (`ReportsProgress`: a render's
+steps done of steps) is asked once a second while the job runs, and the sender
+records it (`request_progressed`), sampled: when it moved by `PROGRESS_STEP`
+since the last record, or changed and `PROGRESS_EVERY_S` passed. The running
+job's expected end follows it (app/core/start_estimate.py).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -36,6 +42,13 @@ log = logging.getLogger("gpulane.jobs")
 
 INTERRUPT_TIMEOUT_S = 5.0
 """How long a best-effort interrupt may take once the scheduler took a job away."""
+PROGRESS_CHECK_S = 1.0
+"""Between two looks at a running job's progress."""
+PROGRESS_STEP = 0.1
+PROGRESS_EVERY_S = 30.0
+"""A job's progress is recorded when it moved by a tenth since the last record,
+or changed at all and this long passed: a 20-minute render makes a few dozen
+events, not one per step."""
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,6 +93,34 @@ class Probe(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsProgress(Protocol):
+    """A probe that also learns how far a running job is."""
+
+    def progress(self, job_id: str) -> tuple[int, int] | None:
+        """(done, total) as the server last said, None before it said anything."""
+        ...
+
+
+class _Sampler:
+    """Which of a job's progress readings are recorded."""
+
+    def __init__(self, now: float) -> None:
+        self.last: tuple[int, int] | None = None
+        self.last_at = now
+
+    def due(self, seen: tuple[int, int], now: float) -> bool:
+        done, total = seen
+        if total <= 0 or seen == self.last:
+            return False
+        before = 0.0 if self.last is None else self.last[0] / self.last[1]
+        moved = round(abs(done / total - before), 9)  # 0.3 - 0.2 is a tenth here
+        if moved < PROGRESS_STEP and now - self.last_at < PROGRESS_EVERY_S:
+            return False
+        self.last, self.last_at = seen, now
+        return True
+
+
 class HeldRuns:
     """The sender of held jobs (`Upstream` of app/jobs/durable.py), one probe
     per kind of server, keyed by the job's door."""
@@ -100,8 +141,18 @@ class HeldRuns:
         t0 = time.monotonic()
         work = asyncio.ensure_future(_until_end(probe, rid, base_url, job, body))
         either: set[asyncio.Future[Any]] = {work, ticket.detached}
+        reports = probe if isinstance(probe, ReportsProgress) else None
+        sampler = _Sampler(t0)
         try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            while not (work.done() or ticket.detached.done()):
+                await asyncio.wait(
+                    either,
+                    timeout=PROGRESS_CHECK_S if reports is not None else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                seen = reports.progress(rid) if reports is not None else None
+                if seen is not None and not work.done() and sampler.due(seen, time.monotonic()):
+                    self.scheduler.progressed(rid, *seen)
         finally:
             if not work.done():
                 work.cancel()

@@ -94,6 +94,9 @@ class RunningEntry(msgspec.Struct, frozen=True):
     expected_end_open: bool = False
     """It has run longer than every run of its model known (or its model has
     none): its end is not known."""
+    progress: tuple[int, int] | None = None
+    """(done, total) as the job last reported it (`request_progressed`: a
+    render's steps), which its expected end follows; None when it reported none."""
 
 
 class QueueView(msgspec.Struct, frozen=True):
@@ -264,6 +267,7 @@ def queue_view_steps(
                 caller=request.caller,
                 expected_end_at=end.at_ns / NS_PER_S,
                 expected_end_open=end.open,
+                progress=None if request.progress is None else request.progress[:2],
             )
         )
     return QueueView(

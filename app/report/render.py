@@ -264,6 +264,8 @@ def queue_text(q: QueueView) -> str:
             end = ", end unknown: longer than any run of its model"
         else:
             end = "" if r.expected_end_at is None else f", expected end {clock(r.expected_end_at)}"
+        if r.progress is not None:
+            end += f" ({r.progress[0]}/{r.progress[1]} done)"
         out.append(
             f"running: {r.request_id} {r.model} {r.band} ({r.priority:+d}){who} {since}"
             f"{loading}{end}"

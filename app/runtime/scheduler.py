@@ -339,6 +339,17 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
                 ]
             )
 
+    def progressed(self, request_id: str, done: int, total: int) -> None:
+        """A running job said how far it is (sampled by its sender)."""
+        if request_id in self.state.running and total > 0:
+            self.emit(
+                [
+                    ev.RequestProgressed(
+                        at=self.clock(), request_id=request_id, done=done, total=total
+                    )
+                ]
+            )
+
     def completed(self, request_id: str, http_status: int, **facts: Any) -> None:
         """The whole answer went through (facts: RequestCompleted's optional fields)."""
         if request_id in self.state.running:

@@ -23,21 +23,19 @@ through pidfds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ipaddress
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 
+from app.runtime.health_probe import HttpProbe, accepts_connections, local_port, probe_httpx
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.process_table import (
     Proc,
@@ -74,7 +72,6 @@ _HEALTH_POLL_FRACTION = 0.05
 _HEALTH_POLL_MAX = 0.1
 _GROUP_POLL_FIRST = 0.001  # group members are polled only where /proc cannot be read
 _GROUP_POLL_MAX = 0.05
-_PROBE_MAX_BODY = 64 * 1024
 _OUTPUT_TAIL_LINES = 30
 _OUTPUT_DRAIN_TIMEOUT = 0.5  # after exit, for the last lines still in the pipe
 _KILL_WAIT = 5.0  # SIGKILL cannot be ignored, but teardown can take a moment
@@ -201,7 +198,7 @@ class UpstreamProcess:
         self._stopped = False
         self._stop_lock = asyncio.Lock()
         self._tail: deque[str] = deque(maxlen=_OUTPUT_TAIL_LINES)
-        self._port = _local_port(spec.proxy)  # None: not on this machine, nothing to check
+        self._port = local_port(spec.proxy)  # None: not on this machine, nothing to check
         self._root: Proc | None = None  # the leader as /proc saw it at spawn; None without /proc
         self._marker: bytes | None = None  # ENV_MARKER=VALUE of the current start
         self.external: str | None = None
@@ -316,7 +313,7 @@ class UpstreamProcess:
             return None
         listeners = tcp_listeners(port)
         if listeners is None:  # no /proc/net: ask the port itself
-            return self._note_external(port, "a server", "") if _accepts_connections(port) else None
+            return self._note_external(port, "a server", "") if accepts_connections(port) else None
         held = [listener for listener in listeners if listener.reachable_locally]
         if not held:
             return None
@@ -397,13 +394,13 @@ class UpstreamProcess:
         parts = urlsplit(url)
         client = self._client
         if client is not None:
-            await self._poll_health(url, lambda timeout: _probe_httpx(client, url, timeout))
+            await self._poll_health(url, lambda timeout: probe_httpx(client, url, timeout))
         elif parts.scheme == "http":
-            await self._poll_health(url, _HttpProbe(parts))
+            await self._poll_health(url, HttpProbe(parts))
         else:
             # Environment proxies must not intercept a check of a local port.
             async with httpx.AsyncClient(trust_env=False) as own:
-                await self._poll_health(url, lambda timeout: _probe_httpx(own, url, timeout))
+                await self._poll_health(url, lambda timeout: probe_httpx(own, url, timeout))
 
     async def _poll_health(self, url: str, probe_once: Callable[[float], Awaitable[int]]) -> None:
         assert self._protocol is not None and self._reaper is not None
@@ -580,99 +577,6 @@ class UpstreamProcess:
                 await self._sweep(pid, protocol.exited, signal.SIGKILL, left, deadline)
         await _close_when_drained(transport, protocol)
         return code
-
-
-class _HttpProbe:
-    """GET one URL over a bare connection; each call returns the HTTP status.
-
-    No httpx client: making one costs about 40 ms (its TLS context), more than
-    gpulane may add to a whole swap, and a plain-HTTP check needs nothing of it.
-    The name is resolved once, and the address that answered is tried first
-    (`localhost` may name ::1 before the 127.0.0.1 the server listens on)."""
-
-    def __init__(self, url: SplitResult) -> None:
-        self._url = url
-        target = (url.path or "/") + (f"?{url.query}" if url.query else "")
-        host = url.netloc.rpartition("@")[2]
-        self._request = (
-            f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-        ).encode("latin-1")
-        self._addresses: list[str] = []
-
-    async def __call__(self, timeout: float) -> int:
-        async with asyncio.timeout(timeout):
-            reader, writer = await self._connect()
-            try:
-                writer.write(self._request)
-                status_line = await reader.readline()
-                length = 0
-                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length" and value.strip().isdigit():
-                        length = int(value)
-                if 0 < length <= _PROBE_MAX_BODY:
-                    # Closing with unread data would reset the connection under the server.
-                    with contextlib.suppress(asyncio.IncompleteReadError):
-                        await reader.readexactly(length)
-            finally:
-                writer.close()
-        if not status_line:
-            raise ConnectionError("closed without an answer")
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
-            raise ValueError(f"not an HTTP response: {status_line[:100]!r}")
-        return int(parts[1])
-
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        port = self._url.port or 80
-        if not self._addresses:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                self._url.hostname, port, type=socket.SOCK_STREAM
-            )
-            self._addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        error: OSError | None = None
-        for address in list(self._addresses):
-            try:
-                streams = await asyncio.open_connection(address, port)
-            except OSError as exc:
-                error = exc
-                continue
-            self._addresses.remove(address)
-            self._addresses.insert(0, address)
-            return streams
-        assert error is not None
-        raise error
-
-
-async def _probe_httpx(client: httpx.AsyncClient, url: str, timeout: float) -> int:
-    return (await client.get(url, timeout=timeout)).status_code
-
-
-def _local_port(proxy: str) -> int | None:
-    """The port of PROXY when it names this machine (loopback or wildcard), else None."""
-    parts = urlsplit(proxy)
-    try:
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
-        return None
-    host = (parts.hostname or "").lower()
-    if port is None or not host:
-        return None
-    if host == "localhost" or host.endswith(".localhost"):
-        return port
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None  # a name: another machine, or a container's own address
-    return port if address.is_loopback or address.is_unspecified else None
-
-
-def _accepts_connections(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 async def _close_when_drained(

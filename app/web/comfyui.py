@@ -4,19 +4,33 @@ ComfyUI (v0.3.64, its `server.py` and `execution.py`) answers `POST /prompt`
 at once and renders in a worker thread; `GET /history/{prompt_id}` is `{}`
 until the prompt ends, then holds its entry, whose `status` says how it ended
 (`status_str` success or error; the messages name an `execution_error` or an
-`execution_interrupted`). The probe polls that entry (a websocket would need
-the client's `client_id`), and checks now and then that the prompt is still in
-ComfyUI's queue, so a prompt ComfyUI dropped (its queue cleared, the server
-restarted) ends instead of holding the model forever.
+`execution_interrupted`). The probe polls that entry, and checks now and then
+that the prompt is still in ComfyUI's queue, so a prompt ComfyUI dropped (its
+queue cleared, the server restarted) ends instead of holding the model forever.
+
+How far a render is comes from ComfyUI's websocket: the probe opens its own
+(`/ws?clientId=gpulane-...`, never the client's id: ComfyUI gives a socket's id
+to the newest connection, which would take the client's), and reads `progress`
+(`{"value", "max", "prompt_id", "node"}`). ComfyUI sends it to the prompt's
+`client_id`, or to every socket when the prompt has none (`main.py`
+`hijack_progress`, `server.py` `send_json`), so gpulane hears the progress of
+prompts sent without a `client_id` only. The end is still learnt from the
+history: a socket that fails costs the progress, nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import uuid
 from typing import Any
 
 import httpx
+import websockets
+from websockets.asyncio.client import connect
+from websockets.version import version as websockets_version
 
 from app.jobs.held import ProbeLost, Verdict
 
@@ -26,6 +40,10 @@ QUEUE_EVERY = 25
 """Polls between two checks that the prompt is still queued or running."""
 LOST_AFTER = 5
 """Failed reads in a row after which ComfyUI is taken to be gone."""
+WS_MAX_BYTES = 64 * 1024 * 1024
+"""ComfyUI's socket also carries preview images."""
+
+log = logging.getLogger("gpulane.jobs")
 
 
 class ComfyProbe:
@@ -34,6 +52,7 @@ class ComfyProbe:
     def __init__(self, poll_s: float = POLL_S) -> None:
         self.poll_s = poll_s
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        self._progress: dict[str, tuple[int, int]] = {}
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -64,7 +83,45 @@ class ComfyProbe:
         entry = failed_entry(_prompt_id(body), "execution_error", data)
         return Verdict(ok=False, status=r.status_code, error=message, result=entry)
 
+    def progress(self, job_id: str) -> tuple[int, int] | None:
+        return self._progress.get(job_id)
+
     async def wait(self, base_url: str, job_id: str) -> Verdict:
+        listener = asyncio.ensure_future(self._listen(base_url, job_id))
+        try:
+            return await self._wait(base_url, job_id)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            self._progress.pop(job_id, None)
+
+    async def _listen(self, base_url: str, job_id: str) -> None:
+        """Keep the render's last `progress` until cancelled (one socket per render)."""
+        client_id = f"gpulane-{uuid.uuid4().hex}"
+        url = "ws" + base_url.removeprefix("http") + f"/ws?clientId={client_id}"
+        # A short close: the render's end waits for this socket to be let go.
+        options: dict[str, Any] = {
+            "max_size": WS_MAX_BYTES,
+            "open_timeout": 5.0,
+            "close_timeout": 1.0,
+        }
+        if int(websockets_version.split(".")[0]) >= 15:
+            options["proxy"] = None  # a local server: no environment proxy
+        try:
+            async with connect(url, **options) as socket:
+                async for message in socket:
+                    if isinstance(message, bytes):
+                        continue  # previews
+                    seen = _progress_of(_json(message.encode()), job_id)
+                    if seen is not None:
+                        self._progress[job_id] = seen
+        except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+            log.info("job %s: no progress from ComfyUI's websocket: %s", job_id, exc)
+        except Exception:  # progress is a nicety: it never fails the render
+            log.exception("job %s: reading ComfyUI's websocket failed", job_id)
+
+    async def _wait(self, base_url: str, job_id: str) -> Verdict:
         misses = 0
         polls = 0
         while True:
@@ -144,6 +201,17 @@ def failed_entry(prompt_id: str, event: str, data: dict[str, Any]) -> bytes:
         "meta": {},
     }
     return json.dumps({prompt_id: entry}).encode()
+
+
+def _progress_of(doc: Any, job_id: str) -> tuple[int, int] | None:
+    """(value, max) of a `progress` message about `job_id`, else None."""
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, dict) or doc.get("type") != "progress":
+        return None
+    value, most = data.get("value"), data.get("max")
+    if data.get("prompt_id") != job_id or not (isinstance(value, int) and isinstance(most, int)):
+        return None
+    return (value, most) if 0 <= value <= most and most > 0 else None
 
 
 def _prompt_id(body: bytes) -> str:

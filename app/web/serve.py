@@ -63,6 +63,7 @@ from app.web.proxy import Proxy
 from app.web.report_routes import report_routes
 from app.web.responses import response_routes
 from app.web.standby import StandbyGate, standby_text
+from app.web.videos_routes import open_videos, videos_routes
 
 log = logging.getLogger("gpulane")
 
@@ -236,6 +237,14 @@ async def _nothing() -> None:
     """What the waiting server drains: nothing was admitted."""
 
 
+def _video_dir(engine: Engine) -> str:
+    """Where finished videos' content is kept without `jobs.videoDir`: beside a
+    SQLite database (`gpulane.db-videos`), else `gpulane-videos` here."""
+    if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        return os.path.abspath(engine.url.database or "") + "-videos"
+    return os.path.abspath("gpulane-videos")
+
+
 def _database_name(engine: Engine) -> str:
     """The database, named the same by every server of it: a file's absolute
     path, or a server's URL without the password."""
@@ -283,6 +292,8 @@ async def _serve(
     proxy.jobs = JobDoor(jobs)
     # Renders (ComfyUI): jobs that hold their model until their end is learnt.
     renders = proxy.renders = open_renders(config, scheduler, jobs)
+    # The Videos API: held like renders; finished videos' content kept on disk.
+    videos = open_videos(config, scheduler, jobs, config.video_dir or _video_dir(engine))
     batches = Batches(jobs, line_encoder(config))
     background: list[asyncio.Task[None]] = []
     gate = StandbyGate(leadership)
@@ -312,6 +323,7 @@ async def _serve(
         for ticket, job in recovered.jobs:
             jobs.run(ticket, job)
         background.append(asyncio.get_running_loop().create_task(jobs.prune_forever()))
+        background.append(asyncio.get_running_loop().create_task(videos.prune_forever()))
         # Batches: queue what a crash left unqueued, finish those whose lines ended.
         background.append(asyncio.get_running_loop().create_task(batches.watch()))
         scheduler.preload_all(config.preload)
@@ -376,6 +388,7 @@ async def _serve(
         await scheduler.shutdown()
         await forwarder.close()
         await renders.aclose()
+        await videos.aclose()
         await store.close()
         await leadership.release()
         if gpu.telemetry is not None:
@@ -393,7 +406,11 @@ async def _serve(
         activity=lambda limit, offset, caller: activity(engine, limit, offset, caller),
         engine=engine,
         # ComfyUI's routes: their user-key isolation is tests/e2e/test_renders.py's.
-        extra_handlers=[*extra_routes(scheduler, jobs, engine, batches), *comfyui_routes(renders)],
+        extra_handlers=[
+            *extra_routes(scheduler, jobs, engine, batches),
+            *comfyui_routes(renders),
+            *videos_routes(videos),
+        ],
         on_startup=[startup],
         on_shutdown=[shutdown],
         listen_host=host,

@@ -14,6 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.test_renders import comfy_config, workflow
 
 pytestmark = pytest.mark.browser
 
@@ -58,3 +59,16 @@ def test_the_queue_page_says_a_run_past_every_run_of_its_model_has_no_known_end(
             hold.touch()
         assert held.result(timeout=30).status_code == 200
         assert behind.result(timeout=30).status_code == 200
+
+
+def test_the_queue_page_shows_a_renders_progress_beside_its_expected_end(
+    gateway: Callable[[str], Gateway], page: Page, tmp_path: Path
+) -> None:
+    gw = gateway(comfy_config(tmp_path / "renders.jsonl"))
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        body = {"prompt": workflow(6.0, steps=40)}
+        assert client.post("/comfyui/prompt", json=body).status_code == 200
+        page.goto(gw.url + "/ui/")
+        end = page.locator("#running td.expected-end")
+        expect(end).to_contain_text(re.compile(r"\(\d+/40 done\)"), timeout=15_000)
+        expect(end).not_to_contain_text("unknown")

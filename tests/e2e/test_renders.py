@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from websockets.sync.client import connect
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, free_port
 from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
@@ -376,3 +377,96 @@ def test_an_operator_unload_mid_render_puts_it_back_and_it_renders_again(
     assert "request_failed" not in kinds and "request_cancelled" not in kinds
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_renders_progress_drives_its_expected_end_in_the_queue(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """An 8 s render of 40 steps, the first of its model (no past run to go by:
+    its end is open until it reports progress). ComfyUI's websocket says how far
+    it is; gpulane listens with its own client id and records it, sampled: once
+    it is half done, `/api/queue` expects it to end about 8 s after its
+    dispatch, and the progress it shows only grows."""
+    record = tmp_path / "renders.jsonl"
+    gw = gateway(comfy_config(record))
+    with gw.client() as client:
+        r = client.post("/comfyui/prompt", json={"prompt": workflow(8.0, steps=40)})
+        assert r.status_code == 200, r.text
+        prompt_id = r.json()["prompt_id"]
+
+        def row() -> dict[str, Any] | None:
+            running = client.get("/api/queue").json()["running"]
+            return next((x for x in running if x["request_id"] == prompt_id), None)
+
+        seen: list[list[int]] = []
+
+        def half_done() -> dict[str, Any] | None:
+            found = row()
+            if found is not None and found["progress"] is not None:
+                seen.append(found["progress"])
+                if found["progress"][0] * 2 >= found["progress"][1]:
+                    return found
+            return None
+
+        half = wait_for(half_done, timeout=30)
+        assert half is not None, f"no progress past half in /api/queue: {seen}"
+        assert not half["expected_end_open"], half
+        expected_s = half["expected_end_at"] - half["since"]
+        assert 6.0 <= expected_s <= 14.0, f"expected {expected_s:.1f} s in all for an 8 s render"
+        assert seen == sorted(seen) and seen[-1][1] == 40, seen
+        assert history(client, prompt_id)[prompt_id]["status"]["completed"] is True
+    progressed = [
+        json.loads(r["data"])
+        for r in gw.sql(
+            "SELECT data FROM events WHERE request_id=? AND type='request_progressed' ORDER BY seq",
+            prompt_id,
+        )
+    ]
+    # Sampled: a record per tenth at most (a check a second), not one per step.
+    assert 2 <= len(progressed) <= 11, progressed
+    assert all(p["total"] == 40 for p in progressed)
+    check = gw.db_check()
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert_log_replays(gw.db)
+
+
+def test_gpulane_listens_on_its_own_socket_never_the_clients(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """A client watching ComfyUI's websocket as its own `client_id` keeps every
+    message of its render: gpulane's socket has an id of its own (ComfyUI hands
+    an id to its newest connection, so sharing it would take the client's)."""
+    record = tmp_path / "renders.jsonl"
+    port = free_port()
+    config = comfy_config(record).replace("--port ${PORT}", f"--port {port}", 1)
+    config = config.replace(
+        "checkEndpoint: /system_stats",
+        f"proxy: http://127.0.0.1:{port}\n    checkEndpoint: /system_stats",
+        1,
+    )
+    gw = gateway(config)
+    with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
+        first = client.post("/comfyui/prompt", json={"prompt": workflow(0.1)}).json()["prompt_id"]
+        history(client, first)  # ComfyUI is loaded
+        with connect(f"ws://127.0.0.1:{port}/ws?clientId=c1", open_timeout=5) as ws:
+            assert json.loads(ws.recv(timeout=5))["data"]["sid"] == "c1"
+            body = {"prompt": workflow(2.0, steps=10), "client_id": "c1"}
+            prompt_id = client.post("/comfyui/prompt", json=body).json()["prompt_id"]
+
+            def until_done() -> list[dict[str, Any]]:
+                got = []
+                while True:
+                    message = json.loads(ws.recv(timeout=30))
+                    got.append(message)
+                    data = message["data"]
+                    if message["type"] == "executing" and data["node"] is None:
+                        return got
+
+            messages = pool.submit(until_done).result(timeout=60)
+        steps = [
+            m["data"]["value"]
+            for m in messages
+            if m["type"] == "progress" and m["data"]["prompt_id"] == prompt_id
+        ]
+        assert steps == list(range(1, 11)), messages
+        assert history(client, prompt_id)[prompt_id]["status"]["completed"] is True

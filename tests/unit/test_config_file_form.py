@@ -219,6 +219,8 @@ def test_every_resolved_field_has_a_file_key_or_is_derived() -> None:
             "min_free_disk",
             "max_file_bytes",
             "max_stored_bytes_per_caller",
+            "max_video_bytes",
+            "video_dir",
             "max_body_bytes",
             "allowed_hosts",
             "allowed_origins",

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from app.core import events as ev
-from app.jobs.held import HeldRuns, ProbeLost, Verdict
+from app.jobs.held import PROGRESS_EVERY_S, HeldRuns, ProbeLost, Verdict, _Sampler
 from app.runtime.api import Ticket
 from app.runtime.parameters import server_started
 from tests.unit.run_loop_fakes import Lane, config_text, settle
@@ -170,3 +170,17 @@ async def test_an_unload_under_a_render_puts_it_back_and_sends_it_again() -> Non
     assert ("interrupt", render.request_id) in probe.calls
     assert [t.request_id for t in again] == [render.request_id]
     assert [e.request_id for e in lane_.events(ev.RequestRequeued)] == [render.request_id]
+
+
+def test_a_jobs_progress_is_recorded_sampled_not_per_step() -> None:
+    # A 1000-step render looked at once a second for 100 s (10 steps a look):
+    # a record per tenth, not one per look; a slow one (1 step a look) records
+    # at least every PROGRESS_EVERY_S; a reading that did not change, never.
+    fast = _Sampler(0.0)
+    recorded = [t for t in range(1, 101) if fast.due((10 * t, 1000), float(t))]
+    assert recorded == list(range(10, 101, 10))
+    slow = _Sampler(0.0)
+    recorded = [t for t in range(1, 301) if slow.due((t, 1000), float(t))]
+    assert recorded == [int(PROGRESS_EVERY_S) * k for k in range(1, 11)]
+    same = _Sampler(0.0)
+    assert same.due((500, 1000), 1.0) and not same.due((500, 1000), 100.0)

@@ -335,6 +335,46 @@ def test_an_overrunning_job_is_measured_against_its_models_longer_runs() -> None
     assert seen == [(30.0, False), (40.0, False), (50.0, False), (55.0, True), (90.0, True)]
 
 
+def test_a_render_reporting_progress_is_expected_to_end_as_its_progress_says() -> None:
+    # Its model's renders took 30 s (median). This one reports 5 of 20 steps done
+    # 20 s in: a quarter in 20 s, so 80 s in all, whatever its past runs said;
+    # the start behind it follows.
+    learnt = RunEstimates()
+    learnt.observe("comfy", "/prompt", 30 * NS_PER_S)
+    times = learnt.durations()
+    driver = CoreDriver(ScoringParams(0, 0), resident="comfy")
+    driver.enqueue("render", "comfy", 0)
+    driver.step()
+    since = driver.now
+    running_since = {"render": since}
+    driver.enqueue("next", "comfy", 0)
+
+    def ends(at_s: int) -> tuple[float, float, bool, tuple[int, int] | None]:
+        view = queue_view(driver.state, running_since, since + at_s * NS_PER_S, times)
+        ((running,), (entry,)) = view.running, view.waiting
+        assert running.expected_end_at is not None and entry.estimated_start_at is not None
+        end, start = running.expected_end_at - since / NS_PER_S, entry.estimated_start_at
+        return end, start - since / NS_PER_S, running.expected_end_open, running.progress
+
+    assert ends(10) == (30.0, 30.0, False, None)
+    progressed = ev.RequestProgressed(
+        at=since + 20 * NS_PER_S, request_id="render", done=5, total=20
+    )
+    apply(driver.state, progressed)
+    assert ends(21) == (80.0, 80.0, False, (5, 20))
+    # Later and faster: 15 of 20 at 30 s, so 40 s in all.
+    apply(
+        driver.state,
+        ev.RequestProgressed(at=since + 30 * NS_PER_S, request_id="render", done=15, total=20),
+    )
+    assert ends(31)[:3] == (40.0, 40.0, False)
+    # Past what its progress said: measured against its model's runs again.
+    assert ends(45)[2]
+    # A progress of another request, or one with no total, changes nothing.
+    apply(driver.state, ev.RequestProgressed(at=since, request_id="next", done=1, total=2))
+    assert driver.state.requests["next"].progress is None
+
+
 def test_a_run_of_a_model_with_no_history_has_an_open_end_once_past_its_default() -> None:
     # A first model, no run ever completed: its expected run is the default (0).
     driver = CoreDriver(ScoringParams(0, 0), resident="m")

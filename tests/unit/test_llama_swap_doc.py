@@ -39,6 +39,7 @@ from app.web.jobs import JobRunner
 from app.web.model_routes import FORM_ROUTES, GET_ROUTES, JSON_ROUTES
 from app.web.proxy import Proxy
 from app.web.serve import extra_routes
+from app.web.videos_routes import open_videos, videos_routes
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "llama-swap.md"
@@ -247,6 +248,7 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Litestar]:
             extra_handlers=[
                 *extra_routes(scheduler, jobs, engine),
                 *comfyui_routes(open_renders(config, scheduler, jobs)),
+                *videos_routes(open_videos(config, scheduler, jobs, str(tmp / "videos"))),
             ],
         )
         return built, forwarder, engine

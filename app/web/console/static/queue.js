@@ -44,7 +44,9 @@ export async function render(main, info) {
         // A run past every run of its model: no end is known, and none is made up.
         h("td", { class: "expected-end" }, r.expected_end_open
           ? h("span", { class: "muted", title: "it has run longer than any run of its model" }, "unknown: longer than any run of its model")
-          : clock(r.expected_end_at)),
+          : clock(r.expected_end_at),
+          // A job that reports its progress (a render's steps): the end follows it.
+          r.progress ? h("span", { class: "muted", title: "as the job last reported it" }, ` (${r.progress[0]}/${r.progress[1]} done)`) : null),
         h("td", {}, h("button", { class: "danger", onclick: () => cancel(r.request_id, "running") }, "Cancel")),
       ),
     );
