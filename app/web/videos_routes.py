@@ -260,7 +260,7 @@ class VideoDoor:
         expires_at = int(completed_at + retention) if completed_at is not None else None
         progress = {"completed": 100, "queued": 0}.get(status)
         if progress is None:
-            progress = self.probe.progress.get(video_id, 0) if status == "in_progress" else 0
+            progress = self.probe.percent.get(video_id, 0) if status == "in_progress" else 0
         error = None
         if status == "failed":
             found = kept.get("error")
