@@ -75,6 +75,10 @@ def test_every_mount_asks_for_a_key_and_a_user_key_works_as_documented(
         with pytest.raises(InvalidStatus) as refused:
             connect(f"{socket_url}{path}?clientId=x", open_timeout=10).close()
         assert refused.value.response.status_code == 401, path
+    # ComfyUI gives a client id's messages to whoever connects with it last.
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"{socket_url}/comfyui/ws", additional_headers=ALICE, open_timeout=10).close()
+    assert refused.value.response.status_code == 403
     with gw.client(headers=ALICE) as alice:
         # Not running yet: nothing but a prompt loads ComfyUI (docs/renders.md).
         bare = alice.get("/comfyui")
