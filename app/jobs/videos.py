@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -137,14 +138,20 @@ class VideoProbe:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
         self.upstream_ids: dict[str, str] = {}
         """gpulane's video id -> the server's, while it renders."""
-        self.progress: dict[str, int] = {}
-        """gpulane's video id -> the server's last `progress`, while it renders."""
+        self.percent: dict[str, int] = {}
+        """gpulane's video id -> the server's last `progress` (0-100), while it renders."""
         self.sent: set[str] = set()
         """gpulane's video ids handed to their server, until they end: `in_progress`
         (before, a dispatched video waits for its server to load: `queued`)."""
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+    def progress(self, job_id: str) -> tuple[int, int] | None:
+        """`app.jobs.held.ReportsProgress`: the server's `progress` as (percent,
+        100), which drives the running video's expected end."""
+        percent = self.percent.get(job_id)
+        return None if percent is None else (percent, 100)
 
     async def finished(self, base_url: str, job_id: str) -> Verdict | None:
         # The server's id was in memory only: a video sent again renders again.
@@ -232,7 +239,7 @@ class VideoProbe:
 
     def _forget(self, job_id: str) -> None:
         self.sent.discard(job_id)
-        self.progress.pop(job_id, None)
+        self.percent.pop(job_id, None)
         self.upstream_ids.pop(job_id, None)
 
     async def interrupt(self, base_url: str, job_id: str) -> None:
@@ -246,8 +253,8 @@ class VideoProbe:
         """The verdict of a video the server says ended; None while it renders."""
         status = video.get("status")
         progress = video.get("progress")
-        if isinstance(progress, int | float):
-            self.progress[video_id] = int(progress)
+        if isinstance(progress, int | float) and math.isfinite(progress):
+            self.percent[video_id] = max(0, min(100, int(progress)))
         if status == "failed":
             error = video.get("error") or {}
             code = str(error.get("code") or "video_generation_failed")

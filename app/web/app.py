@@ -140,11 +140,8 @@ def create_app(
     handlers += list(extra_handlers)
     # The web console (/ui/, and / redirects there); its shells and assets need no key.
     handlers += console_routes(engine, Live(config, scheduler, logs))
-    # Read per request: a reload may add, change or remove apiKeys.
-    middleware = [open_console_assets(api_key_middleware(lambda: config.api_keys))]
     app = Litestar(
         route_handlers=handlers,
-        middleware=middleware,
         on_startup=list(on_startup),
         on_shutdown=list(on_shutdown),
         state=State({"scheduler": scheduler}),
@@ -155,6 +152,10 @@ def create_app(
         logging_config=None,  # serve.py configures logging once, for every module
         debug=False,
     )
+    # Before routing, which rewrites a mounted app's path (app/web/auth.py);
+    # read per request: a reload may add, change or remove apiKeys.
+    keyed = open_console_assets(api_key_middleware(lambda: config.api_keys))
+    app.asgi_handler = keyed(app.asgi_handler)
     # Outside routing and the key check: every OPTIONS is a CORS preflight (app/web/cors.py).
     app.asgi_handler = answer_preflights(app.asgi_handler)
     # Outermost: the Host and what another site's page sent (app/web/sites.py).

@@ -16,6 +16,7 @@ from typing import Literal
 import msgspec
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.utils.path import normalize_path
 
 from app.config.callers import CALLER_LABEL_RULE, is_caller_label
 from app.config.resolved import ApiKey
@@ -99,9 +100,19 @@ def identify(scope: Scope, headers: dict[str, str]) -> Identity:
     return Identity(caller=label)
 
 
+def routed_path(scope: Scope) -> str:
+    """The path routing will match (`/health/` and `//health` are `/health`),
+    from the path the client sent: a check wrapped around the application, as
+    the key check must be. Inside it, routing has rewritten a mounted app's
+    path to what follows the mount (`/comfyui` is `/` there, `/comfyui/ui` is
+    `/ui/`), which would pass for the console's open pages."""
+    return normalize_path(str(scope["path"]))
+
+
 def api_key_middleware(keys: Callable[[], tuple[ApiKey, ...]]) -> Callable[[ASGIApp], ASGIApp]:
     """`keys()`: the configured apiKeys as of this request (a reload may change
-    them); none configured: every request passes, as before any key."""
+    them); none configured: every request passes, as before any key. Wraps the
+    whole application, before routing (see `routed_path`)."""
 
     def factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
@@ -110,7 +121,7 @@ def api_key_middleware(keys: Callable[[], tuple[ApiKey, ...]]) -> Callable[[ASGI
             if (
                 not configured
                 or kind not in (ScopeType.HTTP, ScopeType.WEBSOCKET)
-                or scope["path"] in OPEN_PATHS
+                or routed_path(scope) in OPEN_PATHS
             ):
                 await app(scope, receive, send)
                 return

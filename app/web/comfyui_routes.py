@@ -34,6 +34,7 @@ from urllib.parse import parse_qs
 
 import httpx
 from litestar import asgi
+from litestar.enums import ScopeType
 from litestar.handlers import BaseRouteHandler
 from litestar.types import Receive, Scope, Send
 
@@ -51,8 +52,15 @@ from app.web.access import identity, is_admin, only_caller
 from app.web.auth import identify
 from app.web.chain_headers import read_chain
 from app.web.comfyui import ComfyProbe, failed_entry
-from app.web.errors import send_error, send_jobs_error, send_json, send_refused
+from app.web.errors import (
+    send_error,
+    send_jobs_error,
+    send_json,
+    send_refused,
+    send_websocket_error,
+)
 from app.web.request_body import BadRequest, max_wait_ns, read_body
+from app.web.websocket_proxy import WebsocketProxy
 
 DOOR = "comfyui"
 """The jobs' door: their sender is the held runner with ComfyUI's probe."""
@@ -75,6 +83,7 @@ class ComfyDoor:
         """Prompt id -> the `number` it was answered with (this process's)."""
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
         self.probe = ComfyProbe()
+        self.sockets = WebsocketProxy(config, scheduler)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -99,10 +108,24 @@ class ComfyDoor:
                 if kinds
                 else "no model is ComfyUI: name one comfyui_auto or give it `kind: comfyui`"
             )
-            await send_error(send, 404, f"/comfyui: {why}", code="model_not_found")
+            if scope["type"] == ScopeType.WEBSOCKET:
+                await receive()  # websocket.connect: refused before it opens
+                await send_websocket_error(
+                    scope, send, 404, f"/comfyui: {why}", code="model_not_found"
+                )
+            else:
+                await send_error(send, 404, f"/comfyui: {why}", code="model_not_found")
             return
         raw = scope.get("raw_path") or scope["path"].encode()
         path = raw.decode("latin-1").split("?", 1)[0].removeprefix("/comfyui") or "/"
+        if scope["type"] == ScopeType.WEBSOCKET:
+            # `/ws`: ComfyUI's messages, a side channel beside the prompts, never
+            # a job (app/web/websocket_proxy.py). Admin only: ComfyUI gives a
+            # client id's messages to whoever connects with it last.
+            await self.sockets.serve(
+                scope, receive, send, model, path, "/comfyui" + path, admin_only=True
+            )
+            return
         await self.handle(scope, receive, send, model, path)
 
     async def handle(

@@ -46,7 +46,7 @@ from app.runtime.api import Admission
 from app.runtime.scheduler import Scheduler
 from app.store.job_results import job_rows, list_jobs, store_result
 from app.web.access import identity, only_caller
-from app.web.auth import api_key_middleware, identify
+from app.web.auth import identify
 from app.web.chain_headers import read_chain
 from app.web.errors import send_error, send_jobs_error, send_json, send_refused
 from app.web.files import parse_multipart
@@ -71,7 +71,6 @@ class VideoDoor:
         self.engine: Engine = jobs.engine
         self.store = store
         self.probe = VideoProbe(store)
-        self._checked = api_key_middleware(lambda: self.config.api_keys)(self._route)
 
     async def aclose(self) -> None:
         await self.probe.aclose()
@@ -86,14 +85,6 @@ class VideoDoor:
             await asyncio.sleep(every_s)
 
     async def mounted(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if "identity" not in scope.get("state", {}):
-            # The mount's own path reaches the middleware as `/`, which the console
-            # leaves open: the key is checked here (none configured: it passes).
-            await self._checked(scope, receive, send)
-            return
-        await self._route(scope, receive, send)
-
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = str(scope.get("method", "GET"))
         raw = scope.get("raw_path") or scope["path"].encode()
         path = raw.decode("latin-1").split("?", 1)[0].removeprefix("/v1/videos").strip("/")
@@ -269,7 +260,7 @@ class VideoDoor:
         expires_at = int(completed_at + retention) if completed_at is not None else None
         progress = {"completed": 100, "queued": 0}.get(status)
         if progress is None:
-            progress = self.probe.progress.get(video_id, 0) if status == "in_progress" else 0
+            progress = self.probe.percent.get(video_id, 0) if status == "in_progress" else 0
         error = None
         if status == "failed":
             found = kept.get("error")

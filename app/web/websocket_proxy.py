@@ -16,11 +16,14 @@ for sockets as for HTTP; an upgrade another site's page asked for (its
 `Origin` not this server's nor in `server.allowedOrigins`) is refused before
 that (app/web/sites.py): the page could read and write the upstream's socket.
 
-A model with `compat.ignoreWebsockets` is llama-swap's exception: its sockets
-bypass the scheduler. They are not queued, hold no slot, count toward nothing,
-and cannot load the model: one is refused with 409 `model_not_loaded` unless
-the model is loaded and ready, and a swap may stop the model under it (the
-socket then closes), the trade llama-swap documents for opting out.
+A model with `compat.ignoreWebsockets` is llama-swap's exception, and a
+render server (`kind`: ComfyUI, a Videos API server) is another: its socket is
+a client's side channel beside its jobs, not a job, and must not take the one
+slot its renders hold (docs/renders.md). Their sockets bypass the scheduler:
+they are not queued, hold no slot, count toward nothing, and cannot load the
+model: one is refused with 409 `model_not_loaded` unless the model is loaded
+and ready, and a swap may stop the model under it (the socket then closes),
+the trade llama-swap documents for opting out.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ class WebsocketProxy:
         headers = _headers(scope)
         asked = read_priority(headers.get(HEADER.lower()))
         try:
-            identity = self._identify(scope, headers, admin_only=admin_only)
+            identity = self._identify(scope, headers, endpoint, admin_only=admin_only)
             max_wait = max_wait_ns(headers)
         except BadRequest as exc:
             challenge = [(b"www-authenticate", b'Bearer realm="gpulane"')]
@@ -110,12 +113,9 @@ class WebsocketProxy:
             return
         query = bytes(scope.get("query_string", b"")).decode("latin-1")
         spec = self.config.models[model]
-        if spec.ignore_websockets:
+        if spec.ignore_websockets or spec.kind is not None:
             if self.scheduler.model_status(model).state != "ready":
-                message = (
-                    f"model {model!r} is not loaded; ignored websocket requests cannot start it"
-                )
-                await deny(409, message, "model_not_loaded")
+                await deny(409, _not_loaded(model, spec.kind), "model_not_loaded")
                 return
             first: asyncio.Future[Any] = asyncio.ensure_future(receive())
             try:
@@ -175,11 +175,14 @@ class WebsocketProxy:
         finally:
             first.cancel()
 
-    def _identify(self, scope: Scope, headers: dict[str, str], *, admin_only: bool) -> Identity:
+    def _identify(
+        self, scope: Scope, headers: dict[str, str], endpoint: str, *, admin_only: bool
+    ) -> Identity:
         # The key was checked by the key middleware, which put its identity in the scope.
         found = identify(scope, headers)
         if admin_only and found.role != "admin":
-            raise BadRequest(403, "/upstream needs an admin API key", "admin_key_required")
+            where = "/" + endpoint.lstrip("/").split("/", 1)[0]  # /upstream, /comfyui
+            raise BadRequest(403, f"{where} needs an admin API key", "admin_key_required")
         return found
 
     async def _bridge(
@@ -271,6 +274,19 @@ class WebsocketProxy:
                 reason = upstream.close_reason or ""
                 await _close_client(send, code if _sendable(code) else 1011, reason)
         tracked.completed(counted.bytes, (time.monotonic() - t0) * 1000)
+
+
+_LOADED_BY = {"comfyui": "a prompt (POST /comfyui/prompt)", "openai-videos": "POST /v1/videos"}
+
+
+def _not_loaded(model: str, kind: str | None) -> str:
+    if kind is None:
+        return f"model {model!r} is not loaded; ignored websocket requests cannot start it"
+    loads = _LOADED_BY.get(kind, "one of its jobs")
+    return (
+        f"model {model!r} (kind {kind}) is not loaded: its websocket is a side channel, "
+        f"answered only while it runs, and only {loads} loads it"
+    )
 
 
 class _Counter:

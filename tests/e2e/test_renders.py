@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from tests.e2e.gateway import Gateway, fake_model, free_port
@@ -428,6 +430,43 @@ def test_a_renders_progress_drives_its_expected_end_in_the_queue(
     check = gw.db_check()
     assert check.returncode == 0, check.stdout + check.stderr
     assert_log_replays(gw.db)
+
+
+@pytest.mark.parametrize("where", ["/comfyui/ws", "/upstream/comfyui_auto/ws"])
+def test_a_comfyui_websocket_is_a_side_channel_that_never_holds_the_render_slot(
+    gateway: Start, tmp_path: Path, where: str
+) -> None:
+    """A ComfyUI client listens on `/ws` beside its prompts: that socket is no
+    job. Like ComfyUI's other side paths it loads nothing (409 while ComfyUI
+    does not run), and while it is open a prompt renders at once, its messages
+    reaching the socket; it takes no slot and records no request."""
+    record = tmp_path / "renders.jsonl"
+    gw = gateway(comfy_config(record))
+    url = gw.url.replace("http", "ws", 1) + where + "?clientId=watcher"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, open_timeout=10).close()
+    assert refused.value.response.status_code == 409
+    error = json.loads(refused.value.response.body or b"")["error"]
+    assert error["code"] == "model_not_loaded" and "/comfyui/prompt" in error["message"], error
+    with gw.client() as client:
+        assert client.get("/running").json()["running"] == []
+        first = client.post("/comfyui/prompt", json={"prompt": workflow(0.2)}).json()["prompt_id"]
+        assert history(client, first)[first]["status"]["completed"] is True
+        with connect(url, open_timeout=10) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "status"
+            body = {"prompt": workflow(0.5), "client_id": "watcher"}
+            second = client.post("/comfyui/prompt", json=body).json()["prompt_id"]
+            # Renders while the socket stays open (it used to wait for its close).
+            assert history(client, second, timeout=20)[second]["status"]["completed"] is True
+            seen: list[str] = []
+            deadline = time.monotonic() + 10
+            while "execution_success" not in seen and time.monotonic() < deadline:
+                seen.append(json.loads(ws.recv(timeout=10))["type"])
+            assert "progress" in seen and "execution_success" in seen, seen
+            running = client.get("/running").json()["running"]
+            assert sum(r["in_flight"] for r in running) == 0, running
+    (sockets,) = gw.sql("SELECT count(*) AS n FROM requests WHERE endpoint LIKE '%/ws'")
+    assert sockets["n"] == 0
 
 
 def test_gpulane_listens_on_its_own_socket_never_the_clients(

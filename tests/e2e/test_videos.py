@@ -206,6 +206,47 @@ def test_a_waiting_video_shows_its_place_and_estimate_and_a_failed_one_its_error
     assert (doc["priority"], doc["chain"]) == (100, "film")
 
 
+def test_a_videos_progress_drives_its_expected_end_in_the_queue(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """An 8 s video, the first of its model (no past run to go by: its end is
+    open until it reports progress). The server's `progress` (0-100) is
+    recorded, sampled: once it is half done, `/api/queue` expects it to end
+    about 8 s after its dispatch, and the progress it shows only grows."""
+    record = tmp_path / "videos.jsonl"
+    gw = gateway(video_config(record, args="--render-s 8"))
+    with gw.client() as http:
+        video_id = http.post("/v1/videos", json={"prompt": "slow"}).json()["id"]
+        seen: list[list[int]] = []
+
+        def half_done() -> dict[str, Any] | None:
+            running = http.get("/api/queue").json()["running"]
+            found = next((x for x in running if x["request_id"] == video_id), None)
+            if found is not None and found["progress"] is not None:
+                seen.append(found["progress"])
+                if found["progress"][0] * 2 >= found["progress"][1]:
+                    return found
+            return None
+
+        half = wait_for(half_done, timeout=30)
+        assert half is not None, f"no progress past half in /api/queue: {seen}"
+        assert not half["expected_end_open"], half
+        expected_s = half["expected_end_at"] - half["since"]
+        assert 6.0 <= expected_s <= 14.0, f"expected {expected_s:.1f} s in all for an 8 s video"
+        assert seen == sorted(seen) and all(total == 100 for _, total in seen), seen
+        assert settled(http, video_id)["status"] == "completed"
+    progressed = [
+        json.loads(r["data"])
+        for r in gw.sql(
+            "SELECT data FROM events WHERE request_id=? AND type='request_progressed' ORDER BY seq",
+            video_id,
+        )
+    ]
+    assert 2 <= len(progressed) <= 11, progressed
+    assert all(p["total"] == 100 for p in progressed)
+    assert_log_replays(gw.db)
+
+
 def test_remix_and_delete_and_a_server_without_remix(gateway: Start, tmp_path: Path) -> None:
     record = tmp_path / "videos.jsonl"
     plain_record = tmp_path / "plain.jsonl"

@@ -18,6 +18,8 @@ from litestar.datastructures import ResponseHeader
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.web.auth import routed_path
+
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -87,7 +89,7 @@ def open_console_assets(
         guarded = guard(app)
 
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] == ScopeType.HTTP and is_open_console_path(scope["path"]):
+            if scope["type"] == ScopeType.HTTP and is_open_console_path(routed_path(scope)):
                 await app(scope, receive, send)
             else:
                 await guarded(scope, receive, send)
