@@ -141,7 +141,8 @@ class HeldRuns:
         t0 = time.monotonic()
         work = asyncio.ensure_future(_until_end(probe, rid, base_url, job, body))
         either: set[asyncio.Future[Any]] = {work, ticket.detached}
-        reports = probe if isinstance(probe, ReportsProgress) else None
+        # runtime_checkable only sees that an attribute named `progress` exists.
+        reports = probe if isinstance(probe, ReportsProgress) and callable(probe.progress) else None
         sampler = _Sampler(t0)
         try:
             while not (work.done() or ticket.detached.done()):
