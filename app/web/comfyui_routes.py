@@ -42,10 +42,8 @@ from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
 from app.core.priority import HEADER, read_priority, unreadable_priority
 from app.jobs.durable import JobRequest, Jobs
-from app.jobs.errors import JobsError
 from app.jobs.held import HeldRuns
 from app.jobs.job_view import seen_by
-from app.runtime.admission import Refused
 from app.runtime.api import Admission
 from app.runtime.scheduler import Scheduler
 from app.web.access import identity, is_admin, only_caller
@@ -54,11 +52,10 @@ from app.web.chain_headers import read_chain
 from app.web.comfyui import ComfyProbe, failed_entry
 from app.web.errors import (
     send_error,
-    send_jobs_error,
     send_json,
-    send_refused,
     send_websocket_error,
 )
+from app.web.jobs import accept_or_answer
 from app.web.request_body import BadRequest, max_wait_ns, read_body
 from app.web.websocket_proxy import WebsocketProxy
 
@@ -209,13 +206,7 @@ class ComfyDoor:
             door=DOOR,
             request_id=prompt_id,
         )
-        try:
-            await self.jobs.accept(admission, job)
-        except Refused as exc:
-            await send_refused(send, exc)
-            return
-        except JobsError as exc:
-            await send_jobs_error(send, exc)
+        if await accept_or_answer(self.jobs, send, admission, job) is None:
             return
         number = self.numbers[prompt_id] = next(self._numbers)
         extra = [(b"x-request-id", prompt_id.encode())]

@@ -80,15 +80,23 @@ class JobDoor:
         self.jobs = jobs
 
     async def accept(self, send: Send, admission: Admission, request: JobRequest) -> None:
-        try:
-            accepted = await self.jobs.accept(admission, request)
-        except Refused as exc:
-            await send_refused(send, exc)
-            return
-        except JobsError as exc:
-            await send_jobs_error(send, exc)
-            return
-        await _send_accepted(send, accepted, request.door, admission)
+        accepted = await accept_or_answer(self.jobs, send, admission, request)
+        if accepted is not None:
+            await _send_accepted(send, accepted, request.door, admission)
+
+
+async def accept_or_answer(
+    jobs: Jobs, send: Send, admission: Admission, request: JobRequest
+) -> Accepted | None:
+    """Hand `request` to the jobs service: its acceptance, or None once a refusal
+    or the service's error is answered on `send` (every door answers them alike)."""
+    try:
+        return await jobs.accept(admission, request)
+    except Refused as exc:
+        await send_refused(send, exc)
+    except JobsError as exc:
+        await send_jobs_error(send, exc)
+    return None
 
 
 async def _send_accepted(

@@ -41,15 +41,15 @@ from app.jobs.held import HeldRuns
 from app.jobs.job_view import job_view
 from app.jobs.videos import DOOR, ENDPOINT, KIND, KIND_NAME, VARIANTS, VideoProbe, VideoStore
 from app.report.live_queue import position_of
-from app.runtime.admission import Refused
 from app.runtime.api import Admission
 from app.runtime.scheduler import Scheduler
 from app.store.job_results import job_rows, list_jobs, store_result
 from app.web.access import identity, only_caller
 from app.web.auth import identify
 from app.web.chain_headers import read_chain
-from app.web.errors import send_error, send_jobs_error, send_json, send_refused
+from app.web.errors import send_error, send_json
 from app.web.files import parse_multipart
+from app.web.jobs import accept_or_answer
 from app.web.request_body import BadRequest, max_wait_ns, read_body, rename_form_model
 
 log = logging.getLogger("gpulane.jobs")
@@ -178,13 +178,8 @@ class VideoDoor:
             request_id=meta["id"],
             meta=meta,
         )
-        try:
-            accepted = await self.jobs.accept(admission, job)
-        except Refused as exc:
-            await send_refused(send, exc)
-            return
-        except JobsError as exc:
-            await send_jobs_error(send, exc)
+        accepted = await accept_or_answer(self.jobs, send, admission, job)
+        if accepted is None:
             return
         video = await self._video(None, accepted.request_id)
         doc = self._object(video) if video is not None else _queued(meta)
