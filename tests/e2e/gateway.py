@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -283,6 +284,25 @@ def upstreams_left(first_port: int, count: int, timeout: float = 5) -> dict[int,
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines a fake's `--record FILE` wrote (tools/fake_comfyui.py,
+    tools/fake_video_server.py); none before its first."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
+    """The first truthy value of `check()`, or its last (falsy) one at `timeout`:
+    the caller asserts (`poll` asserts itself)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
 
 
 def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:

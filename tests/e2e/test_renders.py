@@ -23,7 +23,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.e2e.gateway import Gateway, fake_model, free_port
+from tests.e2e.gateway import Gateway, fake_model, free_port, records, wait_for
 from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
@@ -61,21 +61,6 @@ def workflow(seconds: float = 2.0, **inputs: Any) -> dict[str, Any]:
         "1": {"class_type": "FakeRender", "inputs": {"seconds": seconds, "steps": 20} | inputs},
         "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0]}},
     }
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
 
 
 def rendering(record: Path, prompt_id: str) -> bool:

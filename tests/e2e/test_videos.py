@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, records, wait_for
 from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
@@ -55,21 +55,6 @@ def video_config(record: Path, *, args: str = "", keys: str = "", extra: str = "
     )
     entries = (server + fake_model("chat") + extra).replace("\n", "\n  ")
     return keys + "models:" + entries + "\n"
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
 
 
 def rendering(record: Path) -> list[str]:
