@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import httpx
 import msgspec
@@ -148,16 +148,7 @@ class Sleepers:
         except (TimeoutError, Exception) as exc:
             why = _why(exc, "sleep", spec.sleep_timeout)
             log.warning("sleeping %s failed (%s): stopping it instead", model, why)
-            self._record(
-                ev.SleepSkipped(
-                    at=self._clock(),
-                    model=model,
-                    pid=proc.pid,
-                    action="sleep",
-                    why=why,
-                    duration_ms=(self._clock() - t0) / 1e6,
-                )
-            )
+            self._failed(model, proc, "sleep", why, t0)
             await self._stop(model, proc, "evicted", evicted_for, evicted_by)
             return
         if not proc.running:
@@ -196,16 +187,7 @@ class Sleepers:
         except (TimeoutError, Exception) as exc:
             why = _why(exc, "wake", sleep.wake_timeout)
             log.warning("waking %s failed (%s): stopping it for a cold start", model, why)
-            self._record(
-                ev.SleepSkipped(
-                    at=self._clock(),
-                    model=model,
-                    pid=proc.pid,
-                    action="wake",
-                    why=why,
-                    duration_ms=(self._clock() - t0) / 1e6,
-                )
-            )
+            self._failed(model, proc, "wake", why, t0)
             await self._stop(model, proc, "wake_failed", None, None)
             return None
         now = self._clock()
@@ -217,6 +199,22 @@ class Sleepers:
         return proc
 
     # -- helpers ----------------------------------------------------------------
+
+    def _failed(
+        self, model: str, proc: Upstream, action: Literal["sleep", "wake"], why: str, t0: int
+    ) -> None:
+        """Record a sleep or wake call that failed `why`, begun at `t0` (the
+        caller then stops `proc`)."""
+        self._record(
+            ev.SleepSkipped(
+                at=self._clock(),
+                model=model,
+                pid=proc.pid,
+                action=action,
+                why=why,
+                duration_ms=(self._clock() - t0) / 1e6,
+            )
+        )
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
