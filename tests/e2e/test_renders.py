@@ -87,6 +87,14 @@ def overlaps(record: Path) -> list[str]:
     return found
 
 
+def queued(client: httpx.Client, seconds: float) -> str:
+    """The prompt id of a `seconds` render queued through gpulane."""
+    prompt_id: str = client.post("/comfyui/prompt", json={"prompt": workflow(seconds)}).json()[
+        "prompt_id"
+    ]
+    return prompt_id
+
+
 def history(client: httpx.Client, prompt_id: str, timeout: float = 30) -> dict[str, Any]:
     found: dict[str, Any] = wait_for(
         lambda: client.get(f"/comfyui/history/{prompt_id}").json(), timeout=timeout
@@ -179,10 +187,7 @@ def test_renders_never_overlap_on_one_lane_whatever_concurrency_limit_says(
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record, concurrency=50))
     with gw.client() as client:
-        ids = [
-            client.post("/comfyui/prompt", json={"prompt": workflow(0.6)}).json()["prompt_id"]
-            for _ in range(4)
-        ]
+        ids = [queued(client, 0.6) for _ in range(4)]
         for prompt_id in ids:
             assert history(client, prompt_id)[prompt_id]["status"]["completed"] is True
     assert overlaps(record) == []
@@ -202,8 +207,8 @@ def test_cancel_and_interrupt_a_waiting_and_a_running_prompt(
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record))
     with gw.client() as client:
-        running = client.post("/comfyui/prompt", json={"prompt": workflow(30)}).json()["prompt_id"]
-        waiting = client.post("/comfyui/prompt", json={"prompt": workflow(30)}).json()["prompt_id"]
+        running = queued(client, 30)
+        waiting = queued(client, 30)
         given = client.post(
             "/comfyui/prompt", json={"prompt": workflow(30), "prompt_id": "mine-1"}
         ).json()["prompt_id"]
@@ -285,9 +290,7 @@ def test_a_crash_mid_render_ends_the_render_exactly_once(gateway: Start, tmp_pat
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record))
     with gw.client() as client:
-        prompt_id = client.post("/comfyui/prompt", json={"prompt": workflow(2.0)}).json()[
-            "prompt_id"
-        ]
+        prompt_id = queued(client, 2.0)
         assert wait_for(lambda: rendering(record, prompt_id))
     gw.kill()
     gw.start()
@@ -346,9 +349,7 @@ def test_an_operator_unload_mid_render_puts_it_back_and_it_renders_again(
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record))
     with gw.client() as client:
-        prompt_id = client.post("/comfyui/prompt", json={"prompt": workflow(2.0)}).json()[
-            "prompt_id"
-        ]
+        prompt_id = queued(client, 2.0)
         assert wait_for(lambda: rendering(record, prompt_id))
         assert client.post("/api/models/unload/comfyui_auto").status_code == 200
         entry = history(client, prompt_id, timeout=60)[prompt_id]
@@ -435,7 +436,7 @@ def test_a_comfyui_websocket_is_a_side_channel_that_never_holds_the_render_slot(
     assert error["code"] == "model_not_loaded" and "/comfyui/prompt" in error["message"], error
     with gw.client() as client:
         assert client.get("/running").json()["running"] == []
-        first = client.post("/comfyui/prompt", json={"prompt": workflow(0.2)}).json()["prompt_id"]
+        first = queued(client, 0.2)
         assert history(client, first)[first]["status"]["completed"] is True
         with connect(url, open_timeout=10) as ws:
             assert json.loads(ws.recv(timeout=10))["type"] == "status"
@@ -470,7 +471,7 @@ def test_gpulane_listens_on_its_own_socket_never_the_clients(
     )
     gw = gateway(config)
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
-        first = client.post("/comfyui/prompt", json={"prompt": workflow(0.1)}).json()["prompt_id"]
+        first = queued(client, 0.1)
         history(client, first)  # ComfyUI is loaded
         with connect(f"ws://127.0.0.1:{port}/ws?clientId=c1", open_timeout=5) as ws:
             assert json.loads(ws.recv(timeout=5))["data"]["sid"] == "c1"
