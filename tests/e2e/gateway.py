@@ -305,6 +305,33 @@ def wait_for(check: Callable[[], Any], timeout: float = 30, step: float = 0.05) 
         time.sleep(step)
 
 
+def half_done(
+    client: httpx.Client, request_id: str, timeout: float = 30
+) -> tuple[dict[str, Any], list[list[int]]]:
+    """`request_id`'s row in `/api/queue` once its progress is half done, and
+    every progress seen until then."""
+    seen: list[list[int]] = []
+
+    def check() -> dict[str, Any] | None:
+        running = client.get("/api/queue").json()["running"]
+        found = next((x for x in running if x["request_id"] == request_id), None)
+        if found is not None and found["progress"] is not None:
+            seen.append(found["progress"])
+            if found["progress"][0] * 2 >= found["progress"][1]:
+                return found  # type: ignore[no-any-return]
+        return None
+
+    half = wait_for(check, timeout=timeout)
+    assert half is not None, f"no progress past half in /api/queue: {seen}"
+    return half, seen
+
+
+def progress_events(gw: Gateway, request_id: str) -> list[dict[str, Any]]:
+    """`request_id`'s `request_progressed` events, in order."""
+    query = "SELECT data FROM events WHERE request_id=? AND type='request_progressed' ORDER BY seq"
+    return [json.loads(r["data"]) for r in gw.sql(query, request_id)]
+
+
 def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
     """The first truthy value of `check()`, polled until `timeout`."""
     deadline = time.monotonic() + timeout

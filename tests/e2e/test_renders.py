@@ -23,7 +23,15 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.e2e.gateway import Gateway, fake_model, free_port, records, wait_for
+from tests.e2e.gateway import (
+    Gateway,
+    fake_model,
+    free_port,
+    half_done,
+    progress_events,
+    records,
+    wait_for,
+)
 from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
@@ -382,34 +390,13 @@ def test_a_renders_progress_drives_its_expected_end_in_the_queue(
         assert r.status_code == 200, r.text
         prompt_id = r.json()["prompt_id"]
 
-        def row() -> dict[str, Any] | None:
-            running = client.get("/api/queue").json()["running"]
-            return next((x for x in running if x["request_id"] == prompt_id), None)
-
-        seen: list[list[int]] = []
-
-        def half_done() -> dict[str, Any] | None:
-            found = row()
-            if found is not None and found["progress"] is not None:
-                seen.append(found["progress"])
-                if found["progress"][0] * 2 >= found["progress"][1]:
-                    return found
-            return None
-
-        half = wait_for(half_done, timeout=30)
-        assert half is not None, f"no progress past half in /api/queue: {seen}"
+        half, seen = half_done(client, prompt_id)
         assert not half["expected_end_open"], half
         expected_s = half["expected_end_at"] - half["since"]
         assert 6.0 <= expected_s <= 14.0, f"expected {expected_s:.1f} s in all for an 8 s render"
         assert seen == sorted(seen) and seen[-1][1] == 40, seen
         assert history(client, prompt_id)[prompt_id]["status"]["completed"] is True
-    progressed = [
-        json.loads(r["data"])
-        for r in gw.sql(
-            "SELECT data FROM events WHERE request_id=? AND type='request_progressed' ORDER BY seq",
-            prompt_id,
-        )
-    ]
+    progressed = progress_events(gw, prompt_id)
     # Sampled: a record per tenth at most (a check a second), not one per step.
     assert 2 <= len(progressed) <= 11, progressed
     assert all(p["total"] == 40 for p in progressed)

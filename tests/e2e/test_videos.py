@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.gateway import Gateway, fake_model, records, wait_for
+from tests.e2e.gateway import Gateway, fake_model, half_done, progress_events, records, wait_for
 from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
@@ -202,31 +202,13 @@ def test_a_videos_progress_drives_its_expected_end_in_the_queue(
     gw = gateway(video_config(record, args="--render-s 8"))
     with gw.client() as http:
         video_id = http.post("/v1/videos", json={"prompt": "slow"}).json()["id"]
-        seen: list[list[int]] = []
-
-        def half_done() -> dict[str, Any] | None:
-            running = http.get("/api/queue").json()["running"]
-            found = next((x for x in running if x["request_id"] == video_id), None)
-            if found is not None and found["progress"] is not None:
-                seen.append(found["progress"])
-                if found["progress"][0] * 2 >= found["progress"][1]:
-                    return found
-            return None
-
-        half = wait_for(half_done, timeout=30)
-        assert half is not None, f"no progress past half in /api/queue: {seen}"
+        half, seen = half_done(http, video_id)
         assert not half["expected_end_open"], half
         expected_s = half["expected_end_at"] - half["since"]
         assert 6.0 <= expected_s <= 14.0, f"expected {expected_s:.1f} s in all for an 8 s video"
         assert seen == sorted(seen) and all(total == 100 for _, total in seen), seen
         assert settled(http, video_id)["status"] == "completed"
-    progressed = [
-        json.loads(r["data"])
-        for r in gw.sql(
-            "SELECT data FROM events WHERE request_id=? AND type='request_progressed' ORDER BY seq",
-            video_id,
-        )
-    ]
+    progressed = progress_events(gw, video_id)
     assert 2 <= len(progressed) <= 11, progressed
     assert all(p["total"] == 100 for p in progressed)
     assert_log_replays(gw.db)
