@@ -58,8 +58,9 @@ class Stops:
         for name in targets:
             why = f"model {name!r} was unloaded by an operator before the request finished"
             self._cut_off(after_grace(self.state, name), why, Detached(503, "model_unloaded", why))
-        await self.processes.stops_ended()
-        return targets
+        # A model put to sleep meanwhile is stopped once its sleep ends, as at shutdown.
+        late = await self.swaps.stops_ended("unload", model)
+        return targets + [m for m in late if m not in targets]
 
     async def drain(self, grace: float) -> None:
         """Graceful stop: admit nothing more and dispatch nothing more; waiting

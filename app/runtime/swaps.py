@@ -365,11 +365,20 @@ class Swaps:
         await self.processes.loads_ended()
         for model in self.processes.models():
             self.stop(model, "shutdown")  # one that a load had not spawned yet
-        await self.processes.stops_ended()
-        for model in self.sleepers.models():
-            self.stop(model, "shutdown")  # one whose sleep was under way until now
-        await self.processes.stops_ended()
+        await self.stops_ended("shutdown")
         await self.sleepers.close()
+
+    async def stops_ended(self, reason: ev.StopReason, model: str | None = None) -> list[str]:
+        """Wait for the stops and sleeps under way, then stop (for `reason`) and
+        wait for each sleeper among them (`model`, None: any): a model whose sleep
+        was under way was in neither table when the stops began, and would be
+        left asleep. Returns the models stopped so."""
+        await self.processes.stops_ended()
+        late = [m for m in self.sleepers.models() if model is None or m == model]
+        for name in late:
+            self.stop(name, reason)
+        await self.processes.stops_ended()
+        return late
 
 
 def _off_by_a_tenth(measured: int, declared: int) -> bool:

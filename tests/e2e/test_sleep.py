@@ -284,3 +284,21 @@ def test_a_shutdown_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_pat
     assert [d["reason"] for _, d in events(gw, "process_stopped") if d["model"] == "A"] == [
         "shutdown"
     ]
+
+
+def test_an_unload_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_path: Path) -> None:
+    gw = gateway(config(tmp_path, "--sleep-time 2"))
+    with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
+        assert chat(client, "A").status_code == 200
+        pool.submit(chat, client, "B")  # evicts A: its sleep takes 2 s
+        poll(lambda: events(gw, "process_sleeping"), "A's sleep to begin")
+        assert not events(gw, "process_slept")  # the unload lands while A's sleep is under way
+        assert client.post("/api/models/unload").status_code == 200
+        poll(lambda: "exit" in [e["ev"] for e in fake_log(tmp_path / "A.jsonl")], "A's stop")
+        running = {r["model"]: r["state"] for r in client.get("/running").json()["running"]}
+        assert "A" not in running, running  # not left asleep after an unload of every model
+    gw.wait_for("SELECT 1 FROM events WHERE type = 'process_stopped'")
+    assert [d["reason"] for _, d in events(gw, "process_stopped") if d["model"] == "A"] == [
+        "unload"
+    ]
+    assert_log_sound(gw)
