@@ -7,6 +7,7 @@ so a page costs what it shows, not the whole history.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from typing import Any
 
@@ -72,6 +73,35 @@ def timeline_swaps(engine: Engine, since: float, until: float, limit: int) -> li
     )
     with engine.connect() as conn:
         return [dict(r) for r in conn.execute(query).mappings()]
+
+
+_FOOTPRINT_TYPES = ("swap_finished", "process_stopping", "process_stopped")
+
+
+def timeline_footprints(
+    engine: Engine, since: float, until: float, limit: int
+) -> list[dict[str, Any]]:
+    """Footprints the log recorded in [since, until] (`gpu_memory_mib` of a load's
+    end or a stop), oldest first: the timeline labels each residency with them.
+    Walks the index on (type, at); events without a measure are skipped."""
+    query = (
+        select(events.c.at, events.c.type, events.c.model, events.c.data)
+        .where(
+            events.c.type.in_(_FOOTPRINT_TYPES),
+            events.c.at >= since,
+            events.c.at <= until,
+            events.c.data.like('%"gpu_memory_mib":%'),
+        )
+        .order_by(events.c.seq)
+        .limit(limit)
+    )
+    out: list[dict[str, Any]] = []
+    with engine.connect() as conn:
+        for row in conn.execute(query).mappings():
+            mib = json.loads(row["data"]).get("gpu_memory_mib")
+            if isinstance(mib, int) and row["model"]:
+                out.append({"at": row["at"], "model": row["model"], "mib": mib})
+    return out
 
 
 def _finished_filter(

@@ -131,6 +131,7 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         bars = await asyncio.to_thread(q.timeline_requests, engine, lo, hi, caller, MAX_BARS + 1)
         loads = await asyncio.to_thread(q.timeline_swaps, engine, lo, hi, MAX_BARS)
         loads = swaps_seen_by(loads, caller)  # others' swaps: no request id, no caller
+        held = await asyncio.to_thread(q.timeline_footprints, engine, lo, hi, MAX_BARS)
         now = time.time() if live is not None else hi
         return _json(
             {
@@ -139,6 +140,7 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
                 "now": now,
                 "requests": bars[:MAX_BARS],
                 "swaps": loads,
+                "footprints": held,
                 "truncated": len(bars) > MAX_BARS,
             }
         )

@@ -2,8 +2,12 @@
 // slots) shows side by side; a bar per request coloured by band (a model's
 // overlapping requests stacked in its row, one track per slot in use), its
 // loads hatched, idle time left empty. Hover tells, click opens the story.
+// Each load says the GPU memory the model held while resident (its footprint, as
+// the log recorded it), and the row's label its largest in the window; on a live
+// server the models page's memory bar stands above the chart.
 import { api } from "./api.js";
 import { clock, duration, h, s, stamp } from "./dom.js";
+import { gib, memoryBar } from "./models.js";
 
 const WIDTH = 1200;
 const LANE_Y = 24;
@@ -20,7 +24,7 @@ function utcInput(unix) {
   return new Date(unix * 1000).toISOString().slice(0, 16);
 }
 
-export async function render(main) {
+export async function render(main, info) {
   const choice = h("select", { id: "window" }, WINDOWS.map(([v, t]) => h("option", { value: v, selected: v === "fit" }, t)));
   const from = h("input", { type: "datetime-local", id: "from", hidden: true });
   const to = h("input", { type: "datetime-local", id: "to", hidden: true });
@@ -29,7 +33,8 @@ export async function render(main) {
   const chart = h("div", { id: "timeline" });
   const hover = h("p", { id: "hover", class: "muted" }, "Hover a bar to see the request; click it to open its story.");
   const summary = h("p", { id: "summary" });
-  main.append(h("h1", {}, "GPU timeline"), controls, summary, chart, hover, legend());
+  const memory = h("div", { id: "timeline-memory" });
+  main.append(h("h1", {}, "GPU timeline"), memory, controls, summary, chart, hover, legend());
 
   choice.addEventListener("change", () => {
     from.hidden = to.hidden = choice.value !== "custom";
@@ -51,6 +56,11 @@ export async function render(main) {
       query = `hours=${choice.value}`;
     }
     const data = await api("/ui/api/timeline?" + query);
+    if (info && info.live) {
+      // The GPU now, as on the models page; the chart may show the past, so it is only a header.
+      const models = await api("/ui/api/models").catch(() => null);
+      memory.replaceChildren(memoryBar(models && models.memory) ?? "");
+    }
     if (choice.value !== "custom") {
       from.value = utcInput(data.since);
       to.value = utcInput(data.until);
@@ -85,6 +95,19 @@ export async function render(main) {
       into.requests.push({ r, start, end, track });
       busy.push(clip(start, end));
     }
+    // A load's footprint: the most the log recorded for its model from the load's
+    // start until the model's next load (its residency), in MiB; null: never measured.
+    const footprints = data.footprints ?? [];
+    for (const lane of rows.values()) {
+      lane.swaps.forEach((sw, i) => {
+        const next = lane.swaps[i + 1];
+        const until = next ? next.started_at : Infinity;
+        const held = footprints.filter((f) => f.model === lane.model && f.at >= sw.started_at && f.at <= until);
+        sw.mib = held.length ? Math.max(...held.map((f) => f.mib)) : null;
+      });
+      const known = lane.swaps.filter((sw) => sw.mib !== null);
+      lane.mib = known.length ? Math.max(...known.map((sw) => sw.mib)) : null;
+    }
     const bars = [];
     let y = LANE_Y;
     for (const lane of [...rows.values()].sort((p, q) => (p.model < q.model ? -1 : p.model > q.model ? 1 : 0))) {
@@ -92,17 +115,23 @@ export async function render(main) {
       const height = LANE_H + (depth - 1) * TRACK_H;
       const group = [
         s("rect", { class: "idle", x: LABEL_W, y, width: WIDTH, height }),
-        s("text", { class: "row-label", x: LABEL_W - 8, y: y + height / 2 + 4 }, lane.model),
+        s("text", { class: "row-label", x: LABEL_W - 8, y: y + height / 2 + (lane.mib === null ? 4 : -2) }, lane.model),
       ];
+      if (lane.mib !== null) {
+        group.push(s("text", { class: "row-memory", x: LABEL_W - 8, y: y + height / 2 + 12 }, gib(lane.mib),
+          s("title", {}, `the most GPU memory ${lane.model} held in this window`)));
+      }
       for (const sw of lane.swaps) {
         const x0 = x(sw.started_at);
         const x1 = x(sw.finished_at ?? data.now);
+        const held = sw.mib === null ? "" : `, holds ${gib(sw.mib)}`;
         const rect = s("rect", {
           class: "bar swap" + (sw.error ? " failed" : ""), x: x0, y, width: Math.max(1, x1 - x0), height,
-        }, s("title", {}, `load ${sw.to_model}` + (sw.error ? ` failed: ${sw.error}` : "")));
+          "data-mib": sw.mib,
+        }, s("title", {}, `load ${sw.to_model}${held}` + (sw.error ? ` failed: ${sw.error}` : "")));
         rect.addEventListener("mouseenter", () => {
           hover.textContent = `Swap ${sw.from_model || "nothing"} → ${sw.to_model}, ${duration(sw.duration_ms / 1000)} from ${clock(sw.started_at)}` +
-            (sw.another_caller ? ", caused by another caller's request" : sw.request_id ? `, caused by ${sw.request_id}` : ", a preload") + (sw.error ? ` (failed: ${sw.error})` : "");
+            (sw.another_caller ? ", caused by another caller's request" : sw.request_id ? `, caused by ${sw.request_id}` : ", a preload") + held + (sw.error ? ` (failed: ${sw.error})` : "");
         });
         group.push(rect);
       }
