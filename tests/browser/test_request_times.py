@@ -13,7 +13,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.e2e.gateway import Gateway, fake_model
+from tests.e2e.gateway import Gateway, fake_model, poll
 from tests.e2e.test_renders import comfy_config, workflow
 
 pytestmark = pytest.mark.browser
@@ -48,6 +48,8 @@ def test_the_queue_page_says_a_run_past_every_run_of_its_model_has_no_known_end(
         held = pool.submit(
             client.post, "/v1/chat/completions", json={**chat, "fake": {"hold_file": str(hold)}}
         )
+        # Only once the held run has started, or `behind` could run first and finish.
+        poll(lambda: client.get("/api/queue").json()["running"], "the held run to start")
         behind = pool.submit(client.post, "/v1/chat/completions", json=chat)
         try:
             page.goto(gw.url + "/ui/")
