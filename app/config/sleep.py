@@ -115,7 +115,7 @@ def vllm(level: int = 1) -> tuple[tuple[HttpCall, ...], tuple[HttpCall, ...]]:
 
 
 COMFYUI_FREE: Final = HttpCall("POST", "/free", {"unload_models": True, "free_memory": True})
-"""ComfyUI's `/free` as its manager's "Free model and node cache" sends it: the
+"""ComfyUI's `/free` as ComfyUI-Manager's "Free model and node cache" sends it: the
 models unloaded and the node cache (host copies of the weights) dropped."""
 
 

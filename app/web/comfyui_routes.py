@@ -281,7 +281,8 @@ class ComfyDoor:
         path: str,
         headers: dict[str, str],
     ) -> None:
-        """ComfyUI's own answer while it runs, outside the queue; 409 when it does not."""
+        """ComfyUI's own answer while it runs (or sleeps), outside the queue; 409 when
+        it does not."""
         who = identity(scope)
         method = str(scope.get("method", "GET"))
         allowed = is_admin(who) or USER_PATHS.match(path)
@@ -289,7 +290,8 @@ class ComfyDoor:
             message = f"{method} /comfyui{path} needs an admin API key"
             await send_error(send, 403, message, code="admin_key_required")
             return
-        if self.scheduler.model_status(model).state != "ready":
+        # A sleeping ComfyUI (`sleep: comfyui`) still answers: nothing here loads its models.
+        if self.scheduler.model_status(model).state not in ("ready", "sleeping"):
             if path == "/view" and self.config.models[model].output_dir is not None:
                 await self._view_kept(scope, send, model, only_caller(who))
                 return

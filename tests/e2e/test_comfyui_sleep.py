@@ -109,6 +109,10 @@ def slept_and_woken(gw: Gateway, record: Path, gpu: Path) -> None:
         assert running == {"comfyui_auto": "sleeping", "chat": "ready"}
         # Its process runs on, its models freed: only the context is left.
         poll(lambda: held_mib(gpu, pid) == 500, "ComfyUI's models to be freed")
+        # Asleep, it still answers its side paths, and they wake nothing.
+        r = client.get("/comfyui/object_info")
+        assert r.status_code == 200 and "FakeRender" in r.json(), r.text
+        assert not events(gw, "process_woken") and held_mib(gpu, pid) == 500
         second = prompt(client, 0.3)  # wakes it: the prompt loads the models again
         rendered(client, second)
         assert {r["pid"] for r in records(record)} == {pid}  # no cold start
