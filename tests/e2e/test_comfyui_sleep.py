@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -140,6 +141,12 @@ def slept_and_woken(gw: Gateway, record: Path, gpu: Path) -> None:
     woken = events(gw, "process_woken")[0][1]
     assert woken["pid"] == pid == events(gw, "process_started")[0][1]["pid"]
     assert_log_sound(gw)
+    verified = subprocess.run(
+        [sys.executable, "-m", "tools.replay", str(gw.db), "--verify"],
+        capture_output=True,
+        text=True,
+    )
+    assert verified.returncode == 0 and verified.stdout.startswith("ok: "), verified.stdout
 
 
 def test_eviction_wanted_mid_render_waits_for_the_render_then_sleeps(
