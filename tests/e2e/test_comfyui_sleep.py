@@ -8,7 +8,10 @@ again, so each test reads what the server really went through."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -25,7 +28,7 @@ from tests.e2e.test_renders import history, rendering, workflow
 Start = Callable[[str], Gateway]
 
 
-def config(record: Path, gpu: Path | None = None) -> str:
+def config(record: Path, gpu: Path | None = None, sleep: str = "comfyui") -> str:
     """ComfyUI (sleeping by /free) beside a chat model, one at a time on one GPU."""
     held = f" --gpu-dir {gpu} --gpu-mib 20000 --gpu-context-mib 500" if gpu else ""
     comfy = textwrap.dedent(
@@ -34,7 +37,8 @@ def config(record: Path, gpu: Path | None = None) -> str:
             cmd: {sys.executable} -m tools.fake_comfyui --port ${{PORT}} --record {record}{held}
             checkEndpoint: /system_stats
             maxRunTime: 120
-            sleep: comfyui
+            unloadTimeout: 1
+            sleep: {sleep}
         """
     )
     return "models:" + (comfy + fake_model("chat")).replace("\n", "\n  ") + "\n"
@@ -179,4 +183,36 @@ def test_eviction_wanted_mid_render_waits_for_the_render_then_sleeps(
         "process_slept",
     ]
     assert not [r for r in records(record) if r["event"] == "stopped_mid_render"]
+    assert_log_sound(gw)
+
+
+def test_a_comfyui_that_hung_asleep_fails_its_wake_and_the_prompt_gets_a_new_one(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """ComfyUI has no wake call, so its wake asks `GET /system_stats`: a sleeper
+    that stopped answering (here SIGSTOPped) is stopped and cold-started for the
+    prompt, recorded, instead of the prompt being sent into it."""
+    record = tmp_path / "comfy.jsonl"
+    gw = gateway(config(record, sleep="{preset: comfyui, wakeTimeout: 1}"))
+    with gw.client() as client:
+        rendered(client, prompt(client, 0.1))
+        assert chat(client).status_code == 200  # ComfyUI sleeps
+        poll(lambda: events(gw, "process_slept"), "ComfyUI's sleep")
+        hung = records(record)[0]["pid"]
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            second = prompt(client, 0.1)
+            rendered(client, second)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(hung, signal.SIGCONT)  # if it was not killed: let its stop end
+    pids = [r["pid"] for r in records(record) if r["event"] == "render_started"]
+    assert pids[0] == hung and pids[1] != hung, pids
+    skipped = events(gw, "sleep_skipped")
+    assert [(d["action"], d["why"]) for _, d in skipped] == [
+        ("wake", "the wake took more than its 1 s")
+    ]
+    assert [d["reason"] for _, d in events(gw, "process_stopped") if d["model"] == "comfyui_auto"][
+        :1
+    ] == ["wake_failed"]
     assert_log_sound(gw)
