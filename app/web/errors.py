@@ -36,6 +36,8 @@ from app.jobs.errors import (
     Unavailable,
 )
 from app.runtime.admission import Refused
+from app.runtime.out_of_memory import failed_load_status
+from app.runtime.upstream import UpstreamStartError
 
 log = logging.getLogger("gpulane.http")
 
@@ -132,6 +134,18 @@ async def send_refused(send: Send, exc: Refused) -> None:
     await send_error(
         send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
     )
+
+
+def start_failure(failure: BaseException) -> tuple[int, str]:
+    """The status and code of a request whose model failed to start (`failure`,
+    its ticket's exception): 503 `upstream_out_of_memory` when its server ran out
+    of GPU memory, 502 `upstream_start_failed` for another load failure, 500 for
+    anything else."""
+    if not isinstance(failure, UpstreamStartError):
+        return 500, "upstream_start_failed"
+    status = failed_load_status(failure.out_of_memory)
+    code = "upstream_start_failed" if failure.out_of_memory is None else "upstream_out_of_memory"
+    return status, code
 
 
 def retry_after(seconds: int | None) -> list[tuple[bytes, bytes]]:

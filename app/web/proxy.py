@@ -22,12 +22,11 @@ from app.jobs.durable import JobRequest
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
-from app.runtime.upstream import UpstreamStartError
 from app.web.access_log import note_model
 from app.web.auth import ANONYMOUS, identify
 from app.web.chain_headers import read_chain
 from app.web.comfyui_routes import ComfyDoor
-from app.web.errors import send_error, send_refused
+from app.web.errors import send_error, send_refused, start_failure
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
 from app.web.jobs import JobDoor
 from app.web.model_routes import forwarded_path
@@ -284,8 +283,7 @@ class Proxy:
             failure = ticket.ready.exception()
             if failure is not None:
                 message = f"model {admission.model!r} failed to start: {failure}"
-                status = 502 if isinstance(failure, UpstreamStartError) else 500
-                await out.error(Detached(status, "upstream_start_failed", message))
+                await out.error(Detached(*start_failure(failure), message))
                 return
             raw_query: bytes = scope.get("query_string", b"")
             url = upstream_url(

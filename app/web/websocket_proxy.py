@@ -47,7 +47,12 @@ from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.web.access_log import note_model
 from app.web.auth import Identity, identify
-from app.web.errors import retry_after, send_websocket_error, send_websocket_refusal
+from app.web.errors import (
+    retry_after,
+    send_websocket_error,
+    send_websocket_refusal,
+    start_failure,
+)
 from app.web.forward import HOP_BY_HOP, outgoing_headers, ticket_headers
 from app.web.model_routes import forwarded_path, model_in_path
 from app.web.request_body import BadRequest, max_wait_ns, query_model
@@ -167,7 +172,8 @@ class WebsocketProxy:
             failure = ticket.ready.exception()
             if failure is not None:  # the scheduler has recorded it, as for HTTP
                 message = f"model {model!r} failed to start: {failure}"
-                await deny(502, message, "upstream_start_failed")
+                status, code = start_failure(failure)
+                await deny(status, message, code)
                 return
             url = websocket_url(ticket.ready.result(), path, query)
             target = self.scheduler.target_of(ticket.request_id, ticket.model)
