@@ -442,7 +442,12 @@ class UpstreamProcess:
                 reason = (
                     f"not healthy at {url} within {self.health_check_timeout:g}s (last: {last})"
                 )
-                raise UpstreamStartError(reason, model_id=self.spec.id, output=self._tail)
+                raise UpstreamStartError(
+                    reason,
+                    model_id=self.spec.id,
+                    output=self._tail,
+                    out_of_memory=self.out_of_memory,
+                )
             probe = asyncio.ensure_future(probe_once(remaining))
             # Race the probe against exit so a crash fails the start at once.
             waiting: set[asyncio.Future[Any]] = {probe, exited}
@@ -460,7 +465,11 @@ class UpstreamProcess:
                         "keeps running (a placeholder such as `sleep infinity`), or another port"
                     )
                 raise UpstreamStartError(
-                    reason, model_id=self.spec.id, exit_code=code, output=self._tail
+                    reason,
+                    model_id=self.spec.id,
+                    exit_code=code,
+                    output=self._tail,
+                    out_of_memory=self.out_of_memory,
                 )
             if not probe.cancelled():
                 error = probe.exception()
