@@ -73,6 +73,8 @@ FAIL_START_CODE = 1
 DEFAULT_CHUNKS = 4
 
 _stdout_lock = threading.Lock()
+_gpu_release: tuple[str, int, int, float | None] | None = None
+"""How this process gives back its fake GPU memory (`--gpu-dir`), once set."""
 
 
 def log(line: str) -> None:
@@ -172,6 +174,8 @@ class FakeHandler(BaseHTTPRequestHandler):
                 time.sleep(0.02)
         if fake.die_with is not None:
             print(fake.die_with, file=sys.stderr, flush=True)
+            if _gpu_release is not None:  # an exit frees a process's GPU memory
+                _gpu_give_back(*_gpu_release)
             os._exit(DIE_MID_STREAM_CODE)
         if fake.hang:
             self._hang_until_disconnect()
@@ -495,6 +499,8 @@ def main(argv: list[str] | None = None) -> None:
         _gpu_hold(args.gpu_dir, os.getpid(), {"mib": args.gpu_mib})
         after = None if args.gpu_release_after == "never" else float(args.gpu_release_after)
         release = (args.gpu_dir, os.getpid(), args.gpu_mib, after)
+        global _gpu_release
+        _gpu_release = release
     if args.exit_at_start:
         print(f"{name} error: exiting at start as asked", file=sys.stderr, flush=True)
         sys.exit(EXIT_AT_START_CODE)

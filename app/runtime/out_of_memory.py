@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping
 
 from app.runtime.gpu import GpuSnapshot
 
+OUT_OF_MEMORY = (503, "upstream_out_of_memory")
+"""The status and code of a request failed by its server running out of GPU memory."""
+
 MAX_LINE = 400
 """A longer line is cut: it goes into an error message and an event."""
 
@@ -90,8 +93,17 @@ def out_of_memory_error(line: str, in_use: str | None, error: str) -> str:
     )
 
 
+def died_out_of_memory(model: str, line: str, error: str) -> str:
+    """The error of a request whose server died out of GPU memory while serving it."""
+    return (
+        f"model {model!r} ran out of GPU memory while serving this request: its server "
+        f"exited ({line}). It is loaded again for the next request; if this recurs, give it "
+        f"room (a smaller context or batch, or less beside it on the GPU).\n{error}"
+    )
+
+
 def failed_load_status(out_of_memory: str | None) -> int:
     """The HTTP status of a request whose model failed to load: 503 when its
     server ran out of GPU memory (the GPU is full, not the server broken: a later
     try may load it), else 502."""
-    return 502 if out_of_memory is None else 503
+    return 502 if out_of_memory is None else OUT_OF_MEMORY[0]

@@ -52,7 +52,7 @@ from app.runtime.metrics import Metrics
 from app.runtime.parameters import server_started
 from app.runtime.places import Places
 from app.runtime.ports import Cancellable, EventSink, Timers, first_of
-from app.runtime.processes import UpstreamFactory
+from app.runtime.processes import Upstream, UpstreamFactory
 from app.runtime.reload import adopt, process_identity, reload_summary
 from app.runtime.stops import Stops
 from app.runtime.swaps import Swaps
@@ -61,6 +61,10 @@ from app.runtime.upstream import UpstreamStartError
 from app.runtime.views import SchedulerViews
 
 log = logging.getLogger("gpulane.scheduler")
+
+EXIT_WAIT_S = 0.5
+"""How long a failed request waits for its server's exit, to tell whether it
+died out of GPU memory (`died_out_of_memory`)."""
 
 
 class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
@@ -401,6 +405,19 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
             Detached(409, "request_cancelled", f"request {request_id} was cancelled"),
         )
         return was
+
+    async def died_out_of_memory(self, proc: Upstream | None) -> str | None:
+        """The line `proc` (the server a request was sent to, `processes.get`
+        then) printed saying the GPU ran out of memory, once it has exited by
+        itself; None when it runs on, was stopped, or said nothing so. A dropped
+        connection is often seen before the exit: waits up to `EXIT_WAIT_S` for it."""
+        if proc is None or proc.pid is None:
+            return None
+        if proc.running:
+            exited = asyncio.ensure_future(proc.wait_exit())
+            await first_of(self._timers, exited, EXIT_WAIT_S)
+            exited.cancel()  # no-op once done
+        return None if proc.running or proc.stopping else proc.out_of_memory
 
     async def reload_crashed(self, request_id: str) -> bool:
         """The request's upstream refused the connection: if its process died

@@ -36,7 +36,7 @@ from app.jobs.errors import (
     Unavailable,
 )
 from app.runtime.admission import Refused
-from app.runtime.out_of_memory import failed_load_status
+from app.runtime.out_of_memory import OUT_OF_MEMORY
 from app.runtime.upstream import UpstreamStartError
 
 log = logging.getLogger("gpulane.http")
@@ -143,9 +143,7 @@ def start_failure(failure: BaseException) -> tuple[int, str]:
     anything else."""
     if not isinstance(failure, UpstreamStartError):
         return 500, "upstream_start_failed"
-    status = failed_load_status(failure.out_of_memory)
-    code = "upstream_start_failed" if failure.out_of_memory is None else "upstream_out_of_memory"
-    return status, code
+    return (502, "upstream_start_failed") if failure.out_of_memory is None else OUT_OF_MEMORY
 
 
 def retry_after(seconds: int | None) -> list[tuple[bytes, bytes]]:

@@ -8,6 +8,7 @@ GPU memory")."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,6 +92,11 @@ def events(gw: Gateway, kind: str) -> list[dict[str, object]]:
     return poll(read, f"a {kind} event")
 
 
+def ended(gw: Gateway, request_id: str) -> list[sqlite3.Row]:
+    query = "SELECT error, http_status FROM requests WHERE id = ? AND finished_at IS NOT NULL"
+    return poll(lambda: gw.sql(query, request_id), f"request {request_id} recorded as ended")
+
+
 def test_a_load_out_of_gpu_memory_says_so_everywhere(start: Start) -> None:
     gw, _ = start()
     assert chat(gw, "A").status_code == 200
@@ -111,7 +117,7 @@ def test_a_load_out_of_gpu_memory_says_so_everywhere(start: Start) -> None:
     assert swap_failed["out_of_memory"] == CUDA_MALLOC
     stopped = [e for e in events(gw, "process_stopped") if e["reason"] == "failed_start"]
     assert [e["out_of_memory"] for e in stopped] == [CUDA_MALLOC]
-    (row,) = gw.wait_for("SELECT error, http_status FROM requests WHERE id = ?", request_id)
+    (row,) = ended(gw, request_id)
     assert row["http_status"] == 503 and CUDA_MALLOC in row["error"]
     assert chat(gw, "A").status_code == 200  # A, still resident, serves on
 
@@ -132,15 +138,24 @@ def test_a_load_out_of_gpu_memory_says_so_everywhere(start: Start) -> None:
     # last request's affinity wrong (so on main too, with no failure at all).
 
 
-def test_a_server_dying_out_of_memory_mid_request_is_recorded_so(start: Start) -> None:
+def test_a_server_dying_out_of_memory_mid_request_says_so(start: Start) -> None:
     gw, _ = start()
     assert chat(gw, "A").status_code == 200
-    died = chat(gw, "A", die_with=TORCH)
-    assert died.status_code == 502, died.text
+    died = chat(gw, "A", die_with=TORCH)  # it dies at once; gpulane loads it, retries once
+    assert died.status_code == 503, died.text
+    request_id = died.headers["x-request-id"]
+    error = died.json()["error"]
+    assert error["code"] == "upstream_out_of_memory"
+    assert error["message"].startswith(
+        f"model 'A' ran out of GPU memory while serving this request: its server exited ({TORCH})."
+    ), error["message"]
     crashed = poll(
         lambda: [e for e in events(gw, "process_stopped") if e["reason"] == "crashed"],
         "the crash recorded",
     )
     assert crashed[0]["out_of_memory"] == TORCH
+    (row,) = ended(gw, request_id)
+    assert row["http_status"] == 503 and TORCH in row["error"]
+    assert chat(gw, "A").status_code == 200  # loaded again for the next request
     gw.stop()
     assert_log_replays(gw.db)
