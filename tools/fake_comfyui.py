@@ -40,7 +40,12 @@ Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
   "prompt_id", "node"}`, one per step) goes to the prompt's `client_id`, or to
   every socket when the prompt has none; `executing` and the status messages
   (`execution_start`, `execution_success`, ...) only to a prompt's `client_id`,
-  except `execution_interrupted`, which a prompt without one broadcasts.
+  except `execution_interrupted`, which a prompt without one broadcasts. A
+  binary preview (`PREVIEW_IMAGE` 1, image type 1, then the bytes) follows each
+  `progress`, to the same sockets. Every change of the queue (a prompt put, a
+  prompt done) sends every socket `status` without `sid` (`queue_updated`), and
+  a prompt's last message is `executing` with `node: null`, sent after its
+  history entry is written (`main.py` `prompt_worker`).
 
 The fake's own nodes: `FakeRender` (inputs `seconds` (1.0), `steps` (10),
 `fail` (false): an `execution_error` at the last step) and `SaveImage`; both
@@ -67,6 +72,7 @@ import heapq
 import json
 import os
 import signal
+import struct
 import sys
 import threading
 import time
@@ -169,10 +175,28 @@ class Queue:
             if socket is not None:
                 socket.send_json(event, data)
 
+    def send_preview(self, image: bytes, sid: str | None) -> None:
+        """ComfyUI's `send_bytes` of a preview (`hijack_progress`, where a preview
+        method is set): a binary frame, PREVIEW_IMAGE (1) then the image type
+        (1: JPEG), big-endian, then the image; to whom progress goes."""
+        with self.lock:
+            targets = list(self.sockets.values()) if sid is None else [self.sockets.get(sid)]
+        for socket in targets:
+            if socket is not None:
+                with contextlib.suppress(OSError):
+                    socket.send_frame(0x2, struct.pack(">II", 1, 1) + image)
+
+    def queue_updated(self) -> None:
+        """ComfyUI's `queue_updated`: the queue's `status` to every socket, no sid."""
+        running, pending = self.items()
+        status = {"exec_info": {"queue_remaining": len(running) + len(pending)}}
+        self.send("status", {"status": status}, None)
+
     def put(self, item: tuple[float, str, dict[str, Any], dict[str, Any], list[str]]) -> None:
         with self.lock:
             heapq.heappush(self.pending, item)
             self.not_empty.notify()
+        self.queue_updated()
 
     def note(self, event: str, **fields: Any) -> None:
         if self.record is None:
@@ -247,6 +271,7 @@ class Queue:
                     break
                 progress = {"value": step + 1, "max": steps, "prompt_id": prompt_id}
                 self.send("progress", progress | {"node": node_id}, client)
+                self.send_preview(f"fake preview {prompt_id} {step + 1}".encode(), client)
             if self.interrupted:
                 add("execution_interrupted", _where(prompt_id, node_id, node), broadcast=True)
                 success = False
@@ -271,8 +296,6 @@ class Queue:
             add("execution_success", {"prompt_id": prompt_id})
         outcome = "success" if success else ("interrupted" if self.interrupted else "error")
         self.note("render_ended", prompt_id=prompt_id, outcome=outcome)
-        if client is not None:
-            self.send("executing", {"node": None, "prompt_id": prompt_id}, client)
         with self.lock:
             self.running = None
             self.history[prompt_id] = {
@@ -285,6 +308,10 @@ class Queue:
                 },
                 "meta": {nid: {"node_id": nid} for nid in ui},
             }
+        self.queue_updated()
+        # After the history entry, as ComfyUI's prompt_worker (task_done first).
+        if client is not None:
+            self.send("executing", {"node": None, "prompt_id": prompt_id}, client)
 
     def items(self) -> tuple[list[list[Any]], list[list[Any]]]:
         with self.lock:

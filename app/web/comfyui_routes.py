@@ -18,6 +18,8 @@ ComfyUI while it runs, without the queue (nothing there uses the GPU), and is
 409 naming what would load it when it does not: nothing but a prompt loads or
 swaps anything (as llama-swap's `ignorePaths`). With apiKeys a user key sees and
 cancels only its own prompts, and fetches through `/view` only their images.
+`/ws` is gpulane's own socket, open whether ComfyUI runs or not, where each
+caller hears its own prompts' messages (app/web/comfyui_sockets.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from app.web.access import identity, is_admin, only_caller
 from app.web.auth import identify
 from app.web.chain_headers import read_chain
 from app.web.comfyui import ComfyProbe, failed_entry
+from app.web.comfyui_sockets import ComfySockets
 from app.web.errors import (
     send_error,
     send_json,
@@ -79,10 +82,13 @@ class ComfyDoor:
         self.numbers: dict[str, int] = {}
         """Prompt id -> the `number` it was answered with (this process's)."""
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
-        self.probe = ComfyProbe()
+        self.hub = ComfySockets(scheduler, self.model)
+        """`/comfyui/ws`: gpulane's own socket, fed by the probe (comfyui_sockets.py)."""
+        self.probe = ComfyProbe(relay=self.hub)
         self.sockets = WebsocketProxy(config, scheduler)
 
     async def aclose(self) -> None:
+        await self.hub.aclose()
         await self.client.aclose()
         await self.probe.aclose()
 
@@ -115,10 +121,14 @@ class ComfyDoor:
             return
         raw = scope.get("raw_path") or scope["path"].encode()
         path = raw.decode("latin-1").split("?", 1)[0].removeprefix("/comfyui") or "/"
+        if scope["type"] == ScopeType.WEBSOCKET and path == "/ws":
+            # gpulane's own: any key that may post prompts hears its own there.
+            await self.hub.serve(scope, receive, send)
+            return
         if scope["type"] == ScopeType.WEBSOCKET:
-            # `/ws`: ComfyUI's messages, a side channel beside the prompts, never
-            # a job (app/web/websocket_proxy.py). Admin only: ComfyUI gives a
-            # client id's messages to whoever connects with it last.
+            # Any other socket is ComfyUI's own, passed through, never a job
+            # (app/web/websocket_proxy.py). Admin only: ComfyUI gives a client
+            # id's messages to whoever connects with it last.
             await self.sockets.serve(
                 scope, receive, send, model, path, "/comfyui" + path, admin_only=True
             )
