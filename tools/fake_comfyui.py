@@ -48,8 +48,9 @@ Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
   history entry is written (`main.py` `prompt_worker`).
 
 The fake's own nodes: `FakeRender` (inputs `seconds` (1.0), `steps` (10),
-`fail` (false): an `execution_error` at the last step) and `SaveImage`; both
-are output nodes. `--output DIR` writes each output image there, as ComfyUI
+`fail` (false): an `execution_error` at the last step, `last_message_after`
+(0): seconds between writing the history entry and the last `executing`) and
+`SaveImage`; both are output nodes. `--output DIR` writes each output image there, as ComfyUI
 writes its `output/` folder. `--record FILE` appends a JSON line per render start and
 end, and one when SIGTERM arrives mid-render (`stopped_mid_render`), so a test
 can tell whether two renders overlapped or a server was stopped inside one.
@@ -309,7 +310,10 @@ class Queue:
                 "meta": {nid: {"node_id": nid} for nid in ui},
             }
         self.queue_updated()
-        # After the history entry, as ComfyUI's prompt_worker (task_done first).
+        # After the history entry, as ComfyUI's prompt_worker (task_done first);
+        # `last_message_after` stretches the gap, as a busy publish loop does.
+        inputs = [n.get("inputs", {}) for n in prompt.values()]
+        time.sleep(max([float(i.get("last_message_after", 0)) for i in inputs] + [0.0]))
         if client is not None:
             self.send("executing", {"node": None, "prompt_id": prompt_id}, client)
 

@@ -83,8 +83,10 @@ def prompt_ids(messages: list[Any]) -> set[str]:
     }
 
 
-def post(client: httpx.Client, client_id: str | None, seconds: float, steps: int = 10) -> str:
-    body: dict[str, Any] = {"prompt": workflow(seconds, steps=steps)}
+def post(
+    client: httpx.Client, client_id: str | None, seconds: float, steps: int = 10, **inputs: Any
+) -> str:
+    body: dict[str, Any] = {"prompt": workflow(seconds, steps=steps, **inputs)}
     if client_id is not None:
         body["client_id"] = client_id
     r = client.post("/comfyui/prompt", json=body)
@@ -114,8 +116,9 @@ def test_a_user_key_hears_its_prompt_through_gpulanes_socket(
     """A user key opens `/comfyui/ws?clientId=X` (it used to be admin only: a raw
     proxy to ComfyUI's socket), posts a prompt with `client_id` X and hears all
     of it through gpulane: the socket's opening `status`, the prompt's start,
-    every step, the previews, its success and its end, with the `prompt_id` it
-    was answered with."""
+    every step, the previews, its success and its end (which ComfyUI sends
+    after the history says the prompt ended: gpulane waits for it), with the
+    `prompt_id` it was answered with."""
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record, keys=KEYS))
     with gw.client(headers=ALICE) as alice, socket(gw, "studio-1", ALICE) as ws:
@@ -123,7 +126,8 @@ def test_a_user_key_hears_its_prompt_through_gpulanes_socket(
         assert opened["type"] == "status", opened
         assert opened["data"]["sid"] == "studio-1"
         assert opened["data"]["status"]["exec_info"]["queue_remaining"] == 0
-        prompt_id = post(alice, "studio-1", 2.0, steps=10)
+        # ComfyUI sends the last message after the history entry: here 0.6 s after.
+        prompt_id = post(alice, "studio-1", 2.0, steps=10, last_message_after=0.6)
         messages = until_end(ws, prompt_id)
         assert steps(messages, prompt_id) == list(range(1, 11)), messages
         seen = kinds(messages, prompt_id)
