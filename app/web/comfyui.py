@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
@@ -60,12 +61,16 @@ LINGER_S = 2.0
 log = logging.getLogger("gpulane.jobs")
 
 
+Deliver = Callable[[str, str | bytes], None]
+"""Hands one message of a prompt on: (its type, `preview` for a binary one; the message)."""
+
+
 class Relay(Protocol):
     """Where a prompt's messages go on to (app/web/comfyui_sockets.py)."""
 
-    def relay(self, prompt_id: str, client_id: str | None, kind: str, message: str | bytes) -> None:
-        """`kind`: the message's type, `preview` for a binary one; `client_id`:
-        the one its client posted the prompt with (None: none)."""
+    def route(self, prompt_id: str, client_id: str | None) -> Deliver:
+        """Where the messages of `prompt_id` go, decided when it is submitted
+        (it runs then); `client_id`: the one its client posted (None: none)."""
         ...
 
 
@@ -135,18 +140,33 @@ class ComfyProbe:
     async def wait(self, base_url: str, job_id: str) -> Verdict:
         try:
             verdict = await self._wait(base_url, job_id)
-            watch = self._watches.get(job_id)
+        except asyncio.CancelledError:
+            # Taken away: `interrupt` comes next, and lets the socket go once
+            # ComfyUI said how the prompt ended (its `execution_interrupted`).
+            self._progress.pop(job_id, None)
+            raise
+        except BaseException:
+            await self._unwatch(job_id)
+            self._progress.pop(job_id, None)
+            raise
+        await self._linger(job_id)
+        self._progress.pop(job_id, None)
+        return verdict
+
+    async def _linger(self, job_id: str) -> None:
+        """Let the prompt's socket go once its last message came, or after LINGER_S."""
+        watch = self._watches.get(job_id)
+        try:
             if watch is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(watch.ended.wait(), LINGER_S)
-            return verdict
         finally:
             await self._unwatch(job_id)
-            self._progress.pop(job_id, None)
 
     async def _watch(self, base_url: str, job_id: str, client_id: str | None) -> str | None:
         """Open the probe's socket for `job_id` and start reading it: the id it
         is registered under at ComfyUI, or None when it did not open."""
+        await self._unwatch(job_id)  # a job sent again: its last socket is done with
         own = f"gpulane-{uuid.uuid4().hex}"
         url = "ws" + base_url.removeprefix("http") + f"/ws?clientId={own}"
         # A short close: the render's end waits for this socket to be let go.
@@ -169,8 +189,9 @@ class ComfyProbe:
             if socket is not None:
                 await socket.close()
             return None
+        deliver = None if self.relay is None else self.relay.route(job_id, client_id)
         watch = self._watches[job_id] = _Watch()
-        watch.task = asyncio.ensure_future(self._listen(socket, job_id, client_id, watch))
+        watch.task = asyncio.ensure_future(self._listen(socket, job_id, deliver, watch))
         return own
 
     async def _unwatch(self, job_id: str) -> None:
@@ -181,15 +202,15 @@ class ComfyProbe:
                 await watch.task
 
     async def _listen(
-        self, socket: ClientConnection, job_id: str, client_id: str | None, watch: _Watch
+        self, socket: ClientConnection, job_id: str, deliver: Deliver | None, watch: _Watch
     ) -> None:
         """Keep the render's last `progress` and relay its messages until cancelled."""
         try:
             async with socket:
                 async for message in socket:
                     if isinstance(message, bytes):
-                        if self.relay is not None:  # a preview: no prompt id, ours
-                            self.relay.relay(job_id, client_id, "preview", message)
+                        if deliver is not None:  # a preview: no prompt id, ours
+                            deliver("preview", message)
                         continue
                     doc = _json(message.encode())
                     kind = doc.get("type") if isinstance(doc, dict) else None
@@ -200,8 +221,8 @@ class ComfyProbe:
                     seen = _progress_of(doc, job_id)
                     if seen is not None:
                         self._progress[job_id] = seen
-                    if self.relay is not None and isinstance(kind, str):
-                        self.relay.relay(job_id, client_id, kind, message)
+                    if deliver is not None and isinstance(kind, str):
+                        deliver(kind, message)
                     if kind == "executing" and isinstance(data, dict) and data.get("node") is None:
                         watch.ended.set()  # ComfyUI's last message of a prompt
         except (OSError, TimeoutError, websockets.WebSocketException) as exc:
@@ -210,6 +231,8 @@ class ComfyProbe:
             log.exception("job %s: reading ComfyUI's websocket failed", job_id)
         finally:
             watch.ended.set()
+            if self._watches.get(job_id) is watch:  # gone by itself (ComfyUI stopped)
+                del self._watches[job_id]
 
     async def _wait(self, base_url: str, job_id: str) -> Verdict:
         misses = 0
@@ -239,8 +262,11 @@ class ComfyProbe:
                 return verdict_of(job_id, entry)
 
     async def interrupt(self, base_url: str, job_id: str) -> None:
-        await self.client.post(base_url + "/queue", json={"delete": [job_id]})
-        await self.client.post(base_url + "/interrupt", json={"prompt_id": job_id})
+        try:
+            await self.client.post(base_url + "/queue", json={"delete": [job_id]})
+            await self.client.post(base_url + "/interrupt", json={"prompt_id": job_id})
+        finally:
+            await self._linger(job_id)
 
     async def _entry(self, base_url: str, job_id: str) -> dict[str, Any] | None:
         r = await self.client.get(f"{base_url}/history/{job_id}")

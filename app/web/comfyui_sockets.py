@@ -6,7 +6,7 @@ socket of the prompt's `client_id`, and gives an id to whoever connected with
 it last. Behind gpulane that socket is gpulane's, not ComfyUI's: the held
 runner sends each prompt to ComfyUI under its probe's own id
 (app/web/comfyui.py), the probe hands every message of the prompt here
-(`relay`), and this hub sends it to the client sockets registered under (the
+(`route`), and this hub sends it to the client sockets registered under (the
 prompt's caller, the `client_id` the client posted). So:
 
 - any key that may post prompts may open it (a user key too): a caller hears
@@ -57,7 +57,7 @@ from app.web.request_body import BadRequest
 
 log = logging.getLogger("gpulane.proxy")
 
-SOCKETS_PER_CALLER = 16
+SOCKETS_PER_CALLER = 32
 """Open `/comfyui/ws` sockets per caller (anonymous callers are one caller)."""
 BEHIND_MESSAGES = 1000
 BEHIND_BYTES = 64 * 1024 * 1024
@@ -191,21 +191,28 @@ class ComfySockets:
             if client.dropped:
                 log.info("/comfyui/ws %s: a slow client missed %d previews", sid, client.dropped)
 
-    def relay(self, prompt_id: str, client_id: str | None, kind: str, message: str | bytes) -> None:
-        """A message of `prompt_id` (`kind`: its type, `preview` for a binary
-        one), for the sockets of its caller and `client_id`."""
+    def route(self, prompt_id: str, client_id: str | None) -> Callable[[str, str | bytes], None]:
+        """Where the messages of `prompt_id` go: the sockets of its caller (as it
+        runs now, when it is submitted) and `client_id`. Each is looked up as it
+        comes, so a socket opened or reopened mid-render hears the rest."""
         request = self.scheduler.state.requests.get(prompt_id)
         if request is None:
-            return
-        if client_id is not None:
-            found = self._current.get((request.caller, client_id))
-            targets = [] if found is None else [found]
-        elif kind in BROADCAST:
-            targets = [c for (caller, _), c in self._current.items() if caller == request.caller]
-        else:
-            targets = []
-        for client in targets:
-            client.put(message, preview=kind == "preview")
+            return _nowhere
+        caller = request.caller
+
+        def deliver(kind: str, message: str | bytes) -> None:
+            """`kind`: the message's type, `preview` for a binary one."""
+            if client_id is not None:
+                found = self._current.get((caller, client_id))
+                targets = [] if found is None else [found]
+            elif kind in BROADCAST:
+                targets = [c for (who, _), c in self._current.items() if who == caller]
+            else:
+                targets = []
+            for client in targets:
+                client.put(message, preview=kind == "preview")
+
+        return deliver
 
     async def aclose(self) -> None:
         for client in list(self._open):
@@ -237,6 +244,10 @@ class ComfySockets:
                     client.remaining = counts[client.only]
                     status = {"status": {"exec_info": {"queue_remaining": client.remaining}}}
                     client.put(json.dumps({"type": "status", "data": status}))
+
+
+def _nowhere(kind: str, message: str | bytes) -> None:
+    """A prompt no longer in the queue when it was sent: its messages go nowhere."""
 
 
 async def _read_until_closed(receive: Receive) -> None:

@@ -183,7 +183,7 @@ def test_a_socket_hears_its_prompt_wait_in_gpulanes_queue_and_then_render_after_
     prompt waits behind a chat on the one GPU: the socket says so (`status`,
     queue_remaining 1) while ComfyUI is not even loaded, then, once the chat
     ends and ComfyUI is swapped in, hears the render, and its queue goes back
-    to 0."""
+    to 0. ComfyUI swapped out and in again, it hears the next one too."""
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record))
     release = tmp_path / "release-chat"
@@ -214,3 +214,40 @@ def test_a_socket_hears_its_prompt_wait_in_gpulanes_queue_and_then_render_after_
         assert "execution_success" in kinds(messages, prompt_id)
         done = json.loads(ws.recv(timeout=10))
         assert done == {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}}}}
+        # A chat swaps ComfyUI out, a prompt swaps a new ComfyUI in: the same socket hears it.
+        running = client.get("/running").json()["running"]
+        pid = next(m["pid"] for m in running if m["model"] == "comfyui_auto")
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+        again = post(client, "w", 0.5, steps=5)
+        messages = until_end(ws, again)
+        assert steps(messages, again) == [1, 2, 3, 4, 5]
+        running = client.get("/running").json()["running"]
+        assert [m["pid"] for m in running if m["model"] == "comfyui_auto"] != [pid]
+
+
+def test_a_prompt_interrupted_through_gpulane_tells_its_socket_how_it_ended(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """`POST /comfyui/interrupt` cancels the render in gpulane, which interrupts
+    it in ComfyUI: the socket still hears ComfyUI say so (`execution_interrupted`,
+    then the prompt's last `executing`), and its queue go back to 0."""
+    gw = gateway(comfy_config(tmp_path / "renders.jsonl"))
+    with gw.client() as client, socket(gw, "i") as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "status"
+        prompt_id = post(client, "i", 20.0, steps=100)
+        deadline = time.monotonic() + 30
+        while True:
+            raw = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+            if isinstance(raw, str) and json.loads(raw)["type"] == "progress":
+                break
+        assert client.post("/comfyui/interrupt", json={}).status_code == 200
+        messages = until_end(ws, prompt_id)
+        assert "execution_interrupted" in kinds(messages, prompt_id), kinds(messages)
+        assert "execution_success" not in kinds(messages, prompt_id)
+        # The cancel is recorded before ComfyUI hears of it: the status may come first.
+        if "status" not in kinds(messages):
+            messages.append(json.loads(ws.recv(timeout=10)))
+        (status,) = [m for m in messages if isinstance(m, dict) and m["type"] == "status"]
+        assert status["data"]["status"]["exec_info"]["queue_remaining"] == 0, status
+    (row,) = gw.sql("SELECT status FROM requests WHERE id=?", prompt_id)
+    assert row["status"] == "cancelled"

@@ -77,12 +77,12 @@ async def test_a_prompts_messages_reach_only_its_callers_socket_with_its_client_
         "status": {"exec_info": {"queue_remaining": 1}},
         "sid": "same",
     }
-    h.relay("p-alice", "same", "executing", '{"type": "executing"}')
-    h.relay("p-alice", "same", "preview", b"\x00\x00\x00\x01preview")
+    h.route("p-alice", "same")("executing", '{"type": "executing"}')
+    h.route("p-alice", "same")("preview", b"\x00\x00\x00\x01preview")
     # A prompt with no client_id: what ComfyUI broadcasts, to every socket of its caller.
-    h.relay("p-alice", None, "progress", '{"type": "progress"}')
-    h.relay("p-alice", None, "execution_success", '{"type": "execution_success"}')
-    h.relay("gone", "same", "progress", '{"type": "progress"}')  # no such request: dropped
+    h.route("p-alice", None)("progress", '{"type": "progress"}')
+    h.route("p-alice", None)("execution_success", '{"type": "execution_success"}')
+    h.route("gone", "same")("progress", '{"type": "progress"}')  # no such request: dropped
     await until(lambda: len(mine.sent) >= 5 and len(other_tab.sent) >= 3)
     assert [m["type"] for m in mine.texts()[1:]] == ["executing", "progress"]
     assert [m.get("bytes") for m in mine.sent if m.get("bytes")] == [b"\x00\x00\x00\x01preview"]
@@ -96,11 +96,11 @@ async def test_the_newest_socket_takes_a_client_id_over_as_in_comfyui() -> None:
     h = hub(("p", None))
     old, new = Socket(h, "x", None), Socket(h, "x", None)
     await until(lambda: old.texts() and new.texts())
-    h.relay("p", "x", "progress", '{"type": "progress"}')
+    h.route("p", "x")("progress", '{"type": "progress"}')
     await until(lambda: len(new.texts()) == 2)
     assert len(old.texts()) == 1
     await old.close()  # the older one closing leaves the id with the newer
-    h.relay("p", "x", "progress", '{"type": "progress"}')
+    h.route("p", "x")("progress", '{"type": "progress"}')
     await until(lambda: len(new.texts()) == 3)
     await new.close()
 
@@ -114,12 +114,12 @@ async def test_a_slow_socket_never_holds_up_the_probe_and_is_closed_saying_why()
     await until(lambda: slow.sent and fast.texts())
     client = h._current[("alice", "slow")]
     for _ in range(PREVIEW_BEHIND + 5):
-        h.relay("p", "slow", "progress", '{"type": "progress"}')
-    h.relay("p", "slow", "preview", b"image")
+        h.route("p", "slow")("progress", '{"type": "progress"}')
+    h.route("p", "slow")("preview", b"image")
     assert client.dropped == 1 and client.closing is None
     for _ in range(BEHIND_MESSAGES + 10):
-        h.relay("p", "slow", "progress", '{"type": "progress"}')
-        h.relay("p", "fast", "progress", '{"type": "progress"}')
+        h.route("p", "slow")("progress", '{"type": "progress"}')
+        h.route("p", "fast")("progress", '{"type": "progress"}')
         await asyncio.sleep(0)  # the fast one's writer runs meanwhile; the slow one's is stuck
     assert client.closing is not None
     code, reason = client.closing
