@@ -189,6 +189,10 @@ class ComfyProbe:
             if socket is not None:
                 await socket.close()
             return None
+        except BaseException:
+            if socket is not None:
+                socket.transport.abort()  # cancelled meanwhile: let it go at once
+            raise
         deliver = None if self.relay is None else self.relay.route(job_id, client_id)
         watch = self._watches[job_id] = _Watch()
         watch.task = asyncio.ensure_future(self._listen(socket, job_id, deliver, watch))
