@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -230,9 +231,12 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
             f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
         )
     elif isinstance(exc, ValidationException) and isinstance(exc.extra, list):
-        # Litestar's detail says only "Validation failed"; the parameter is in `extra`.
-        problems = "; ".join(_problem(p) for p in exc.extra if isinstance(p, dict))
+        # Litestar's detail says only "Validation failed"; the parameters are in `extra`.
+        found = [p for p in exc.extra if isinstance(p, dict)]
+        problems = "; ".join(_problem(request, p) for p in found)
         message = f"invalid request to {where}: {problems}" if problems else exc.detail
+        param = str(found[0]["key"]) if found and found[0].get("key") else None
+        return error_response(status, message, param=param, headers=exc.headers)
     else:
         message = exc.detail
     if status >= 500:
@@ -240,10 +244,39 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
     return error_response(status, message, headers=exc.headers)
 
 
-def _problem(problem: dict[str, Any]) -> str:
-    source = problem.get("source")
-    where = f"{getattr(source, 'value', source)} parameter " if source else ""
-    return f"{where}{problem.get('key', '?')!r}: {problem.get('message', 'invalid')}"
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
+"""msgspec's type names in a validation message, as a caller reads them."""
+_EXPECTED_TYPE = re.compile(r"Expected `([^`]*)`")
+
+
+def _problem(request: Request[Any, Any, Any], problem: dict[str, Any]) -> str:
+    """`query parameter 'limit' is 'abc': expected an integer`: the parameter,
+    the value sent (cut short) and what it takes. msgspec says `got str` of
+    every query value, which tells the caller nothing."""
+    source = getattr(problem.get("source"), "value", problem.get("source"))
+    key = str(problem.get("key", "?"))
+    said = str(problem.get("message", "invalid"))
+    expected = _EXPECTED_TYPE.match(said)
+    if expected is not None:
+        kinds = [k.strip() for k in expected.group(1).split("|") if k.strip() != "null"]
+        said = "expected " + " or ".join(_EXPECTED.get(k, f"`{k}`") for k in kinds)
+    where = f"{source} parameter {key!r}" if source else repr(key)
+    given = _given(request, source, key)
+    return f"{where}{'' if given is None else f' is {given}'}: {said}"
+
+
+def _given(request: Request[Any, Any, Any], source: str | None, key: str) -> str | None:
+    """The value the client sent for a query or path parameter, quoted and cut short."""
+    if source == "query":
+        value = request.query_params.get(key)
+    elif source == "path":
+        value = request.path_params.get(key)
+    else:
+        return None
+    if value is None:
+        return None
+    text = str(value)
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

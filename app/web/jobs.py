@@ -145,7 +145,7 @@ def job_routes(jobs: Jobs) -> list[BaseRouteHandler]:
     ) -> Response[Any]:
         if status is not None and status not in JOB_STATUSES:
             message = f"status {status!r} is not one of {', '.join(JOB_STATUSES)}"
-            return error_response(400, message, "invalid_status")
+            return error_response(400, message, "invalid_status", param="status")
         caller = only_caller(identity(request.scope))
         data = await jobs.listing(status, max(1, min(limit, 1000)), caller)
         return Response({"object": "list", "data": data})
