@@ -279,9 +279,10 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
         if ticket is not None and not ticket.ready.done():
             ticket.ready.cancel()
 
-    def refused(self, admission: Admission, exc: Refused) -> None:
-        """`admit` refused this request: recorded with its reason."""
-        self.reject(
+    def refused(self, admission: Admission, exc: Refused) -> str:
+        """`admit` refused this request: recorded with its reason. The record's id
+        is returned and kept on `exc` (`recorded_as`), for the answer's X-Request-Id."""
+        exc.recorded_as = self.reject(
             admission.endpoint,
             exc.status,
             str(exc),
@@ -290,6 +291,7 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
             admission.caller,
             reason=exc.reason,
         )
+        return exc.recorded_as
 
     def reject(
         self,
@@ -301,13 +303,15 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
         caller: str | None,
         *,
         reason: str | None = None,
-    ) -> None:
-        """A request refused at admission: recorded so every request seen has a row."""
+    ) -> str:
+        """A request refused at admission: recorded so every request seen has a row.
+        Its id, for the refusal's X-Request-Id (`gpulane explain` finds it)."""
+        request_id = new_request_id()
         self.emit(
             [
                 ev.RequestRejected(
                     at=self.clock(),
-                    request_id=new_request_id(),
+                    request_id=request_id,
                     endpoint=endpoint,
                     http_status=status,
                     error=message,
@@ -319,6 +323,7 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
                 )
             ]
         )
+        return request_id
 
     # -- facts from the task serving a request ---------------------------------
 

@@ -42,7 +42,7 @@ from litestar.types import Receive, Scope, Send
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
-from app.core.priority import HEADER, read_priority, unreadable_priority
+from app.core.priority import HEADER, grant, read_priority, unreadable_priority
 from app.jobs.durable import JobRequest, Jobs
 from app.jobs.held import HeldRuns
 from app.jobs.job_view import seen_by
@@ -59,10 +59,13 @@ from app.web.errors import (
     send_websocket_error,
 )
 from app.web.jobs import accept_or_answer
+from app.web.refusals import Asked, record
 from app.web.request_body import BadRequest, max_wait_ns, read_body
 from app.web.websocket_proxy import WebsocketProxy
 
 DOOR = "comfyui"
+ENDPOINT = "/comfyui/prompt"
+"""What the log records a prompt's requests as."""
 """The jobs' door: their sender is the held runner with ComfyUI's probe."""
 PROMPT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 USER_PATHS = re.compile(
@@ -177,28 +180,38 @@ class ComfyDoor:
         headers: dict[str, str],
     ) -> None:
         asked = read_priority(headers.get(HEADER.lower()))
-        who = identify(scope, headers)
-        max_wait = max_wait_ns(headers)
-        chain, chain_length = read_chain(headers)
-        body = await read_body(receive, self.config.max_body_bytes)
-        doc = _doc(body)
-        if "prompt" not in doc:
-            await _comfy_error(send, "no_prompt", "No prompt provided")
+        # What is known of the request when it is refused, for its record.
+        refused = Asked(ENDPOINT, model, grant(asked))
+        try:
+            who = identify(scope, headers)
+            refused = refused._replace(priority=who.grant(asked), caller=who.caller)
+            max_wait = max_wait_ns(headers)
+            chain, chain_length = read_chain(headers)
+            body = await read_body(receive, self.config.max_body_bytes)
+            doc = _doc(body)
+        except BadRequest as exc:
+            recorded = record(self.scheduler, refused, exc.status, exc.message)
+            await send_error(send, exc.status, exc.message, code=exc.code, headers=recorded)
             return
         given = doc.get("prompt_id")
         prompt_id = str(uuid.uuid4()) if given in (None, "") else str(given)
-        if not PROMPT_ID.match(prompt_id):
+        wrong = None
+        if "prompt" not in doc:
+            wrong = ("no_prompt", "No prompt provided")
+        elif not PROMPT_ID.match(prompt_id):
             message = f"prompt_id {prompt_id[:64]!r} is not 1-128 letters, digits, _ . : -"
-            await _comfy_error(send, "invalid_prompt_id", message)
-            return
-        if await self.jobs.view(prompt_id, place=False) is not None:
-            await _comfy_error(send, "prompt_id_in_use", f"prompt_id {prompt_id} is already used")
+            wrong = ("invalid_prompt_id", message)
+        elif await self.jobs.view(prompt_id, place=False) is not None:
+            wrong = ("prompt_id_in_use", f"prompt_id {prompt_id} is already used")
+        if wrong is not None:
+            recorded = record(self.scheduler, refused, 400, wrong[1])
+            await _comfy_error(send, *wrong, headers=recorded)
             return
         doc["prompt_id"] = prompt_id
         admission = Admission(
             model=model,
             model_requested=model,
-            endpoint="/comfyui/prompt",
+            endpoint=ENDPOINT,
             priority=who.grant(asked),
             requested_priority=asked,
             priority_unreadable=unreadable_priority(headers.get(HEADER.lower())),
@@ -416,10 +429,13 @@ async def _json(send: Send, doc: Any) -> None:
     await send_json(send, 200, json.dumps(doc).encode())
 
 
-async def _comfy_error(send: Send, kind: str, message: str) -> None:
-    """A 400 in ComfyUI's own shape, which its clients read."""
+async def _comfy_error(
+    send: Send, kind: str, message: str, *, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """A 400 in ComfyUI's own shape, which its clients read (`headers`: its X-Request-Id)."""
     error = {"type": kind, "message": message, "details": message, "extra_info": {}}
-    await send_json(send, 400, json.dumps({"error": error, "node_errors": {}}).encode())
+    doc = {"error": error, "node_errors": {}}
+    await send_json(send, 400, json.dumps(doc).encode(), headers)
 
 
 def open_renders(config: Config, scheduler: Scheduler, jobs: Jobs) -> ComfyDoor:

@@ -121,20 +121,36 @@ _JOBS_STATUS: dict[type[JobsError], int] = {
 """The jobs service's errors (app/jobs/errors.py) as HTTP statuses: the one mapping."""
 
 
-def jobs_error(exc: JobsError) -> Response[bytes]:
-    """A jobs-service refusal as a response."""
-    return error_response(_JOBS_STATUS[type(exc)], exc.message, exc.code, param=exc.param)
+def jobs_status(exc: JobsError) -> int:
+    return _JOBS_STATUS[type(exc)]
 
 
-async def send_jobs_error(send: Send, exc: JobsError) -> None:
-    await send_error(send, _JOBS_STATUS[type(exc)], exc.message, code=exc.code, param=exc.param)
+def jobs_error(exc: JobsError, headers: list[tuple[bytes, bytes]] | None = None) -> Response[bytes]:
+    """A jobs-service refusal as a response (`headers`: its X-Request-Id, if recorded)."""
+    named = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers or []}
+    return error_response(
+        jobs_status(exc), exc.message, exc.code, param=exc.param, headers=named or None
+    )
+
+
+async def send_jobs_error(
+    send: Send, exc: JobsError, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send_error(
+        send, jobs_status(exc), exc.message, code=exc.code, param=exc.param, headers=headers
+    )
 
 
 async def send_refused(send: Send, exc: Refused) -> None:
-    """An admission refusal (the queue's bounds, a draining server), with its Retry-After."""
-    await send_error(
-        send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
-    )
+    """An admission refusal (the queue's bounds, a draining server), with its
+    Retry-After and, once recorded, the X-Request-Id of its record."""
+    headers = retry_after(exc.retry_after) + request_id_header(exc.recorded_as)
+    await send_error(send, exc.status, str(exc), code=exc.code, headers=headers)
+
+
+def request_id_header(request_id: str | None) -> list[tuple[bytes, bytes]]:
+    """`X-Request-Id` naming a refusal's `request_rejected` record, or nothing."""
+    return [] if request_id is None else [(b"x-request-id", request_id.encode())]
 
 
 def start_failure(failure: BaseException) -> tuple[int, str]:
