@@ -124,7 +124,8 @@ def granted_text(
 def explanation_text(x: Explanation) -> str:
     out = [f"request {x.request_id}: {x.status}"]
     if x.model is None:
-        model = f"model {x.model_requested!r} (not resolved)"
+        # A refusal's row keeps no resolved model: its error says what was wrong.
+        model = "no model" if x.model_requested is None else f"model {x.model_requested!r}"
     elif x.model == x.model_requested:
         model = x.model
     else:

@@ -90,6 +90,8 @@ def test_each_door_records_its_refusals_and_explain_tells_them(
         assert "header x-big has 8198 bytes" in event["error"]
         story = explained(gw, rid)
         assert f"request {rid}: rejected" in story
+        # Its model was configured: refused for its header, not for the model.
+        assert "model 'm' · /v1/chat/completions" in story and "not resolved" not in story
         assert "rejected at admission: HTTP 431: header x-big has 8198 bytes" in story
 
         # ... and an Idempotency-Key over its limit.
