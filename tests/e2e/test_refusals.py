@@ -147,6 +147,13 @@ def test_each_door_records_its_refusals_and_explain_tells_them(
         rid, event = refusal(gw, r, 404)
         assert "rejected at admission: HTTP 404: model 'nope'" in explained(gw, rid)
 
+        # The console's history lists them as rejected (its filter), not as failed.
+        refused = client.get("/ui/api/history?status=rejected").json()
+        assert refused["total"] == 10, refused
+        assert {row["status"] for row in refused["rows"]} == {"rejected"}
+        assert {row["http_status"] for row in refused["rows"]} == {400, 404, 431}
+        assert client.get("/ui/api/history?status=failed").json()["total"] == 0
+
         # No refusal loaded a model or queued anything.
         assert client.get("/running").json()["running"] == []
     assert gw.sql("SELECT count(*) FROM requests WHERE model IS NOT NULL")[0][0] == 0
