@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.gateway import REPO, Gateway, fake_model
+from tests.e2e.gateway import REPO, Gateway, fake_model, poll
 
 Start = Callable[[str], Gateway]
 ASYNC = {"Prefer": "respond-async"}
@@ -158,3 +158,36 @@ def test_each_door_records_its_refusals_and_explain_tells_them(
         assert client.get("/running").json()["running"] == []
     assert gw.sql("SELECT count(*) FROM requests WHERE model IS NOT NULL")[0][0] == 0
     assert gw.db_check().returncode == 0
+
+
+def test_a_durable_job_refused_by_the_queue_or_its_key_is_recorded_once(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """A full queue (the scheduler's refusal, recorded by the jobs service) and an
+    Idempotency-Key reused with another body (the service's error, recorded by
+    the door): each answered with its record's id, each recorded once."""
+    gw = gateway("maxQueued: 1\n" + config(tmp_path))
+    release = tmp_path / "release"
+    held = chat() | {"fake": {"hold_file": str(release)}}
+    try:
+        with gw.client() as client:
+            for _ in range(2):  # one running, one waiting
+                r = client.post("/v1/chat/completions", json=held, headers=ASYNC)
+                assert r.status_code == 202, r.text
+            r = client.post("/v1/chat/completions", json=chat(), headers=ASYNC)
+            rid, event = refusal(gw, r, 429)
+            assert event["reason"] == "queue_full"
+            assert "rejected at admission: HTTP 429" in explained(gw, rid)
+
+            keyed = ASYNC | {"Idempotency-Key": "order-17"}
+            release.touch()
+            poll(lambda: not client.get("/api/queue").json()["waiting"], "the queue to drain")
+            assert client.post("/v1/audio/speech", json=chat(), headers=keyed).status_code == 202
+            r = client.post("/v1/audio/speech", json=chat() | {"seed": 2}, headers=keyed)
+            rid, event = refusal(gw, r, 409)
+            assert r.json()["error"]["code"] == "idempotency_key_reused"
+            assert "Idempotency-Key 'order-17' was already used" in event["error"]
+        rows = gw.sql("SELECT count(*) FROM events WHERE type = 'request_rejected'")
+        assert rows[0][0] == 2
+    finally:
+        release.touch()
