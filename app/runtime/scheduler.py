@@ -312,10 +312,10 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
                 ev.RequestRejected(
                     at=self.clock(),
                     request_id=request_id,
-                    endpoint=endpoint,
+                    endpoint=_cut(endpoint),
                     http_status=status,
-                    error=message,
-                    model_requested=model,
+                    error=_cut(message),
+                    model_requested=None if model is None else _cut(model),
                     priority=priority,
                     band=band_of(priority),
                     caller=caller,
@@ -613,3 +613,15 @@ def _consume_error(fut: asyncio.Future[Any]) -> None:
     # Append failures are reported through store.failure; don't warn per future.
     if not fut.cancelled():
         fut.exception()
+
+
+REJECTED_FIELD_CHARS = 1024
+"""A refusal's record keeps this much of what the caller sent: a refused
+request must not cost the log its whole body (a 1 MiB model name, quoted)."""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= REJECTED_FIELD_CHARS:
+        return text
+    more = len(text) - REJECTED_FIELD_CHARS
+    return f"{text[:REJECTED_FIELD_CHARS]}… ({more} more characters cut)"

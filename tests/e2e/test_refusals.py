@@ -191,3 +191,21 @@ def test_a_durable_job_refused_by_the_queue_or_its_key_is_recorded_once(
         assert rows[0][0] == 2
     finally:
         release.touch()
+
+
+def test_a_refusal_quoting_a_huge_model_name_stores_a_bounded_record(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """A refused request writes what was wrong, not the caller's whole body: a
+    1 MiB model name (a body the server accepts) used to put 2 MiB into the
+    event and as much again into the `requests` row, each time it was sent."""
+    gw = gateway(config(tmp_path))
+    huge = "x" * (1 << 20)
+    with httpx.Client(base_url=gw.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json={**chat(), "model": huge})
+        request_id, event = refusal(gw, r, 404)
+    assert len(json.dumps(event)) < 8192, len(json.dumps(event))
+    assert event["model_requested"].startswith("xxx") and "cut" in event["model_requested"]
+    row = gw.sql("SELECT * FROM requests WHERE id = ?", request_id)
+    assert row and sum(len(str(v)) for v in tuple(row[0])) < 8192
+    assert "model" in explained(gw, request_id)
