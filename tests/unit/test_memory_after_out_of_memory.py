@@ -6,12 +6,17 @@ docs/scheduling.md "A server out of GPU memory")."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from app.core import events as ev
 from app.core.policy import decide
 from app.core.residency import Group, GroupRouter, MemoryRouter, RanOut
+from app.runtime.parameters import server_started
 from tests.unit.core_driver import T0, CoreDriver
+from tests.unit.run_loop_fakes import Lane, config_text, settle
+from tools.replay.verify import verify
 
 GIB = 1024
 # llama.cpp's line when cudaMalloc fails (as tests/unit/test_out_of_memory.py quotes it).
@@ -211,3 +216,44 @@ def test_why_it_put_them_away_first() -> None:
     assert alone.why("B", ["C"]) == (
         "B ran out of GPU memory at its last load: C was put away first"
     )
+
+
+# -- the run loop (the real Scheduler, fake upstreams and clock) ---------------------
+
+
+async def test_the_run_loop_waits_for_the_busy_neighbour_then_puts_it_away() -> None:
+    models = {"A": {"gpuMemory": "60GiB"}, "B": {"gpuMemory": "10GiB"}}
+    router = {"use": "memory", "settings": {"memory": {"budget": "80GiB"}}}
+    text = json.dumps(json.loads(config_text(models, router=router)) | {"loadBackoff": 0})
+    lane = Lane(text, auto_load=False)
+    a1 = lane.admit("A")
+    await settle()
+    lane.upstreams.last("A").load()
+    await lane.finish(a1)
+    b1 = lane.admit("B")
+    await settle()
+    failing = lane.upstreams.last("B")
+    failing.out_of_memory = LINE
+    failing.fail("exited with code 1 during start")
+    await settle()
+    assert lane.ended(b1).http_status == 503
+    a2 = lane.admit("A")  # A is resident: it runs at once
+    await settle()
+    assert a2.ready.done()
+    lane.scheduler.started(a2.request_id)
+    b2 = lane.admit("B")
+    await lane.clock.advance(1.0)
+    assert not b2.ready.done()  # B waits for A's request; A is not stopped under it
+    assert not lane.events(ev.ProcessStopping)
+    assert [e.to_model for e in lane.events(ev.SwapStarted)] == ["A", "B"]
+    lane.scheduler.completed(a2.request_id, 200)
+    await settle()
+    last = lane.events(ev.SwapStarted)[-1]
+    assert (last.to_model, last.evicted) == ("B", ["A"])
+    assert last.ran_out == RanOut(beside=["A"], loading=True)
+    (stopping,) = lane.events(ev.ProcessStopping)
+    assert (stopping.model, stopping.reason) == ("A", "evicted")
+    lane.upstreams.last("B").load()
+    await lane.finish(b2)
+    result = verify(enumerate([server_started(lane.config, 0, 0), *lane.events()], start=1))
+    assert result.ok, result.divergence and result.divergence.describe()
