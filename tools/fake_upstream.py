@@ -519,6 +519,8 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds after its exit its memory is free again, or `never` (default 0)",
     )
     args = parser.parse_args(argv)
+    if args.fail_start_when_full and (args.gpu_total is None or not args.gpu_dir):
+        parser.error("--fail-start-when-full needs --gpu-dir and --gpu-total")
 
     name = args.name
     log(f"{name} starting pid={os.getpid()} port={args.port}")
@@ -533,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name} error: exiting at start as asked", file=sys.stderr, flush=True)
         sys.exit(EXIT_AT_START_CODE)
     failing = args.fail_start_with
-    full = args.gpu_dir and args.gpu_total is not None and args.fail_start_when_full
+    full = args.fail_start_when_full
     if full and _gpu_held_by_others(args.gpu_dir) + args.gpu_mib > args.gpu_total:
         failing = failing + args.fail_start_when_full
     if failing:
