@@ -230,12 +230,16 @@ def memory_evictions(
     others = sorted(m for m in resident if m != target)
     if target in resident or not others:
         return frozenset()
+    if target in view.ran_out:
+        return frozenset(others)  # of unknown size: it loads alone
     budget = router.budget_mib - view.others_mib
-    ran_out = view.ran_out
-    size = None if target in ran_out else router.footprint(target, view.measured_mib)
+    size = router.footprint(target, view.measured_mib)
     if size is None or size > budget:
         return frozenset(others)
-    sizes = {m: None if m in ran_out else router.footprint(m, view.measured_mib) for m in others}
+    sizes = {m: router.footprint(m, view.measured_mib) for m in others}
+    for model in view.ran_out:
+        if model in sizes:
+            sizes[model] = None
     evict = [m for m in others if sizes[m] is None]
     known = {m: mib for m, mib in sizes.items() if mib is not None}
     free = budget - size - sum(known.values())
