@@ -2,6 +2,7 @@
 
     python -m tools.fake_upstream --port N [--name NAME] [--start-delay S]
                                   [--exit-at-start] [--fail-start-with TEXT ...]
+                                  [--fail-start-when-full TEXT ... --gpu-total N]
                                   [--health-status CODE]
                                   [--spawn-setsid-child]
                                   [--gpu-dir DIR --gpu-mib N [--gpu-release-after S|never]]
@@ -40,6 +41,9 @@ One line per request goes to stdout so log capture can be tested.
 ``--fail-start-with TEXT`` (repeatable) prints each TEXT as a line to stderr
 while it starts, then exits with code 1 before it listens: a server whose load
 fails, as llama.cpp or vLLM do with their out-of-memory lines.
+``--fail-start-when-full TEXT`` (repeatable) does so only when its ``--gpu-mib``
+does not fit in ``--gpu-total N`` MiB beside what the fake GPU's other holders
+hold: a server that runs out of GPU memory beside another model, not alone.
 
 ``--spawn-setsid-child`` leaves a copy of the server behind as a daemonizing
 helper would (fork, ``setsid``, fork again, the middle process exits): the copy
@@ -453,6 +457,22 @@ def _gpu_hold(directory: str, pid: int, entry: dict[str, float]) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _gpu_held_by_others(directory: str) -> int:
+    """MiB the fake GPU's other holders hold now (gpu_file.py's reading of it)."""
+    held = 0
+    for entry_name in os.listdir(directory):
+        if not entry_name.endswith(".json") or entry_name == f"{os.getpid()}.json":
+            continue
+        try:
+            with open(os.path.join(directory, entry_name)) as f:
+                entry = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if entry.get("free_at") is None or entry["free_at"] > time.time():
+            held += int(entry["mib"])
+    return held
+
+
 def _gpu_give_back(directory: str, pid: int, mib: int, after: float | None) -> None:
     if after is None:
         return  # never freed
@@ -477,6 +497,14 @@ def main(argv: list[str] | None = None) -> None:
         metavar="TEXT",
         help="print TEXT to stderr while starting, then exit 1 (repeatable: one line each)",
     )
+    parser.add_argument(
+        "--fail-start-when-full",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="as --fail-start-with, only when --gpu-mib does not fit in --gpu-total",
+    )
+    parser.add_argument("--gpu-total", type=int, help="the fake GPU's size in MiB")
     parser.add_argument("--health-status", type=int, default=200, help="GET /health status")
     parser.add_argument(
         "--spawn-setsid-child",
@@ -491,6 +519,8 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds after its exit its memory is free again, or `never` (default 0)",
     )
     args = parser.parse_args(argv)
+    if args.fail_start_when_full and (args.gpu_total is None or not args.gpu_dir):
+        parser.error("--fail-start-when-full needs --gpu-dir and --gpu-total")
 
     name = args.name
     log(f"{name} starting pid={os.getpid()} port={args.port}")
@@ -504,8 +534,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.exit_at_start:
         print(f"{name} error: exiting at start as asked", file=sys.stderr, flush=True)
         sys.exit(EXIT_AT_START_CODE)
-    if args.fail_start_with:
-        for line in args.fail_start_with:
+    failing = args.fail_start_with
+    full = args.fail_start_when_full
+    if full and _gpu_held_by_others(args.gpu_dir) + args.gpu_mib > args.gpu_total:
+        failing = failing + args.fail_start_when_full
+    if failing:
+        for line in failing:
             print(line, file=sys.stderr, flush=True)
         if release is not None:
             _gpu_give_back(*release)

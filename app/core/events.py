@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from app.core.peers import PeerPool
-from app.core.residency import Router
+from app.core.residency import RanOut, Router
 from app.core.scoring import Breakdown
 
 __all__ = ["Breakdown"]
@@ -203,6 +203,11 @@ class SwapStarted(Event, tag="swap_started", frozen=True):
     """The models stopped to make room for `to_model` (sorted; `to_evict` of the
     router), each followed by its `process_stopping` (reason `evicted`). None (logs
     before routers): every other model in use was."""
+    ran_out: RanOut | None = None
+    """Under the memory router, when `to_model`'s server ran out of GPU memory
+    since a load last measured it, so this load made room as if it needed the
+    whole budget (`residency.RanOut`): the models it ran out beside, and whether
+    at a load or while it ran. None: a load as usual (and every log before)."""
 
 
 class ProcessStarted(Event, tag="process_started", frozen=True):

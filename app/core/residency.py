@@ -24,7 +24,13 @@ eviction can happen now (the model is idle) is the scheduler's question.
 - `MemoryRouter` (`routing.router.use: memory`, gpulane's own): models stay
   resident together while the sum of their footprints fits the budget; a load
   that does not fit evicts by one rule (`memory_evictions`). A model of unknown
-  size loads alone, so its size gets measured.
+  size loads alone, so its size gets measured. A model whose server ran out of
+  GPU memory (`RanOut`: the `out_of_memory` of its `swap_failed` or
+  `process_stopped`) counts as of unknown size until a load of it succeeds and
+  measures it: its next load makes room as if it needed the whole budget
+  (every idle co-resident model goes first; it waits for a busy one), and a
+  size only declared, shown too small, is not trusted again (a reload that
+  declares another one is).
 
 llama-swap's routers never refuse a load: a persistent group is simply left
 resident beside the target. So `to_evict` always returns a set, and a target
@@ -153,6 +159,31 @@ class MemoryRouter(msgspec.Struct, frozen=True, kw_only=True, tag="memory", dict
         return self.declared_mib.get(model) if found is None else found
 
 
+class RanOut(msgspec.Struct, frozen=True, kw_only=True):
+    """A model whose server last ran out of GPU memory (the `out_of_memory` of its
+    `swap_failed` or `process_stopped`), until a load of it succeeds and measures
+    it (`SchedulerState.ran_out`): the memory router takes it as of unknown
+    size, so its next load evicts every idle co-resident model first."""
+
+    beside: list[str] = []
+    """The models resident or loading beside it then (sorted; none: it ran out alone)."""
+    loading: bool = True
+    """At a load (its start failed); False: while it ran (its server died)."""
+
+    def why(self, model: str, evicted: Iterable[str]) -> str:
+        """Why a load of `model` evicted `evicted`, for explain: `B ran out of GPU
+        memory at its last load beside A: A was put away first`."""
+        when = "at its last load" if self.loading else "while it ran"
+        beside = f" beside {_and(self.beside)}" if self.beside else ""
+        gone = list(evicted)
+        verb = "was" if len(gone) == 1 else "were"
+        return f"{model} ran out of GPU memory {when}{beside}: {_and(gone)} {verb} put away first"
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 class MemoryView(msgspec.Struct, frozen=True, kw_only=True):
     """What the memory router weighs besides sizes, as plain values: the
     scheduler state fills it (`SchedulerState.memory_view`), so the rule stays
@@ -171,6 +202,8 @@ class MemoryView(msgspec.Struct, frozen=True, kw_only=True):
     others_mib: int = 0
     """GPU memory processes gpulane does not own hold (`gpu_memory_seen`): it
     is taken off the budget."""
+    ran_out: Set[str] = frozenset()
+    """Models whose server last ran out of GPU memory (`RanOut`): of unknown size."""
 
 
 Router = GroupRouter | MatrixRouter | MemoryRouter
@@ -185,9 +218,10 @@ def memory_evictions(
 
     `target` loads beside the resident models while the sum of the footprints
     fits `budget_mib`, less what other processes hold (`view.others_mib`). A
-    model of unknown size (nothing measured, nothing declared) loads alone, and
-    a resident one of unknown size makes room for any load; so does every model
-    when the target alone does not fit. Otherwise the resident models are taken
+    model of unknown size (nothing measured, nothing declared, or its server ran
+    out of GPU memory since it was last measured: `view.ran_out`) loads alone,
+    and a resident one of unknown size makes room for any load; so does every
+    model when the target alone does not fit. Otherwise the resident models are taken
     in this order until the target fits: idle before busy (a busy one cannot go
     now), then never one a waiting request needs if another choice makes room,
     then the cheapest to bring back (`costs_ns`), then the least recently used,
@@ -196,11 +230,16 @@ def memory_evictions(
     others = sorted(m for m in resident if m != target)
     if target in resident or not others:
         return frozenset()
+    if target in view.ran_out:
+        return frozenset(others)  # of unknown size: it loads alone
     budget = router.budget_mib - view.others_mib
     size = router.footprint(target, view.measured_mib)
     if size is None or size > budget:
         return frozenset(others)
     sizes = {m: router.footprint(m, view.measured_mib) for m in others}
+    for model in view.ran_out:
+        if model in sizes:
+            sizes[model] = None
     evict = [m for m in others if sizes[m] is None]
     known = {m: mib for m, mib in sizes.items() if mib is not None}
     free = budget - size - sum(known.values())

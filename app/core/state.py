@@ -10,7 +10,9 @@ and limits, the router) replace the old ones, nothing is loaded, loading or runn
 caller's attained service starts again from 0. Its load back-off settings
 (`app.core.load_backoff`; absent before them: none) apply from it, and no model
 has failed loads yet. A `swap_failed` adds one to its model's failed loads in a
-row, a `swap_finished` ends them.
+row, a `swap_finished` ends them. An `out_of_memory` on a `swap_failed` or a
+`process_stopped` puts its model in `ran_out` (`residency.RanOut`) until a load
+measures it or a reload declares it another size.
 
 Residency: `residents` (loaded and ready) and `loads` (in progress, one per lane)
 may hold several models when `server_started.router` says they may be resident
@@ -51,7 +53,7 @@ from app.core import events as ev
 from app.core.load_backoff import NO_BACKOFF, LoadBackoff, LoadFailures
 from app.core.peers import PeerPool, affine
 from app.core.queue import NO_FAIR, FairKeys, Queued, ScoreQueue
-from app.core.residency import MemoryRouter, MemoryView, Router, to_evict
+from app.core.residency import MemoryRouter, MemoryView, RanOut, Router, to_evict
 from app.core.scoring import Breakdown, ScoringParams
 
 # Scheduler names and fifo's per-model limit, owned here so the config (which
@@ -209,6 +211,8 @@ class SchedulerState:
         """When each model last ended a request or a load (unix ns)."""
         self.others_mib = 0
         """GPU memory processes gpulane does not own hold (`gpu_memory_seen`)."""
+        self.ran_out: dict[str, RanOut] = {}
+        """Models whose server ran out of GPU memory since a load last measured them."""
         self._set_peers(None, None)
 
     @property
@@ -275,7 +279,13 @@ class SchedulerState:
             needed=frozenset(m for m, n in self.queue.waiting_by_model().items() if n),
             busy=frozenset(self._running_by_model).union(self.loads),
             others_mib=self.others_mib,
+            ran_out=self.ran_out.keys(),
         )
+
+    def alone_after_out_of_memory(self, model: str) -> RanOut | None:
+        """Under the memory router, why a load of `model` now makes room as if it
+        needed the whole budget (`swap_started.ran_out`); None: it does not."""
+        return self.ran_out.get(model) if isinstance(self.router, MemoryRouter) else None
 
     def to_evict(self, target: str, resident: frozenset[str]) -> frozenset[str]:
         """`residency.to_evict` under this state's router; the memory router also
@@ -472,6 +482,11 @@ class SchedulerState:
         if isinstance(self.router, MemoryRouter):  # what the log told it stays known
             for model, mib in self.router.measured_mib.items():
                 self.measured_mib.setdefault(model, mib)
+        sizes = [
+            r.declared_mib if isinstance(r, MemoryRouter) else {} for r in (self.router, p.router)
+        ]
+        for model in [m for m in self.ran_out if sizes[0].get(m) != sizes[1].get(m)]:
+            del self.ran_out[model]  # a size declared anew is trusted again
         self.router = p.router
         if isinstance(p.router, MemoryRouter):
             for model, ns in p.router.load_ns.items():
@@ -661,6 +676,8 @@ def _swap_started(state: SchedulerState, event: Any) -> None:
 
 def _swap_finished(state: SchedulerState, event: Any) -> None:
     state.load_failures.pop(event.model, None)  # a load that works ends the series
+    if event.gpu_memory_mib is not None:  # measured: its size is known again
+        state.ran_out.pop(event.model, None)
     _measured(state, event)
     state.load_cost_ns[event.model] = round(event.duration_ms * 1e6)
     state.last_used[event.model] = event.at
@@ -674,6 +691,7 @@ def _swap_finished(state: SchedulerState, event: Any) -> None:
 
 
 def _swap_failed(state: SchedulerState, event: Any) -> None:
+    _ran_out(state, event)
     if event.model in state.waking:
         state.waking = state.waking - {event.model}
     before = state.load_failures.get(event.model)
@@ -686,8 +704,17 @@ def _swap_failed(state: SchedulerState, event: Any) -> None:
 
 
 def _process_stopped(state: SchedulerState, event: Any) -> None:
+    _ran_out(state, event)
     _measured(state, event)
     _not_resident(state, event)
+
+
+def _ran_out(state: SchedulerState, event: Any) -> None:
+    """Its server ran out of GPU memory (`out_of_memory`; a `process_stopping` has
+    none), beside what else was in use."""
+    if getattr(event, "out_of_memory", None) is not None:
+        beside = sorted(m for m in state.occupied() if m != event.model and m not in state.peer_of)
+        state.ran_out[event.model] = RanOut(beside=beside, loading=event.model in state.loads)
 
 
 def _not_resident(state: SchedulerState, event: Any) -> None:

@@ -197,6 +197,7 @@ class _Swap:
     woke_ms: float | None = None
     slept: list[str] = field(default_factory=list)
     out_of_memory: str | None = None
+    evicted_because: str | None = None
 
     def value(self, waited_ns: int | None = None) -> SwapWaited:
         return SwapWaited(
@@ -214,6 +215,7 @@ class _Swap:
             woke_s=None if self.woke_ms is None else self.woke_ms / 1000.0,
             slept=list(self.slept),
             out_of_memory=self.out_of_memory,
+            evicted_because=self.evicted_because,
         )
 
 
@@ -280,6 +282,8 @@ class _Replay:
                     caller=None if cause is None else cause.caller,
                     evicted=event.evicted,
                 )
+                if event.ran_out is not None and event.evicted:
+                    self.swap.evicted_because = event.ran_out.why(event.to_model, event.evicted)
             case ev.SwapFinished() | ev.SwapFailed():
                 if self.swap is not None and self.swap.to_model == event.model:
                     self.swap.finished_ns = event.at

@@ -388,9 +388,11 @@ def memory(swap: SwapWaited) -> str:
 
 
 def _sleep_note(swap: SwapWaited) -> str:
-    """What sleep did in a swap: `; woke qwen in 1.2 s; a cold start of flux costs 48 s:
+    """Why a swap evicted what it did, when its load ran out of GPU memory before,
+    and what sleep did in it: `; woke qwen in 1.2 s; a cold start of flux costs 48 s:
     it was put to sleep instead` (empty when the swap stopped and cold-started)."""
-    notes = list(swap.slept)
+    notes = [swap.evicted_because] if swap.evicted_because else []
+    notes += swap.slept
     if swap.woke_s is not None:
         notes.append(woke(swap.to_model, round(swap.woke_s * 1e9)))
     return "".join(f"; {note}" for note in notes)

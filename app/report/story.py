@@ -130,6 +130,10 @@ class SwapWaited(msgspec.Struct, frozen=True):
     out_of_memory: str | None = None
     """The load failed because its server ran out of GPU memory: the line it
     printed so (`swap_failed.out_of_memory`)."""
+    evicted_because: str | None = None
+    """Why it evicted what it did, when the memory router's usual rule did not
+    decide it: `B ran out of GPU memory at its last load beside A: A was put
+    away first` (`swap_started.ran_out`)."""
 
 
 class HeldFor(msgspec.Struct, frozen=True):

@@ -103,6 +103,7 @@ class Swaps:
         # The dispatch that asked for this swap is applied already: what it evicts
         # says where the lane comes from (several: `evicted` names them).
         from_model = names[0] if len(names) == 1 else None
+        ran_out = state.alone_after_out_of_memory(model)
         self._loop.emit(
             [
                 ev.SwapStarted(
@@ -111,6 +112,7 @@ class Swaps:
                     to_model=model,
                     request_id=request_id,
                     evicted=names,
+                    ran_out=ran_out,
                 )
             ]
         )
@@ -120,6 +122,8 @@ class Swaps:
             f" for request {request_id}" if request_id else " (preload)",
             f", evicting {', '.join(names)}" if names else "",
         )
+        if ran_out is not None and names:
+            log.info("%s", ran_out.why(model, names))
         plan = plan_load(
             state.router, model, names, self.processes.models(), self.processes.stopping()
         )

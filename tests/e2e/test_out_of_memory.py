@@ -2,8 +2,9 @@
 on a fake GPU shared by files (app/runtime/gpu_file.py), the memory router, and
 fake upstreams that print the lines the real servers print. The waiting
 request's error, the log and `gpulane explain` each say that it ran out of GPU
-memory, with the line and who held the GPU (docs/scheduling.md, "A server out of
-GPU memory")."""
+memory, with the line and who held the GPU; its next load puts its idle
+neighbour away first, and explain says why (docs/scheduling.md, "A server out
+of GPU memory")."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ TORCH = (
     "total capacity of 79.10 GiB of which 1.06 GiB is free."
 )
 
-Start = Callable[[], tuple[Gateway, Path]]
+Start = Callable[..., tuple[Gateway, Path]]
 
 
 def model(name: str, gpu: Path, mib: int, declared: str, *extra: str) -> str:
@@ -56,7 +57,23 @@ def config(gpu: Path) -> str:
         "models:\n"
         + model("A", gpu, 60000, "60000MiB")
         + model("B", gpu, 0, "10GiB", failing)
-        + "routing:\n  router:\n    use: memory\n    settings:\n      memory: {budget: 80GiB}\n"
+        + ROUTING
+    )
+
+
+ROUTING = "routing:\n  router:\n    use: memory\n    settings:\n      memory: {budget: 80GiB}\n"
+
+
+def beside_config(gpu: Path) -> str:
+    # B takes 30000 MiB and declares 10 GiB: the memory router loads it beside A's
+    # 60000, where it runs out of GPU memory; alone it fits.
+    failing = f'--gpu-total {TOTAL_MIB} --fail-start-when-full "{CUDA_MALLOC}"'
+    return (
+        "loadBackoff: 1\n"
+        "models:\n"
+        + model("A", gpu, 60000, "60000MiB")
+        + model("B", gpu, 30000, "10GiB", failing)
+        + ROUTING
     )
 
 
@@ -64,10 +81,10 @@ def config(gpu: Path) -> str:
 def start(tmp_path: Path) -> Iterator[Start]:
     started: list[Gateway] = []
 
-    def run() -> tuple[Gateway, Path]:
+    def run(make: Callable[[Path], str] = config) -> tuple[Gateway, Path]:
         gpu = tmp_path / "gpu"
         gpu.mkdir(exist_ok=True)
-        gw = Gateway(tmp_path, config(gpu))
+        gw = Gateway(tmp_path, make(gpu))
         gw.env = {"GPULANE_FAKE_GPU": f"{gpu}:{TOTAL_MIB}"}
         started.append(gw.start())
         return gw, gpu
@@ -159,3 +176,43 @@ def test_a_server_dying_out_of_memory_mid_request_says_so(start: Start) -> None:
     assert chat(gw, "A").status_code == 200  # loaded again for the next request
     gw.stop()
     assert_log_replays(gw.db)
+
+
+def test_its_next_load_puts_the_idle_neighbour_it_ran_out_beside_away_first(
+    start: Start,
+) -> None:
+    gw, _ = start(beside_config)
+    assert chat(gw, "A").status_code == 200
+    failed = chat(gw, "B")  # beside A: 60000 + 30000 MiB do not fit 81920
+    assert failed.status_code == 503, failed.text
+    assert failed.json()["error"]["code"] == "upstream_out_of_memory"
+    served = chat(gw, "B")  # after its 1 s back-off, alone
+    assert served.status_code == 200, served.text
+    request_id = served.headers["x-request-id"]
+
+    def swaps(count: int) -> list[tuple[object, ...]]:
+        found = [(e["to_model"], e["evicted"], e["ran_out"]) for e in events(gw, "swap_started")]
+        return found if len(found) == count else []
+
+    assert poll(lambda: swaps(3), "three swaps") == [
+        ("A", [], None),
+        ("B", [], None),
+        ("B", ["A"], {"beside": ["A"], "loading": True}),
+    ]
+    stopped = [e for e in events(gw, "process_stopping") if e["reason"] == "evicted"]
+    assert [(e["model"], e["evicted_for"]) for e in stopped] == [("A", "B")]
+    # The load measured B (30000 MiB): the usual rule again, and A does not fit beside it.
+    assert chat(gw, "A").status_code == 200
+    assert poll(lambda: swaps(4), "four swaps")[-1] == ("A", ["B"], None)
+
+    why = "B ran out of GPU memory at its last load beside A: A was put away first"
+    shown = gpulane("explain", request_id, "--db", str(gw.db))
+    assert shown.returncode == 0, shown.stderr
+    assert why in shown.stdout, shown.stdout
+    story = json.loads(gpulane("explain", request_id, "--db", str(gw.db), "--json").stdout)
+    assert story["own_swap"]["evicted_because"] == why
+    gw.stop()
+    checked = gw.db_check()
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    replayed = gpulane("replay", str(gw.db), "--verify")
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
