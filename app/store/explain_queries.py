@@ -32,8 +32,9 @@ SELECT min(enqueue_seq) FROM (
 _RESIDENCY = (
     "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq AND at >= :since "
     "AND type IN ('server_started', 'config_reloaded', 'swap_started', 'swap_finished', "
-    "'swap_failed', 'process_stopped', 'process_started', 'process_sleeping', 'process_slept', "
-    "'process_woken') ORDER BY seq"
+    "'swap_failed', 'process_stopping', 'process_stopped', 'process_started', "
+    "'process_sleeping', 'process_slept', 'process_woken', 'sleep_skipped', "
+    "'memory_wait_ended', 'gpu_memory_seen') ORDER BY seq"
 )
 
 

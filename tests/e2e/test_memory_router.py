@@ -10,34 +10,35 @@ import concurrent.futures as cf
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.gateway import Gateway, fake_model, poll
-from tests.e2e.log_replay import assert_log_replays
+from tests.e2e.log_replay import assert_log_replays, gpulane
 
 Start = Callable[[str], Gateway]
 
 
-def config(size: str) -> str:
-    models = (fake_model("A") + fake_model("B")).replace("\n", "\n  ")
-    models = models.replace(
+def config(size: str, models: str = "AB", settings: str = "") -> str:
+    """Each of `models` a fake upstream declaring `size`, under the memory router
+    with an 80GiB budget (`settings`: more of its settings)."""
+    entries = "".join(fake_model(m) for m in models).replace("\n", "\n  ")
+    entries = entries.replace(
         "checkEndpoint: /health", f"checkEndpoint: /health\n    gpuMemory: {size}"
     )
     return (
         "models:"
-        + models
+        + entries
         + """
 routing:
-  scheduler:
-    use: serial
-    settings:
-      serial: {swapAffinityBonus: 0}
   router:
     use: memory
     settings:
-      memory: {budget: 80GiB}
-"""
+      memory: {budget: 80GiB"""
+        + settings
+        + "}\n"
     )
 
 
@@ -108,10 +109,7 @@ def test_measured_footprints_let_models_share_and_are_known_after_a_restart(
         + fake_model("B", f"--gpu-dir {gpu} --gpu-mib 30000")
     ).replace("\n", "\n  ")
     text = (
-        "models:"
-        + models
-        + "\nrouting:\n  scheduler:\n    use: serial\n    settings:\n      serial: "
-        "{swapAffinityBonus: 0}\n  router:\n    use: memory\n    settings:\n"
+        "models:" + models + "\nrouting:\n  router:\n    use: memory\n    settings:\n"
         "      memory: {budget: 80GiB}\n"
     )
     gw = Gateway(tmp_path, text)
@@ -136,4 +134,56 @@ def test_measured_footprints_let_models_share_and_are_known_after_a_restart(
         assert router["measured_mib"] == {"A": 30000, "B": 30000}
     finally:
         gw.stop()
+    assert_log_replays(gw.db)
+
+
+def chat(client: httpx.Client, model: str, **fake: object) -> str:
+    """Send a chat to `model` (`fake`: how its fake upstream answers); its request id."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "fake": fake}
+    answer = client.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.headers["x-request-id"]
+
+
+def explained(gw: Gateway, request_id: str) -> dict[str, Any]:
+    """`gpulane explain REQUEST_ID --json`, as a user runs it."""
+    shown = gpulane("explain", request_id, "--db", str(gw.db), "--json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)  # type: ignore[no-any-return]
+
+
+def test_explain_counts_every_model_loaded_beside_the_last_swap(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """A and B fit together and stay loaded (C needs one of them gone). While a
+    request on A holds the lane, one for C arrives, then one for A: A's wins by
+    swap affinity (the default bonus), though B's load was the last swap.
+    `explain` replays each decision as recorded and names that reason."""
+    gw = gateway(config("30GiB", "ABC"))
+    hold = tmp_path / "hold"
+    with gw.client() as client, cf.ThreadPoolExecutor(3) as pool:
+        chat(client, "A")
+        chat(client, "B")  # loaded beside A
+        held = pool.submit(chat, client, "A", hold_file=str(hold))
+        queued = "SELECT id FROM requests WHERE model = ? AND status = ?"
+        poll(lambda: gw.sql(queued, "A", "running"), "A running")
+        to_c = pool.submit(chat, client, "C")
+        poll(lambda: gw.sql(queued, "C", "queued"), "C queued")
+        again = pool.submit(chat, client, "A")
+        poll(lambda: len(gw.sql(queued, "A", "queued")) == 1, "the second A queued")
+        hold.touch()
+        held_id, c_id, a_id = (f.result(timeout=60) for f in (held, to_c, again))
+    poll(lambda: not gw.sql("SELECT 1 FROM requests WHERE finished_at IS NULL"), "all recorded")
+    assert loads(gw) == ["A", "B", "C"]
+    started = gw.sql("SELECT id FROM requests ORDER BY started_at")
+    assert [r["id"] for r in started][2:] == [held_id, a_id, c_id]  # A overtook C
+
+    story = explained(gw, c_id)
+    assert story["replay_matches"] is True, story
+    overtaken = story["decisions"][0]
+    assert (overtaken["winner_id"], overtaken["reason"]) == (a_id, "swap_affinity"), story
+    assert overtaken["matches_record"] is True
+    assert [a["reason"] for a in story["ahead"]] == ["swap_affinity"], story
+    assert explained(gw, a_id)["replay_matches"] is True
+    gw.stop()
     assert_log_replays(gw.db)
