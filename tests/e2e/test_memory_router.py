@@ -21,13 +21,16 @@ from tests.e2e.log_replay import assert_log_replays, gpulane
 Start = Callable[[str], Gateway]
 
 
-def config(size: str, models: str = "AB", settings: str = "") -> str:
+def config(size: str, models: str = "AB", settings: str = "", *, sleep: bool = False) -> str:
     """Each of `models` a fake upstream declaring `size`, under the memory router
-    with an 80GiB budget (`settings`: more of its settings)."""
+    with an 80GiB budget (`settings`: more of its settings); `sleep`: fake vLLM
+    servers that an eviction puts to sleep (tools/fake_sleeper.py)."""
     entries = "".join(fake_model(m) for m in models).replace("\n", "\n  ")
-    entries = entries.replace(
-        "checkEndpoint: /health", f"checkEndpoint: /health\n    gpuMemory: {size}"
-    )
+    more = f"gpuMemory: {size}"
+    if sleep:
+        entries = entries.replace("tools.fake_upstream", "tools.fake_sleeper")
+        more += "\n    sleep: vllm"
+    entries = entries.replace("checkEndpoint: /health", f"checkEndpoint: /health\n    {more}")
     return (
         "models:"
         + entries
@@ -152,6 +155,37 @@ def explained(gw: Gateway, request_id: str) -> dict[str, Any]:
     return json.loads(shown.stdout)  # type: ignore[no-any-return]
 
 
+def overtake(gw: Gateway, hold: Path, running: str, loser: str, winner: str) -> tuple[str, str]:
+    """While a request on `running` holds the lane (until `hold` exists), one for
+    `loser` queues, then one for `winner`; then the lane is let go. Their ids."""
+    queued = "SELECT id FROM requests WHERE model = ? AND status = ?"
+    with gw.client() as client, cf.ThreadPoolExecutor(3) as pool:
+        held = pool.submit(chat, client, running, hold_file=str(hold))
+        poll(lambda: gw.sql(queued, running, "running"), f"{running} running")
+        first = pool.submit(chat, client, loser)
+        poll(lambda: gw.sql(queued, loser, "queued"), f"{loser} queued")
+        second = pool.submit(chat, client, winner)
+        poll(lambda: gw.sql(queued, winner, "queued"), f"{winner} queued")
+        hold.touch()
+        held_id, loser_id, winner_id = (f.result(timeout=60) for f in (held, first, second))
+    poll(lambda: not gw.sql("SELECT 1 FROM requests WHERE finished_at IS NULL"), "all recorded")
+    started = [r["id"] for r in gw.sql("SELECT id FROM requests ORDER BY started_at")]
+    assert started[-3:] == [held_id, winner_id, loser_id]  # the later one overtook
+    return loser_id, winner_id
+
+
+def assert_overtaken_by_affinity(gw: Gateway, loser_id: str, winner_id: str) -> None:
+    """`explain` of the overtaken request replays each decision as recorded and
+    says the winner's model was loaded (swap affinity), and so for the winner."""
+    story = explained(gw, loser_id)
+    assert story["replay_matches"] is True, story
+    overtaken = story["decisions"][0]
+    assert (overtaken["winner_id"], overtaken["reason"]) == (winner_id, "swap_affinity"), story
+    assert overtaken["matches_record"] is True
+    assert [a["reason"] for a in story["ahead"]] == ["swap_affinity"], story
+    assert explained(gw, winner_id)["replay_matches"] is True
+
+
 def test_explain_counts_every_model_loaded_beside_the_last_swap(
     gateway: Start, tmp_path: Path
 ) -> None:
@@ -160,30 +194,80 @@ def test_explain_counts_every_model_loaded_beside_the_last_swap(
     swap affinity (the default bonus), though B's load was the last swap.
     `explain` replays each decision as recorded and names that reason."""
     gw = gateway(config("30GiB", "ABC"))
-    hold = tmp_path / "hold"
-    with gw.client() as client, cf.ThreadPoolExecutor(3) as pool:
+    with gw.client() as client:
         chat(client, "A")
         chat(client, "B")  # loaded beside A
-        held = pool.submit(chat, client, "A", hold_file=str(hold))
-        queued = "SELECT id FROM requests WHERE model = ? AND status = ?"
-        poll(lambda: gw.sql(queued, "A", "running"), "A running")
-        to_c = pool.submit(chat, client, "C")
-        poll(lambda: gw.sql(queued, "C", "queued"), "C queued")
-        again = pool.submit(chat, client, "A")
-        poll(lambda: len(gw.sql(queued, "A", "queued")) == 1, "the second A queued")
-        hold.touch()
-        held_id, c_id, a_id = (f.result(timeout=60) for f in (held, to_c, again))
-    poll(lambda: not gw.sql("SELECT 1 FROM requests WHERE finished_at IS NULL"), "all recorded")
+    loser, winner = overtake(gw, tmp_path / "hold", "A", "C", "A")
     assert loads(gw) == ["A", "B", "C"]
-    started = gw.sql("SELECT id FROM requests ORDER BY started_at")
-    assert [r["id"] for r in started][2:] == [held_id, a_id, c_id]  # A overtook C
+    assert_overtaken_by_affinity(gw, loser, winner)
+    gw.stop()
+    assert_log_replays(gw.db)
 
-    story = explained(gw, c_id)
+
+def slept(gw: Gateway, count: int) -> list[str]:
+    """The models put to sleep, in order, once there are `count` of them."""
+    query = "SELECT model FROM events WHERE type = 'process_slept' ORDER BY seq"
+    rows = poll(lambda: (found := gw.sql(query)) and len(found) >= count and found, "a sleep")
+    return [r["model"] for r in rows]
+
+
+def test_explain_under_the_memory_router_a_slept_model_is_not_loaded_a_woken_one_is(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """Sleepers (issue 43) under the memory router: C's load puts X (A or B) to
+    sleep and leaves Y loaded, so a later request for Y overtakes one for X by
+    swap affinity; X's load wakes it and puts W to sleep, so a later request for
+    X overtakes one for W. `explain` counts the slept model out and the woken
+    one in, and replays every decision as recorded."""
+    gw = gateway(config("30GiB", "ABC", sleep=True))
+    with gw.client() as client:
+        for model in "ABC":
+            chat(client, model)
+    (x,) = slept(gw, 1)
+    (y,) = {"A", "B"} - {x}
+    loser, winner = overtake(gw, tmp_path / "hold1", "C", x, y)
+    assert_overtaken_by_affinity(gw, loser, winner)
+    w = slept(gw, 2)[1]  # put to sleep by x's wake
+    assert gw.sql("SELECT 1 FROM events WHERE type = 'process_woken' AND model = ?", x)
+    loser, winner = overtake(gw, tmp_path / "hold2", x, w, x)
+    assert_overtaken_by_affinity(gw, loser, winner)
+    assert not gw.sql("SELECT 1 FROM events WHERE type = 'process_stopping'")  # slept, not stopped
+    gw.stop()
+    assert_log_replays(gw.db)
+
+
+GROUPS = """models:
+{models}
+routing:
+  router:
+    use: group
+    settings:
+      groups:
+        gpu0: {{swap: true, exclusive: false, members: [A]}}
+        gpu1: {{swap: true, exclusive: false, members: [B]}}
+"""
+
+
+@pytest.mark.parametrize(
+    "router",
+    ["memory", "memory sideBySide", "two groups"],
+)
+def test_explain_of_a_b_a_counts_a_as_loaded(gateway: Start, router: str) -> None:
+    """A, then B loaded beside it, then A again: the last request's decision
+    gives it the swap-affinity bonus, and `explain` replays it as recorded,
+    under the memory router (one lane or side by side) and in two lanes."""
+    if router == "two groups":
+        text = GROUPS.format(models=(fake_model("A") + fake_model("B")).replace("\n", "\n  "))
+    else:
+        text = config("30GiB", "AB", ", sideBySide: true" if "sideBySide" in router else "")
+    gw = gateway(text)
+    with gw.client() as client:
+        ids = [chat(client, model) for model in "ABA"]
+    poll(lambda: not gw.sql("SELECT 1 FROM requests WHERE finished_at IS NULL"), "all recorded")
+    assert loads(gw) == ["A", "B"]
+    story = explained(gw, ids[-1])
     assert story["replay_matches"] is True, story
-    overtaken = story["decisions"][0]
-    assert (overtaken["winner_id"], overtaken["reason"]) == (a_id, "swap_affinity"), story
-    assert overtaken["matches_record"] is True
-    assert [a["reason"] for a in story["ahead"]] == ["swap_affinity"], story
-    assert explained(gw, a_id)["replay_matches"] is True
+    (own,) = story["decisions"]
+    assert own["matches_record"] is True and own["score"]["affinity"] > 0, story
     gw.stop()
     assert_log_replays(gw.db)
