@@ -8,17 +8,18 @@ The replay (documented in docs/queries.md, "How explain works"):
    the `requests` read model plus an indexed look for an event after E), or
    at E. Every event from S0 on is folded with `core.state.apply`, as the live
    run loop and recovery do; requests that ended before E are absent and
-   apply ignores events about them. The resident/loading models at S0 come
-   from the swap, process and sleep events since the last `server_started`
-   (under a router a model loaded long before may be resident beside the
-   last load); with one model at a time, since the last `swap_started`,
-   which left its model alone. The scheduler and its parameters from the
+   apply ignores events about them. The resident/loading/asleep models at S0
+   come from the swap, process and sleep events since the last
+   `server_started` (under a router a model loaded long before may be
+   resident beside the last load); with one model at a time, since the last
+   `swap_started`, which left its model alone. The scheduler and its parameters from the
    last `server_started`, which carries them all, and any `config_reloaded`
    since (a reload's parameters apply from it on). A restart is folded like any
    event: `apply` gives the new process's state, with the jobs its recovery
    put back (`request_restored`; see app/core/state.py for older logs).
-   Cost: the events since S0 (under a router, also the swap and process
-   events since the server started), not the history.
+   Cost: the events since S0, not the history; under a router, also a walk
+   over the swap and process events since the server started, of which each
+   model's since its last finished load are folded.
 2. At each recorded `scores_computed` while the request waits, `core.policy.decide`
    runs on the replayed state at the recorded time; its ScoresComputed must
    equal the recorded one field for field (`Decision.matches_record`). The
@@ -266,7 +267,9 @@ class _Replay:
                     if given is not None:
                         self.feed(given)
         since = (event_at(conn, from_seq) or 0.0) - CLOCK_SLACK_S
-        events = list(residency_events(conn, from_seq, start, since))
+        # From the server's start, each model's events since its last load are enough.
+        whole_run = server is not None and from_seq == server.seq
+        events = list(residency_events(conn, from_seq, start, since, since_loads=whole_run))
         if isinstance(started, ev.ServerStarted) and started.peers and server is not None:
             # What was last sent to each peer (its affinity, a choice's order).
             peer_models = {m for pool in started.peers.values() for m in pool.models}

@@ -2,7 +2,9 @@
 that declare their GPU memory. When both fit the budget, a mixed run loads each
 once and swaps neither again, and still runs one job at a time; when they do
 not fit, every change of model is a swap, as with one model at a time. Either
-way `replay --verify` reproduces every decision (docs/scheduling.md, GPU memory)."""
+way `replay --verify` reproduces every decision (docs/scheduling.md, GPU memory),
+and `explain` of every request does too, counting each model loaded beside the
+last swap (with the default swapAffinityBonus; docs/queries.md, How explain works)."""
 
 from __future__ import annotations
 
