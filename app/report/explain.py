@@ -8,14 +8,18 @@ The replay (documented in docs/queries.md, "How explain works"):
    the `requests` read model plus an indexed look for an event after E), or
    at E. Every event from S0 on is folded with `core.state.apply`, as the live
    run loop and recovery do; requests that ended before E are absent and
-   apply ignores events about them. The resident/loading model at S0 comes
-   from the last `swap_started` or `server_started` before S0 and the swap
-   and process events after it; the scheduler and its parameters from the
+   apply ignores events about them. The resident/loading/asleep models at S0
+   come from the swap, process and sleep events since the last
+   `server_started` (under a router a model loaded long before may be
+   resident beside the last load); with one model at a time, since the last
+   `swap_started`, which left its model alone. The scheduler and its parameters from the
    last `server_started`, which carries them all, and any `config_reloaded`
    since (a reload's parameters apply from it on). A restart is folded like any
    event: `apply` gives the new process's state, with the jobs its recovery
    put back (`request_restored`; see app/core/state.py for older logs).
-   Cost: the events since S0, not the history.
+   Cost: the events since S0, not the history; under a router, also a walk
+   over the swap and process events since the server started, of which each
+   model's since its last finished load are folded.
 2. At each recorded `scores_computed` while the request waits, `core.policy.decide`
    runs on the replayed state at the recorded time; its ScoresComputed must
    equal the recorded one field for field (`Decision.matches_record`). The
@@ -29,7 +33,7 @@ The replay (documented in docs/queries.md, "How explain works"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +132,7 @@ def why_won(
     params: ScoringParams,
     winner: Queued,
     loser: Queued,
-    resident: str | None,
+    affine: Set[str],
     winner_priority: int,
     loser_priority: int,
     fair: FairKeys | None = None,
@@ -140,7 +144,9 @@ def why_won(
     change with the wait; when they favour the winner, they won it the pick
     (higher band or tier, swap affinity, ...). When they are equal, the winner
     had waited longer (arrived earlier); when they favour the loser, the winner
-    made up the gap by aging. `*_priority` are the header priorities, which name
+    made up the gap by aging. `affine`: the models whose requests got the
+    swap-affinity bonus (`SchedulerState.affine`: every model loaded or loading,
+    several under a router); `*_priority` are the header priorities, which name
     the bands; `fair`: the callers' fair-share terms at the decision; `expected`:
     the run time each is scored with (`ScoreQueue.expected`; default: its own,
     as logs before format 3 score). Compared in
@@ -149,9 +155,7 @@ def why_won(
     bonus = params.affinity_key()
     fair = fair or {}
     d_priority = (winner.priority - loser.priority) * params.scale
-    d_affinity = (bonus if winner.model == resident else 0) - (
-        bonus if loser.model == resident else 0
-    )
+    d_affinity = (bonus if winner.model in affine else 0) - (bonus if loser.model in affine else 0)
     d_fair = fair.get(winner.caller, 0) - fair.get(loser.caller, 0)
     if expected is None:
         expected = _own_estimate
@@ -245,19 +249,29 @@ class _Replay:
         """Each model's swap costs as the events seen so far teach them."""
 
     def prime(self, conn: sqlalchemy.Connection, start: int) -> None:
-        """Parameters and resident model as of just before seq `start`."""
+        """Parameters and resident models as of just before seq `start`."""
         server = last_event_before(conn, start)
-        last_swap = last_swap_seq_before(conn, start)
-        from_seq = max(last_swap or 0, server.seq if server is not None else 0)
-        if server is not None and server.seq < from_seq:
-            self.feed(ev.decode(server.data))
-            # The parameters a reload since then set (a later one is among `events`).
-            reload = last_event_before(conn, from_seq, "config_reloaded")
-            if reload is not None and reload.seq > server.seq:
-                self.feed(ev.decode(reload.data))
-        since = (event_at(conn, from_seq) or 0.0) - CLOCK_SLACK_S
-        events = list(residency_events(conn, from_seq, start, since))
         started = ev.decode(server.data) if server is not None else None
+        from_seq = server.seq if server is not None else 0
+        last_swap = last_swap_seq_before(conn, start)
+        if last_swap is not None and last_swap > from_seq:
+            # The parameters in force at the last swap: the server's, or a reload's since.
+            logged = last_event_before(conn, last_swap, "config_reloaded")
+            reload = ev.decode(logged.data) if logged and logged.seq > from_seq else None
+            in_force = reload.parameters if isinstance(reload, ev.ConfigReloaded) else started
+            if not isinstance(in_force, ev.ServerStarted) or in_force.router is None:
+                # One model at a time: the last swap left its model the only one
+                # loaded, so the fold may start there. Under a router a model
+                # loaded before it may be resident beside it still: the fold
+                # starts at the server's start.
+                from_seq = last_swap
+                for given in (started, reload):  # a later reload is among `events`
+                    if given is not None:
+                        self.feed(given)
+        since = (event_at(conn, from_seq) or 0.0) - CLOCK_SLACK_S
+        # From the server's start, each model's events since its last load are enough.
+        whole_run = server is not None and from_seq == server.seq
+        events = list(residency_events(conn, from_seq, start, since, since_loads=whole_run))
         if isinstance(started, ev.ServerStarted) and started.peers and server is not None:
             # What was last sent to each peer (its affinity, a choice's order).
             peer_models = {m for pool in started.peers.values() for m in pool.models}
@@ -546,7 +560,7 @@ class _Story:
                 params,
                 winner,
                 mine,
-                state.resident,
+                state.affine,
                 state.requests[winner.request_id].priority,
                 state.requests[self.request_id].priority,
                 fair,

@@ -29,12 +29,30 @@ SELECT min(enqueue_seq) FROM (
 ) AS open_at
 """
 # The `at` bound lets ix_events_type_at skip the older history.
+_RESIDENCY_TYPES = (
+    "type IN ('server_started', 'config_reloaded', 'swap_started', 'swap_finished', "
+    "'swap_failed', 'process_stopping', 'process_stopped', 'process_started', "
+    "'process_sleeping', 'process_slept', 'process_woken', 'sleep_skipped', "
+    "'memory_wait_ended', 'gpu_memory_seen')"
+)
 _RESIDENCY = (
     "SELECT seq, data FROM events WHERE seq >= :from_seq AND seq < :to_seq AND at >= :since "
-    "AND type IN ('server_started', 'config_reloaded', 'swap_started', 'swap_finished', "
-    "'swap_failed', 'process_stopped', 'process_started', 'process_sleeping', 'process_slept', "
-    "'process_woken') ORDER BY seq"
+    f"AND {_RESIDENCY_TYPES} ORDER BY seq"
 )
+# Of each model, only the events since its last finished load: what came before
+# it that still counts (its footprint, load time, failures in a row, sleep) is
+# replaced or ended by it. Events of no model (a reload, others' GPU memory) all.
+_RESIDENCY_SINCE_LOADS = f"""
+WITH loaded AS (
+    SELECT model, max(seq) AS seq FROM events
+    WHERE type = 'swap_finished' AND seq >= :from_seq AND seq < :to_seq AND at >= :since
+    GROUP BY model
+)
+SELECT e.seq, e.data FROM events AS e LEFT JOIN loaded ON loaded.model = e.model
+WHERE e.seq >= :from_seq AND e.seq < :to_seq AND e.at >= :since AND e.{_RESIDENCY_TYPES}
+  AND (loaded.seq IS NULL OR e.seq >= loaded.seq)
+ORDER BY e.seq
+"""
 
 
 _LAST_DISPATCHES = (
@@ -133,13 +151,19 @@ def event_at(conn: sqlalchemy.Connection, seq: int) -> float | None:
 
 
 def residency_events(
-    conn: sqlalchemy.Connection, from_seq: int, to_seq: int, since_s: float
+    conn: sqlalchemy.Connection,
+    from_seq: int,
+    to_seq: int,
+    since_s: float,
+    *,
+    since_loads: bool = False,
 ) -> Iterator[LoggedEvent]:
     """The events that change which model is resident or loading (server starts, swaps,
-    process stops), with `from_seq <= seq < to_seq` and recorded at or after `since_s`,
-    in seq order."""
-    rows = conn.execute(
-        text(_RESIDENCY), {"from_seq": from_seq, "to_seq": to_seq, "since": since_s}
-    )
+    process stops and sleeps), with `from_seq <= seq < to_seq` and recorded at or after
+    `since_s`, in seq order. `since_loads`: of each model, only those since its last
+    `swap_finished` in that range (the state they fold to is the same: a model's
+    eviction, stop or sleep is an event of its own after its load)."""
+    sql = _RESIDENCY_SINCE_LOADS if since_loads else _RESIDENCY
+    rows = conn.execute(text(sql), {"from_seq": from_seq, "to_seq": to_seq, "since": since_s})
     for seq, data in rows:
         yield LoggedEvent(seq, data)

@@ -232,7 +232,7 @@ def _queued(name: str, model: str, priority: int, enqueued_s: float, order: int)
 )
 def test_why_won(winner: Queued, loser: Queued, expected: list[str]) -> None:
     params = ScoringParams(aging_divisor_ns=1_000_000_000, swap_affinity_bonus=10)
-    assert why_won(params, winner, loser, "A", winner.priority, loser.priority) == expected
+    assert why_won(params, winner, loser, {"A"}, winner.priority, loser.priority) == expected
 
 
 def test_explanations_are_json(stories: dict[str, Explanation]) -> None:

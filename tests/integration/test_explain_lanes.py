@@ -5,14 +5,18 @@ written to a real SQLite file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from app.core import events as ev
+from app.core.state import SchedulerState, apply
 from app.report.explain import explain
 from app.report.render import explanation_text
 from app.report.visibility import story_seen_by
 from app.runtime.parameters import server_started
 from app.store.engine import open_database
+from app.store.explain_queries import LoggedEvent, residency_events
 from tests.unit.run_loop_fakes import T0_NS, Lane, config_text, settle
 from tools.replay.generate import write_log
 
@@ -77,3 +81,64 @@ async def test_slot_drain_and_eviction_are_named_and_add_up(tmp_path: Path) -> N
     # A user key sees no other caller's request id (b1 has no caller: "another")
     seen = story_seen_by(story, "someone")
     assert all(h.request_id is None for h in seen.held_for if h.cause != "slot")
+
+
+def fold(logged: Iterable[LoggedEvent]) -> tuple[object, ...]:
+    """What a fold of `logged` says of residency, footprints, load costs and failures."""
+    state = SchedulerState()
+    for _, data in logged:
+        apply(state, ev.decode(data))
+    return (
+        list(state.residents),
+        dict(state.loads),
+        state.asleep,
+        state.measured_mib,
+        state.load_cost_ns,
+        {m: f.count for m, f in state.load_failures.items()},
+        state.in_use,
+    )
+
+
+async def test_under_a_router_each_models_events_since_its_last_load_fold_as_all_do(
+    tmp_path: Path,
+) -> None:
+    """Three models under the memory router, two fitting at a time, one load
+    failing: at every point of the log, explain's fold of each model's events
+    since its last finished load (`since_loads`) is the fold of them all."""
+    size = {"gpuMemory": "30GiB"}
+    memory = {"use": "memory", "settings": {"memory": {"budget": "80GiB"}}}
+    lane = Lane(config_text({"A": size, "B": size, "C": size}, router=memory))
+    clock = lane.clock
+    for model in "AB":
+        ticket = lane.admit(model)
+        await clock.advance(1)
+        await lane.finish(ticket)
+    lane.upstreams.auto_load = False
+    failing = lane.admit("C")
+    await settle()
+    lane.upstreams.last("C").fail()
+    await settle()
+    assert lane.ended(failing).http_status >= 500
+    lane.upstreams.auto_load = True
+    await clock.advance(600)  # past its load back-off
+    for model in "CACBBA":
+        ticket = lane.admit(model)
+        await clock.advance(1)
+        await lane.finish(ticket)
+    db = tmp_path / "memory.db"
+    write_log(db, [server_started(lane.config, T0_NS, 0), *lane.events()])
+    engine = open_database(db)
+    try:
+        with engine.connect() as conn:
+            last = conn.exec_driver_sql("SELECT max(seq) FROM events").scalar()
+            assert last is not None
+            for start in range(2, last + 2):
+                whole = fold(residency_events(conn, 1, start, 0.0))
+                assert fold(residency_events(conn, 1, start, 0.0, since_loads=True)) == whole
+            resident = whole[0]  # at the end: C loaded since its failure, two models loaded
+            assert whole[5] == {} and isinstance(resident, list) and len(resident) == 2
+            ids = [r[0] for r in conn.exec_driver_sql("SELECT id FROM requests")]
+        stories = [explain(engine, rid) for rid in ids]
+    finally:
+        engine.dispose()
+    assert len(stories) == 9 and all(s is not None and s.replay_matches for s in stories)
