@@ -210,5 +210,4 @@ def test_its_next_load_puts_the_idle_neighbour_it_ran_out_beside_away_first(
     gw.stop()
     checked = gw.db_check()
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    replayed = gpulane("replay", str(gw.db), "--verify")
-    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert_log_replays(gw.db)
