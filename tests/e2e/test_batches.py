@@ -160,14 +160,20 @@ def test_cancel_withdraws_the_waiting_lines_and_lets_the_running_one_finish(
 ) -> None:
     gw = gateway(config())
     oa = client(gw)
-    lines = [line("first", delay=1.5, reply="kept")] + [line(f"w{i}") for i in range(4)]
-    batch = submit(oa, lines)
-    with gw.client() as http:
-        poll(
-            lambda: any(j["status"] == "running" for j in http.get("/v1/jobs").json()["data"]),
-            "the first line to run",
-        )
-    cancelling = oa.batches.cancel(batch.id)
+    # The first line runs until the cancel was answered: a fixed run could end
+    # first on a slow host, and the next line start.
+    release = gw.tmp / "release"
+    lines = [line("first", hold_file=str(release), reply="kept")]
+    batch = submit(oa, lines + [line(f"w{i}") for i in range(4)])
+    try:
+        with gw.client() as http:
+            poll(
+                lambda: any(j["status"] == "running" for j in http.get("/v1/jobs").json()["data"]),
+                "the first line to run",
+            )
+        cancelling = oa.batches.cancel(batch.id)
+    finally:
+        release.touch()
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     done = wait_batch(oa, batch.id, "cancelled")
     assert done.cancelled_at
