@@ -442,15 +442,29 @@ def fifo(*models: str) -> str:
 
 def test_fifo_serves_the_ready_model_concurrently_up_to_its_limit(gateway: Start) -> None:
     gw = gateway(fifo(model("A", concurrencyLimit=3)))
+    # Each runs until three run and three wait: sent at once, they may still
+    # arrive far apart on a slow host, past any fixed run.
+    release = gw.tmp / "release"
     with gw.client() as client:
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200  # load
         with cf.ThreadPoolExecutor(6) as pool:
-            replies = list(
-                pool.map(
-                    lambda _: client.post("/v1/chat/completions", json=chat("A", delay=1.0)),
-                    range(6),
+            sent = [
+                pool.submit(
+                    client.post, "/v1/chat/completions", json=chat("A", hold_file=str(release))
                 )
-            )
+                for _ in range(6)
+            ]
+            try:
+                assert wait_until(
+                    lambda: (
+                        (q := client.get("/api/queue").json())
+                        and (len(q["running"]), len(q["waiting"])) == (3, 3)
+                    ),
+                    timeout=30,
+                ), client.get("/api/queue").text
+            finally:
+                release.touch()
+            replies = [f.result(timeout=30) for f in sent]
     assert all(r.status_code == 200 for r in replies)
     ids = [r.headers["x-request-id"] for r in replies]
     marks = ",".join("?" * len(ids))
