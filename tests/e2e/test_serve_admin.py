@@ -54,7 +54,7 @@ def chat(name: str, **fake: Any) -> dict[str, Any]:
     return body
 
 
-def events(gw: Gateway, kind: str, count: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
+def events(gw: Gateway, kind: str, count: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
     """Events of one type, oldest first: `data` decoded, with `at` replaced by the
     column (unix seconds) and the `request_id` column as `_request_id`."""
     rows = gw.wait_for(
@@ -70,7 +70,7 @@ def running(client: httpx.Client) -> list[dict[str, Any]]:
     return client.get("/running").json()["running"]  # type: ignore[no-any-return]
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 10, step: float = 0.05) -> Any:
+def wait_until(check: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -242,7 +242,7 @@ def test_ttl_stops_a_model_once_it_has_been_idle_that_long(gateway: Start) -> No
         last = client.post("/v1/chat/completions", json=chat("A"))
         assert last.status_code == 200
         stopped = events(gw, "process_stopped", timeout=10)
-        assert wait_until(lambda: running(client) == [], timeout=5)
+        assert wait_until(lambda: running(client) == [], timeout=30)
         # Stopped by TTL, loaded again on demand.
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
     assert [(e["model"], e["reason"]) for e in stopped] == [("A", "ttl")]
