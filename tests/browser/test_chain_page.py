@@ -60,6 +60,7 @@ def test_a_chain_page_shows_its_progress_its_eta_and_its_shots(
         expect(page.locator("#chain-eta")).to_contain_text(
             re.compile(r"^Expected to end after .* at the earliest .*its end unknown\.")
         )
+        expect(page.locator("#chain-eta")).to_contain_text("later (a run has no known end)")
         expect(page.locator("main")).to_contain_text("3 shots not queued yet")
         rows = page.locator("#chain-shots tbody tr")
         expect(rows).to_have_count(3)
@@ -81,8 +82,10 @@ def test_a_chain_page_shows_its_progress_its_eta_and_its_shots(
         )
     page.reload()
     expect(page.locator("#chain-summary")).to_contain_text("3 done, 0 running, 3 waiting")
-    # Nothing runs: the end is known, three more shots of their median run.
+    # Nothing runs: the end is known, three more shots of their median run; a
+    # log of seconds gives an interval whose late end is not known yet, and why.
     expect(page.locator("#chain-eta")).to_contain_text("Expected to end at")
+    expect(page.locator("#chain-eta")).to_contain_text("later (too little log to say)")
     # The bar is as wide as the page, as the batch page's.
     bar = page.locator("#chain-progress").bounding_box()
     main = page.locator("main").bounding_box()
