@@ -28,6 +28,7 @@ from tests.e2e.gateway import (
     fake_model,
     free_port,
     half_done,
+    poll,
     progress_events,
     records,
     wait_for,
@@ -125,9 +126,13 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
     output = tmp_path / "output"
     output.mkdir()
     gw = gateway(comfy_config(record, output=output))
+    # The render's last step waits for the test: a fixed render could end before
+    # the chat arrives on a slow host.
+    release = tmp_path / "release"
+    prompt = workflow(3.0, hold_file=str(release))
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
         t0 = time.monotonic()
-        r = client.post("/comfyui/prompt", json={"prompt": workflow(3.0), "client_id": "c1"})
+        r = client.post("/comfyui/prompt", json={"prompt": prompt, "client_id": "c1"})
         answered = time.monotonic() - t0
         assert r.status_code == 200, r.text
         doc = r.json()
@@ -139,6 +144,16 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
         queue = client.get("/comfyui/queue").json()
         assert [item[1] for item in queue["queue_running"]] == [prompt_id]
         pending = pool.submit(client.post, "/v1/chat/completions", json=chat())
+        try:
+            # Released once the chat has waited over a second behind it.
+            poll(
+                lambda: [
+                    w for w in client.get("/api/queue").json()["waiting"] if w["waited_s"] > 1.2
+                ],
+                "the chat to wait behind the render",
+            )
+        finally:
+            release.touch()
         answer = pending.result(timeout=60)
         assert answer.status_code == 200, answer.text
         chat_done = time.time()

@@ -23,7 +23,15 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.gateway import Gateway, fake_model, half_done, progress_events, records, wait_for
+from tests.e2e.gateway import (
+    Gateway,
+    fake_model,
+    half_done,
+    poll,
+    progress_events,
+    records,
+    wait_for,
+)
 from tests.e2e.log_replay import assert_log_replays
 
 Start = Callable[[str], Gateway]
@@ -92,7 +100,10 @@ def test_the_openai_client_creates_polls_and_downloads_a_video_held_until_its_en
     stopped mid-render); the content is served after the server was swapped out;
     explain says why the chat waited."""
     record = tmp_path / "videos.jsonl"
-    gw = gateway(video_config(record, args="--render-s 3"))
+    # The render's last step waits for the test: a fixed render could end before
+    # the chat arrives on a slow host.
+    release = tmp_path / "release"
+    gw = gateway(video_config(record, args=f"--render-s 3 --hold-file {release}"))
     client = sdk(gw)
     t0 = time.monotonic()
     video = client.videos.create(model="sora-local", prompt="a lane of GPUs", seconds="4")
@@ -108,6 +119,16 @@ def test_the_openai_client_creates_polls_and_downloads_a_video_held_until_its_en
         seen = wait_for(lambda: (v := client.videos.retrieve(video.id)).progress > 0 and v)
         assert seen.status == "in_progress" and 0 < seen.progress < 100, seen
         pending = pool.submit(http.post, "/v1/chat/completions", json=chat())
+        try:
+            # Released once the chat has waited over a second behind it.
+            poll(
+                lambda: [
+                    w for w in http.get("/api/queue").json()["waiting"] if w["waited_s"] > 1.2
+                ],
+                "the chat to wait behind the video",
+            )
+        finally:
+            release.touch()
         answer = pending.result(timeout=60)
         assert answer.status_code == 200, answer.text
         chat_done = time.time()
