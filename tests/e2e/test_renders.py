@@ -131,14 +131,13 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
     release = tmp_path / "release"
     prompt = workflow(3.0, hold_file=str(release))
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
-        t0 = time.monotonic()
         r = client.post("/comfyui/prompt", json={"prompt": prompt, "client_id": "c1"})
-        answered = time.monotonic() - t0
         assert r.status_code == 200, r.text
+        # At once, not at the render's end (which waits for the test: no clock needed).
+        assert not ends(record), "the prompt was answered once its render ended"
         doc = r.json()
         prompt_id = doc["prompt_id"]
         assert set(doc) == {"prompt_id", "number", "node_errors"} and doc["node_errors"] == {}
-        assert answered < 2.0, f"the prompt was answered in {answered:.1f} s, not at once"
         assert wait_for(lambda: rendering(record, prompt_id)), "the render never started"
         assert client.get(f"/comfyui/history/{prompt_id}").json() == {}  # still running
         queue = client.get("/comfyui/queue").json()
@@ -157,9 +156,9 @@ def test_a_chat_mid_render_waits_for_its_end_and_never_stops_the_render(
         answer = pending.result(timeout=60)
         assert answer.status_code == 200, answer.text
         chat_done = time.time()
-        ends = [r for r in records(record) if r["event"] == "render_ended"]
-        assert [(e["prompt_id"], e["outcome"]) for e in ends] == [(prompt_id, "success")]
-        assert ends[0]["at"] <= chat_done, "the chat was answered before the render ended"
+        ended = ends(record)
+        assert [(e["prompt_id"], e["outcome"]) for e in ended] == [(prompt_id, "success")]
+        assert ended[0]["at"] <= chat_done, "the chat was answered before the render ended"
         assert not [r for r in records(record) if r["event"] == "stopped_mid_render"]
         # ComfyUI was swapped out for the chat: its history still answers, from gpulane.
         assert wait_for(lambda: client.get("/running").json()["running"][0]["model"] == "chat")
