@@ -157,6 +157,9 @@ def test_the_openai_client_creates_polls_and_downloads_a_video_held_until_its_en
         assert behind["held_s"] > 1.0, behind
         listed = client.videos.list()
         assert [v.id for v in listed.data] == [video.id]
+    gw.wait_for(  # the answer can come before its event is on disk
+        "SELECT 1 FROM events WHERE request_id=? AND type='request_completed'", video.id
+    )
     events = [row["type"] for row in gw.sql("SELECT type FROM events WHERE request_id=?", video.id)]
     assert events.count("request_completed") == 1 and "request_failed" not in events
     check = gw.db_check()
@@ -312,17 +315,21 @@ def test_a_crash_mid_video_ends_it_exactly_once(gateway: Start, tmp_path: Path) 
     """gpulane SIGKILLed mid-render: the next start puts the video back as a retry
     (its server was stopped with it), renders it again, and it ends once."""
     record = tmp_path / "videos.jsonl"
-    gw = gateway(video_config(record, args="--render-s 2"))
+    # The render's last step waits until gpulane is killed (a fixed render could
+    # end first on a slow host); the next one runs to its end.
+    release = tmp_path / "release"
+    gw = gateway(video_config(record, args=f"--render-s 2 --hold-file {release}"))
     with gw.client() as http:
         video_id = http.post("/v1/videos", json={"prompt": "p", "model": "sora-local"}).json()["id"]
         assert wait_for(lambda: rendering(record) != [])
     gw.kill()
+    release.touch()
     gw.start()
     with gw.client() as http:
         done = settled(http, video_id, timeout=60)
         assert done["status"] == "completed", done
         assert http.get(f"/v1/videos/{video_id}/content").status_code == 200
-    terminal = gw.sql(
+    terminal = gw.wait_for(  # the answer can come before its event is on disk
         "SELECT type FROM events WHERE request_id=? AND type IN "
         "('request_completed', 'request_failed', 'request_cancelled', 'request_abandoned')",
         video_id,
@@ -383,18 +390,24 @@ def test_an_operator_unload_mid_video_puts_it_back_and_it_renders_again_once(
     """Only an operator's unload stops a video's server mid-render: the video goes
     back in the queue, is sent again, and ends once."""
     record = tmp_path / "videos.jsonl"
-    gw = gateway(video_config(record, args="--render-s 3"))
+    # The render's last step waits until the unload is done (a fixed render could
+    # end first on a slow host); the next one runs to its end.
+    release = tmp_path / "release"
+    gw = gateway(video_config(record, args=f"--render-s 3 --hold-file {release}"))
     with gw.client() as http:
         video_id = http.post("/v1/videos", json={"prompt": "p"}).json()["id"]
         assert wait_for(lambda: rendering(record) != [])
-        assert http.post("/api/models/unload/sora-local").status_code == 200
+        try:
+            assert http.post("/api/models/unload/sora-local").status_code == 200
+        finally:
+            release.touch()
         done = settled(http, video_id, timeout=60)
         assert done["status"] == "completed", done
     stopped = [r["video_id"] for r in records(record) if r["event"] == "stopped_mid_render"]
     first, second = rendering(record)
     assert stopped == [first]
     assert [(e["video_id"], e["outcome"]) for e in ends(record)] == [(second, "completed")]
-    terminal = gw.sql(
+    terminal = gw.wait_for(  # the answer can come before its event is on disk
         "SELECT type FROM events WHERE request_id=? AND type IN "
         "('request_completed', 'request_failed', 'request_cancelled', 'request_abandoned')",
         video_id,
