@@ -323,15 +323,20 @@ def test_a_crash_mid_render_ends_the_render_exactly_once(gateway: Start, tmp_pat
     retry (its ComfyUI was stopped with it), renders it again, and it ends once."""
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record))
+    # The render's last step waits until gpulane is killed (a fixed render could
+    # end first on a slow host); sent again, it runs to its end.
+    release = tmp_path / "release"
     with gw.client() as client:
-        prompt_id = queued(client, 2.0)
+        body = {"prompt": workflow(2.0, hold_file=str(release))}
+        prompt_id = client.post("/comfyui/prompt", json=body).json()["prompt_id"]
         assert wait_for(lambda: rendering(record, prompt_id))
     gw.kill()
+    release.touch()
     gw.start()
     with gw.client() as client:
         entry = history(client, prompt_id, timeout=60)[prompt_id]
         assert entry["status"]["completed"] is True
-    terminal = gw.sql(
+    terminal = gw.wait_for(  # ComfyUI's history can come before the event is on disk
         "SELECT type FROM events WHERE request_id=? AND type IN "
         "('request_completed', 'request_failed', 'request_cancelled', 'request_abandoned')",
         prompt_id,
@@ -404,14 +409,18 @@ def test_an_operator_unload_mid_render_puts_it_back_and_it_renders_again(
 def test_a_renders_progress_drives_its_expected_end_in_the_queue(
     gateway: Start, tmp_path: Path
 ) -> None:
-    """An 8 s render of 40 steps, the first of its model (no past run to go by:
-    its end is open until it reports progress). ComfyUI's websocket says how far
+    """An 8 s render of 40 steps, past every run of its model (one of 0.1 s: its
+    end is open until it reports progress). ComfyUI's websocket says how far
     it is; gpulane listens with its own client id and records it, sampled: once
     it is half done, `/api/queue` expects it to end about 8 s after its
     dispatch, and the progress it shows only grows."""
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record))
     with gw.client() as client:
+        # ComfyUI loaded first: a load the render waited for counts in its run
+        # (twice, at half done), and a slow host's load would pass the bound.
+        warm = queued(client, 0.1)
+        assert history(client, warm)[warm]["status"]["completed"] is True
         r = client.post("/comfyui/prompt", json={"prompt": workflow(8.0, steps=40)})
         assert r.status_code == 200, r.text
         prompt_id = r.json()["prompt_id"]

@@ -218,13 +218,17 @@ def test_a_waiting_video_shows_its_place_and_estimate_and_a_failed_one_its_error
 def test_a_videos_progress_drives_its_expected_end_in_the_queue(
     gateway: Start, tmp_path: Path
 ) -> None:
-    """An 8 s video, the first of its model (no past run to go by: its end is
-    open until it reports progress). The server's `progress` (0-100) is
+    """An 8 s video, past every run of its model (a load's health check: its
+    end is open until it reports progress). The server's `progress` (0-100) is
     recorded, sampled: once it is half done, `/api/queue` expects it to end
     about 8 s after its dispatch, and the progress it shows only grows."""
     record = tmp_path / "videos.jsonl"
     gw = gateway(video_config(record, args="--render-s 8"))
     with gw.client() as http:
+        # The server loaded first, as the console's Load does: a load the video
+        # waited for counts in its run (twice, at half done), and a slow host's
+        # load would pass the bound.
+        assert http.get("/upstream/sora-local/health").status_code == 200
         video_id = http.post("/v1/videos", json={"prompt": "slow"}).json()["id"]
         half, seen = half_done(http, video_id)
         assert not half["expected_end_open"], half
