@@ -306,7 +306,7 @@ def test_logs_hold_upstream_output_and_the_stream_replays_then_follows(gateway: 
 
         def follow() -> None:
             with (
-                gw.client(timeout=10) as streamer,
+                gw.client(timeout=30) as streamer,
                 streamer.stream("GET", "/logs/stream") as r,
             ):
                 assert r.status_code == 200
@@ -319,9 +319,9 @@ def test_logs_hold_upstream_output_and_the_stream_replays_then_follows(gateway: 
 
         with cf.ThreadPoolExecutor(1) as pool:
             follower = pool.submit(follow)
-            assert subscribed.wait(10)  # subscribed before the response starts
+            assert subscribed.wait(30)  # subscribed before the response starts
             assert client.post("/v1/chat/completions", json=chat("B")).status_code == 200
-            assert found.wait(10), seen
+            assert found.wait(30), seen
             follower.result()
         assert "[upstream:B] B handled POST /v1/chat/completions" in seen
         # As in llama-swap, the lines held are replayed first, then the new ones.
