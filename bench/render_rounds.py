@@ -1,6 +1,6 @@
 """Rounds of renders, chats and cancels on a fake ComfyUI. Prints figures.
 
-    python -m bench.render_rounds [--rounds 50] [--seed 1]
+    python -m bench.render_rounds [--rounds 50] [--seed 1] [--sleep]
 
 `gpulane serve` started as a user starts it, in front of tools/fake_comfyui.py
 (`comfyui_auto`, concurrencyLimit 50 as llama-swap sets it) and a chat model
@@ -16,6 +16,12 @@ from the fake's record of its renders and from the log:
 - prompts lost (accepted, without exactly one terminal event or, unless
   cancelled, without a history entry served through gpulane): 0;
 - `db check` and `replay --verify`.
+
+With `--sleep`, ComfyUI has `sleep: comfyui`: each swap puts it to sleep by
+`POST /free` and its next prompt wakes the same process. Then it also counts
+renders that were running when a `/free` arrived (not cancelled ones: ComfyUI
+finishes an interrupted prompt at its next step, and the sleep waits for its
+queue to be idle): 0; and the sleeps, wakes and cold starts.
 
 tests/e2e/test_render_rounds.py runs a few rounds of the same in the suite.
 """
@@ -41,13 +47,13 @@ from tests.e2e.gateway import REPO, Gateway, fake_model
 TERMINAL = ("request_completed", "request_failed", "request_cancelled", "request_abandoned")
 
 
-def config(record: Path) -> str:
+def config(record: Path, sleep: bool = False) -> str:
     comfy = (
         "\n  comfyui_auto:"
         f"\n    cmd: {sys.executable} -m tools.fake_comfyui --port ${{PORT}} --record {record}"
         "\n    checkEndpoint: /system_stats"
         "\n    concurrencyLimit: 50"
-        "\n    maxRunTime: 120"
+        "\n    maxRunTime: 120" + ("\n    sleep: comfyui" if sleep else "")
     )
     return "models:" + comfy + fake_model("chat").replace("\n", "\n  ") + "\n"
 
@@ -68,6 +74,11 @@ class Summary:
     chats: int = 0
     chat_failures: list[str] = field(default_factory=list)
     stopped_mid_render: list[str] = field(default_factory=list)
+    freed_mid_render: list[str] = field(default_factory=list)
+    freed_while_cancelled: int = 0
+    """`/free`s that came while ComfyUI still finished a cancelled prompt."""
+    swaps: dict[str, int] = field(default_factory=dict)
+    """ComfyUI's `process_started`, `process_slept`, `process_woken` counts."""
     overlapping: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     terminal: dict[str, list[str]] = field(default_factory=dict)
@@ -78,7 +89,11 @@ class Summary:
     @property
     def ok(self) -> bool:
         return not (
-            self.chat_failures or self.stopped_mid_render or self.overlapping or self.lost
+            self.chat_failures
+            or self.stopped_mid_render
+            or self.freed_mid_render
+            or self.overlapping
+            or self.lost
         ) and (self.db_check.startswith("ok") and self.replay_verify.startswith("ok"))
 
     def lines(self) -> list[str]:
@@ -87,6 +102,10 @@ class Summary:
             f"rounds {self.rounds}: {len(self.prompts)} renders "
             f"({len(self.cancelled)} cancelled), {self.chats} chats, {self.seconds:.1f} s",
             f"renders stopped mid-render: {len(self.stopped_mid_render)} {self.stopped_mid_render}",
+            f"renders under a /free: {len(self.freed_mid_render)} {self.freed_mid_render} "
+            f"(and {self.freed_while_cancelled} while a cancelled one ended)",
+            "ComfyUI: "
+            + ", ".join(f"{k.removeprefix('process_')} {n}" for k, n in self.swaps.items()),
             f"renders overlapping on the lane: {len(self.overlapping)} {self.overlapping}",
             f"renders lost: {len(self.lost)} {self.lost}",
             "ends: " + ", ".join(f"{k} {ended.count(k)}" for k in TERMINAL if k in ended),
@@ -184,6 +203,21 @@ def _audit(gw: Gateway, record: Path, out: Summary) -> None:
         for r in records(record)
         if r["event"] == "stopped_mid_render" and r["prompt_id"] not in out.cancelled
     ]
+    out.freed_mid_render = [
+        r["rendering"]
+        for r in records(record)
+        if r["event"] == "free_requested"
+        and r["rendering"] is not None
+        and r["rendering"] not in out.cancelled
+    ]
+    out.freed_while_cancelled = sum(
+        1
+        for r in records(record)
+        if r["event"] == "free_requested" and r["rendering"] in out.cancelled
+    )
+    for kind in ("process_started", "process_slept", "process_woken"):
+        query = "SELECT count(*) AS n FROM events WHERE type = ? AND model = 'comfyui_auto'"
+        out.swaps[kind] = int(gw.sql(query, kind)[0]["n"])
     check = gw.db_check()
     out.db_check = check.stdout.strip() if check.returncode == 0 else f"FAILED {check.stdout}"
     verify = subprocess.run(
@@ -203,10 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.render_rounds", description=__doc__)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sleep", action="store_true", help="ComfyUI with sleep: comfyui")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "renders.jsonl"
-        gw = Gateway(Path(tmp), config(record)).start()
+        gw = Gateway(Path(tmp), config(record, args.sleep)).start()
         try:
             summary = run_rounds(gw, record, args.rounds, args.seed)
         finally:

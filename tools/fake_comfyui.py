@@ -22,8 +22,15 @@ Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
   items); `POST /queue {clear|delete}` drops pending prompts only.
 - `POST /interrupt` (optionally `{"prompt_id"}`: only if that one runs) stops
   the running render at its next step: `execution_interrupted`, status error.
-- `POST /free`, `GET /prompt` (`exec_info.queue_remaining`), `GET
-  /system_stats`, `GET /object_info`, `GET /view?filename=` (a few bytes).
+- `POST /free` (`server.py` `post_free`, `main.py` `prompt_worker`): the body
+  must be JSON (ComfyUI's handler reads `request.json()`: no body is a 500);
+  `unload_models` and `free_memory` only set flags on the queue, waking an idle
+  worker, and the answer is 200 with no body at once. The worker acts on the
+  flags between prompts: at once when idle, else after the running prompt
+  (and before the next). `free_memory` alone unloads too, as in ComfyUI. The
+  models are loaded again by the next prompt (`--load-time` seconds).
+- `GET /prompt` (`exec_info.queue_remaining`), `GET /system_stats`, `GET
+  /object_info`, `GET /view?filename=` (a few bytes).
 - `GET /ws?clientId=ID` is ComfyUI's websocket (`server.py`
   `websocket_handler`): a socket named ID (a new uuid without one; the newest
   connection with an ID takes it, and any closing one drops it), first sent
@@ -33,16 +40,28 @@ Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
   "prompt_id", "node"}`, one per step) goes to the prompt's `client_id`, or to
   every socket when the prompt has none; `executing` and the status messages
   (`execution_start`, `execution_success`, ...) only to a prompt's `client_id`,
-  except `execution_interrupted`, which a prompt without one broadcasts.
+  except `execution_interrupted`, which a prompt without one broadcasts. A
+  binary preview (`PREVIEW_IMAGE` 1, image type 1, then the bytes) follows each
+  `progress`, to the same sockets. Every change of the queue (a prompt put, a
+  prompt done) sends every socket `status` without `sid` (`queue_updated`), and
+  a prompt's last message is `executing` with `node: null`, sent after its
+  history entry is written (`main.py` `prompt_worker`).
 
 The fake's own nodes: `FakeRender` (inputs `seconds` (1.0), `steps` (10),
-`fail` (false): an `execution_error` at the last step; `hold_file` (a path):
-its last step waits until that file exists, at most 120 s, so a test decides
-when a render ends) and `SaveImage`; both are output nodes. `--output DIR`
-writes each output image there, as ComfyUI writes its `output/` folder.
-`--record FILE` appends a JSON line per render start and end, and one when
-SIGTERM arrives mid-render (`stopped_mid_render`), so a test can tell whether
-two renders overlapped or a server was stopped inside one.
+`fail` (false): an `execution_error` at the last step, `last_message_after`
+(0): seconds between writing the history entry and the last `executing`,
+`hold_file` (a path): its last step waits until that file exists, at most
+120 s, so a test decides when a render ends) and `SaveImage`; both are output
+nodes. `--output DIR` writes each output image there, as ComfyUI writes its
+`output/` folder. `--record FILE` appends a JSON line per render start and
+end, and one when SIGTERM arrives mid-render (`stopped_mid_render`), so a test
+can tell whether two renders overlapped or a server was stopped inside one.
+It records `free_requested` (with the prompt `rendering` then, or null),
+`models_freed` when the worker acts on the flags, and `models_loaded` when a
+prompt loads the models. `--gpu-dir DIR --gpu-mib N` holds N MiB of a fake GPU
+shared by files (app/runtime/gpu_file.py, `GPULANE_FAKE_GPU`) while the models
+are loaded, and `--gpu-context-mib M` (default 0) from its start to its exit,
+as a CUDA context stays after ComfyUI unloads.
 Standard library only, so it starts in tens of milliseconds.
 """
 
@@ -56,6 +75,7 @@ import heapq
 import json
 import os
 import signal
+import struct
 import sys
 import threading
 import time
@@ -64,6 +84,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
+
+from tools.fake_upstream import _gpu_hold
 
 VERSION = "0.3.64"
 NODES = {"FakeRender", "SaveImage", "KSampler", "CheckpointLoaderSimple", "CLIPTextEncode"}
@@ -128,10 +150,24 @@ def read_frame(stream: BinaryIO) -> tuple[int, bytes] | None:
 class Queue:
     """ComfyUI's PromptQueue, cut to what a client sees."""
 
-    def __init__(self, name: str, record: str | None, output: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        record: str | None,
+        output: str | None = None,
+        gpu: tuple[str, int, int] | None = None,
+        load_time: float = 0.0,
+    ) -> None:
         self.name = name
         self.record = record
         self.output = output
+        self.gpu = gpu
+        """(directory, MiB while the models are loaded, MiB always), or None."""
+        self.load_time = load_time
+        self.loaded = False
+        """Whether the models are in (fake) GPU memory: from a prompt to a /free."""
+        self.flags: dict[str, Any] = {}
+        """ComfyUI's queue flags (`set_flag`, `get_flags`): what /free asked."""
         self.lock = threading.RLock()
         self.not_empty = threading.Condition(self.lock)
         self.pending: list[tuple[float, str, dict[str, Any], dict[str, Any], list[str]]] = []
@@ -150,10 +186,28 @@ class Queue:
             if socket is not None:
                 socket.send_json(event, data)
 
+    def send_preview(self, image: bytes, sid: str | None) -> None:
+        """ComfyUI's `send_bytes` of a preview (`hijack_progress`, where a preview
+        method is set): a binary frame, PREVIEW_IMAGE (1) then the image type
+        (1: JPEG), big-endian, then the image; to whom progress goes."""
+        with self.lock:
+            targets = list(self.sockets.values()) if sid is None else [self.sockets.get(sid)]
+        for socket in targets:
+            if socket is not None:
+                with contextlib.suppress(OSError):
+                    socket.send_frame(0x2, struct.pack(">II", 1, 1) + image)
+
+    def queue_updated(self) -> None:
+        """ComfyUI's `queue_updated`: the queue's `status` to every socket, no sid."""
+        running, pending = self.items()
+        status = {"exec_info": {"queue_remaining": len(running) + len(pending)}}
+        self.send("status", {"status": status}, None)
+
     def put(self, item: tuple[float, str, dict[str, Any], dict[str, Any], list[str]]) -> None:
         with self.lock:
             heapq.heappush(self.pending, item)
             self.not_empty.notify()
+        self.queue_updated()
 
     def note(self, event: str, **fields: Any) -> None:
         if self.record is None:
@@ -162,15 +216,37 @@ class Queue:
         with open(self.record, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
+    def set_flag(self, name: str, value: Any) -> None:
+        """ComfyUI's `set_flag`: notifies, so an idle worker acts on it at once."""
+        with self.lock:
+            self.flags[name] = value
+            self.not_empty.notify()
+
+    def hold_gpu(self) -> None:
+        if self.gpu is not None:
+            directory, weights, context = self.gpu
+            _gpu_hold(directory, os.getpid(), {"mib": context + (weights if self.loaded else 0)})
+
     def work(self) -> None:
+        """ComfyUI's `prompt_worker`: a prompt if one waits, then the flags."""
         while True:
+            item = None
             with self.not_empty:
-                while not self.pending:
+                while not self.pending and not self.flags:
                     self.not_empty.wait()
-                item = heapq.heappop(self.pending)
-                self.running = item
-                self.interrupted = False
-            self.execute(item)
+                if self.pending:
+                    item = heapq.heappop(self.pending)
+                    self.running = item
+                    self.interrupted = False
+            if item is not None:
+                self.execute(item)
+            with self.lock:
+                flags, self.flags = self.flags, {}
+            free_memory = flags.get("free_memory", False)
+            if flags.get("unload_models", free_memory):
+                self.loaded = False  # unload_all_models, e.reset(), soft_empty_cache
+                self.hold_gpu()
+                self.note("models_freed", free_memory=bool(free_memory))
 
     def execute(self, item: tuple[float, str, dict[str, Any], dict[str, Any], list[str]]) -> None:
         number, prompt_id, prompt, extra, outputs = item
@@ -186,6 +262,11 @@ class Queue:
         add("execution_start", {"prompt_id": prompt_id})
         add("execution_cached", {"nodes": [], "prompt_id": prompt_id})
         self.note("render_started", prompt_id=prompt_id)
+        if not self.loaded:  # the first prompt, or the first after a /free
+            time.sleep(self.load_time)
+            self.loaded = True
+            self.hold_gpu()
+            self.note("models_loaded", prompt_id=prompt_id)
         success, ui = True, {}
         renders = [(nid, n) for nid, n in prompt.items() if n["class_type"] == "FakeRender"]
         for node_id, node in renders or [("0", {"class_type": "SaveImage", "inputs": {}})]:
@@ -203,6 +284,7 @@ class Queue:
                     break
                 progress = {"value": step + 1, "max": steps, "prompt_id": prompt_id}
                 self.send("progress", progress | {"node": node_id}, client)
+                self.send_preview(f"fake preview {prompt_id} {step + 1}".encode(), client)
             if self.interrupted:
                 add("execution_interrupted", _where(prompt_id, node_id, node), broadcast=True)
                 success = False
@@ -227,8 +309,6 @@ class Queue:
             add("execution_success", {"prompt_id": prompt_id})
         outcome = "success" if success else ("interrupted" if self.interrupted else "error")
         self.note("render_ended", prompt_id=prompt_id, outcome=outcome)
-        if client is not None:
-            self.send("executing", {"node": None, "prompt_id": prompt_id}, client)
         with self.lock:
             self.running = None
             self.history[prompt_id] = {
@@ -241,6 +321,13 @@ class Queue:
                 },
                 "meta": {nid: {"node_id": nid} for nid in ui},
             }
+        self.queue_updated()
+        # After the history entry, as ComfyUI's prompt_worker (task_done first);
+        # `last_message_after` stretches the gap, as a busy publish loop does.
+        inputs = [n.get("inputs", {}) for n in prompt.values()]
+        time.sleep(max([float(i.get("last_message_after", 0)) for i in inputs] + [0.0]))
+        if client is not None:
+            self.send("executing", {"node": None, "prompt_id": prompt_id}, client)
 
     def items(self) -> tuple[list[list[Any]], list[list[Any]]]:
         with self.lock:
@@ -414,9 +501,31 @@ class Handler(BaseHTTPRequestHandler):
                     q.history.pop(prompt_id, None)
             self._json(200, {})
         elif path == "/free":
-            self._json(200, {})
+            self._free(doc)
         else:
             self._json(404, {"error": f"no route {path}"})
+
+    def _free(self, doc: dict[str, Any]) -> None:
+        """ComfyUI's `post_free`: flags for the worker, answered at once."""
+        q = self.server.queue
+        if not int(self.headers.get("content-length") or 0):
+            self._json(500, {"error": "request.json(): no body"})  # aiohttp's 500
+            return
+        unload, free = doc.get("unload_models", False), doc.get("free_memory", False)
+        running = q.running
+        q.note(
+            "free_requested",
+            unload_models=unload,
+            free_memory=free,
+            rendering=None if running is None else running[1],
+        )
+        if unload:
+            q.set_flag("unload_models", unload)
+        if free:
+            q.set_flag("free_memory", free)
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
 
     def _prompt(self, doc: dict[str, Any]) -> None:
         q = self.server.queue
@@ -456,14 +565,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="comfy")
     parser.add_argument("--record", default=None, help="append render starts and ends here")
     parser.add_argument("--output", default=None, help="write each output image here")
+    parser.add_argument("--load-time", type=float, default=0.0, help="a prompt's model load")
+    parser.add_argument("--gpu-dir", help="a fake GPU shared by files (app/runtime/gpu_file.py)")
+    parser.add_argument("--gpu-mib", type=int, default=0, help="held while models are loaded")
+    parser.add_argument("--gpu-context-mib", type=int, default=0, help="held from start to exit")
     args = parser.parse_args(argv)
-    queue = Queue(args.name, args.record, args.output)
+    gpu = (args.gpu_dir, args.gpu_mib, args.gpu_context_mib) if args.gpu_dir else None
+    queue = Queue(args.name, args.record, args.output, gpu, args.load_time)
+    queue.hold_gpu()
 
     def on_sigterm(signum: int, frame: object) -> None:
         running = queue.running
         if running is not None:
             queue.note("stopped_mid_render", prompt_id=running[1])
         log(f"{args.name} received SIGTERM, exiting")
+        if gpu is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(gpu[0], f"{os.getpid()}.json"))
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)

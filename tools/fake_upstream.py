@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible inference server for tests and benchmarks.
 
     python -m tools.fake_upstream --port N [--name NAME] [--start-delay S]
-                                  [--exit-at-start] [--health-status CODE]
+                                  [--exit-at-start] [--fail-start-with TEXT ...]
+                                  [--health-status CODE]
                                   [--spawn-setsid-child]
                                   [--gpu-dir DIR --gpu-mib N [--gpu-release-after S|never]]
 
@@ -11,7 +12,10 @@ header holding the same JSON (the header wins field by field):
 
     {"delay": s, "reply": "text", "chunks": n, "chunk_delay": s,
      "die_mid_stream": true, "hang": true, "status": code, "digest": true,
-     "hold_file": path}
+     "hold_file": path, "die_with": "text"}
+
+``die_with`` prints that text (a line of a real server's, say its "CUDA out of
+memory") to stderr and exits at once, with no answer: a server dying mid-request.
 
 ``hold_file`` holds the answer until that file exists (at most 120 s), so a
 test decides when a request ends instead of guessing how long a delay lasts.
@@ -32,6 +36,10 @@ One line per request goes to stdout so log capture can be tested.
 (app/runtime/gpu_file.py; `gpulane serve` reads it with
 ``GPULANE_FAKE_GPU=DIR:TOTAL_MIB``) at start and gives it back at SIGTERM, or
 ``--gpu-release-after S`` seconds later (``never``: a driver that never frees it).
+
+``--fail-start-with TEXT`` (repeatable) prints each TEXT as a line to stderr
+while it starts, then exits with code 1 before it listens: a server whose load
+fails, as llama.cpp or vLLM do with their out-of-memory lines.
 
 ``--spawn-setsid-child`` leaves a copy of the server behind as a daemonizing
 helper would (fork, ``setsid``, fork again, the middle process exits): the copy
@@ -61,9 +69,12 @@ from urllib.parse import urlsplit
 
 EXIT_AT_START_CODE = 3
 DIE_MID_STREAM_CODE = 1
+FAIL_START_CODE = 1
 DEFAULT_CHUNKS = 4
 
 _stdout_lock = threading.Lock()
+_gpu_release: tuple[str, int, int, float | None] | None = None
+"""How this process gives back its fake GPU memory (`--gpu-dir`), once set."""
 
 
 def log(line: str) -> None:
@@ -86,6 +97,7 @@ class Behaviour:
     hang: bool = False
     status: int | None = None
     digest: bool = False
+    die_with: str | None = None
 
     @classmethod
     def parse(cls, *sources: Any) -> Behaviour:
@@ -104,6 +116,7 @@ class Behaviour:
             hang=bool(merged.get("hang")),
             status=None if status is None else int(status),
             digest=bool(merged.get("digest")),
+            die_with=None if merged.get("die_with") is None else str(merged["die_with"]),
         )
 
 
@@ -159,6 +172,11 @@ class FakeHandler(BaseHTTPRequestHandler):
             deadline = time.monotonic() + 120
             while not os.path.exists(fake.hold_file) and time.monotonic() < deadline:
                 time.sleep(0.02)
+        if fake.die_with is not None:
+            print(fake.die_with, file=sys.stderr, flush=True)
+            if _gpu_release is not None:  # an exit frees a process's GPU memory
+                _gpu_give_back(*_gpu_release)
+            os._exit(DIE_MID_STREAM_CODE)
         if fake.hang:
             self._hang_until_disconnect()
             return
@@ -452,6 +470,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="fake")
     parser.add_argument("--start-delay", type=float, default=0.0, help="answer 503 until then")
     parser.add_argument("--exit-at-start", action="store_true", help=f"exit {EXIT_AT_START_CODE}")
+    parser.add_argument(
+        "--fail-start-with",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="print TEXT to stderr while starting, then exit 1 (repeatable: one line each)",
+    )
     parser.add_argument("--health-status", type=int, default=200, help="GET /health status")
     parser.add_argument(
         "--spawn-setsid-child",
@@ -474,9 +499,17 @@ def main(argv: list[str] | None = None) -> None:
         _gpu_hold(args.gpu_dir, os.getpid(), {"mib": args.gpu_mib})
         after = None if args.gpu_release_after == "never" else float(args.gpu_release_after)
         release = (args.gpu_dir, os.getpid(), args.gpu_mib, after)
+        global _gpu_release
+        _gpu_release = release
     if args.exit_at_start:
         print(f"{name} error: exiting at start as asked", file=sys.stderr, flush=True)
         sys.exit(EXIT_AT_START_CODE)
+    if args.fail_start_with:
+        for line in args.fail_start_with:
+            print(line, file=sys.stderr, flush=True)
+        if release is not None:
+            _gpu_give_back(*release)
+        sys.exit(FAIL_START_CODE)
 
     def on_sigterm(signum: int, frame: object) -> None:
         log(f"{name} received SIGTERM, exiting")

@@ -164,7 +164,7 @@ def resolve_model(scope: ModelScope, model_id: str, m: RawModel, next_port: int)
         ),
         kind=(kind := _kind(issues, m.kind, model_id, f"{path}.kind")),
         output_dir=_output_dir(issues, m.output_dir, kind, f"{path}.outputDir"),
-        sleep=resolve_sleep(issues, m.sleep, f"{path}.sleep"),
+        sleep=resolve_sleep(issues, m.sleep, f"{path}.sleep", kind),
     )
 
 

@@ -3,6 +3,7 @@
     sleep: vllm                          # POST /sleep?level=1, POST /wake_up, GET /is_sleeping
     sleep: {preset: vllm, level: 2}      # level 2: the wake reloads the weights
     sleep: sglang                        # POST /release_memory_occupation, /resume_...
+    sleep: comfyui                       # kind: comfyui only: POST /free; woken by its next prompt
     sleep: {sleep: "POST /path", wake: "POST /path", check: "GET /path"}   # any server
 
 A model with a `sleep` key is put to sleep when evicted and woken when loaded
@@ -12,9 +13,19 @@ vLLM's `vllm/entrypoints/serve/sleep/api_router.py` (`VLLM_SERVER_DEV_MODE=1`
 and `--enable-sleep-mode`; a level-2 wake is `wake_up?tags=weights`, then
 `collective_rpc` `reload_weights`, then `wake_up?tags=kv_cache`, as vLLM's
 sleep-mode page does it) and SGLang's `http_server.py`
-(`--enable-memory-saver`). A ComfyUI server (`kind: comfyui`) would sleep by
-`POST /free` and wake at its next prompt, never while it holds a render: not
-built yet (docs/configuration.md, Sleep and wake).
+(`--enable-memory-saver`).
+
+ComfyUI (`kind: comfyui` only) follows its `server.py` and `main.py`: `POST
+/free` with `{"unload_models": true, "free_memory": true}` only sets two flags
+on the prompt queue and answers 200; the prompt worker acts on them between
+prompts (`unload_all_models`, its caches dropped, `gc.collect`,
+`soft_empty_cache`), at once when it is idle (`set_flag` wakes its wait). So
+the sleep then asks `GET /queue` until nothing runs or waits there (`idle`).
+ComfyUI has no wake call: it loads the weights again at its next prompt, so
+the wake is one `GET /system_stats`, which tells a sleeper that still answers
+from one that hung (stopped and cold-started instead). gpulane never puts it
+to sleep while it holds a render: a held render is a running request, and a
+model with one is never evicted.
 """
 
 from __future__ import annotations
@@ -28,7 +39,9 @@ import msgspec
 
 from app.config.checks import Issues, kind_of
 
-PRESETS: Final = ("vllm", "sglang")
+PRESETS: Final = ("vllm", "sglang", "comfyui")
+COMFYUI_KIND: Final = "comfyui"
+"""The only `kind` that `sleep: comfyui` is for, and that takes no other preset."""
 METHODS: Final = ("GET", "POST", "PUT")
 DEFAULT_SLEEP_TIMEOUT: Final = 120.0
 DEFAULT_WAKE_TIMEOUT: Final = 120.0
@@ -64,7 +77,7 @@ class SleepSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A model's `sleep` key, resolved."""
 
     preset: str
-    """`vllm`, `sglang` or `custom`."""
+    """`vllm`, `sglang`, `comfyui` or `custom`."""
     sleep: tuple[HttpCall, ...]
     """The calls that put it to sleep, in order; each must answer 2xx."""
     wake: tuple[HttpCall, ...]
@@ -72,6 +85,10 @@ class SleepSpec(msgspec.Struct, frozen=True, kw_only=True):
     check: HttpCall | None = None
     """Asked after the calls until it answers `{"is_sleeping": <expected>}` (vLLM's
     calls may return before the engine is done); None: the calls' 2xx is trusted."""
+    idle: HttpCall | None = None
+    """Asked after the sleep calls until it answers `{"queue_running": [],
+    "queue_pending": []}` (ComfyUI's `GET /queue`: it acts on `/free` between
+    prompts, so only with nothing queued or running is the memory freed now)."""
     level: int | None = None
     """vLLM's sleep level (1 keeps the weights in host memory, 2 drops them)."""
     host_memory: int = 0
@@ -97,8 +114,28 @@ def vllm(level: int = 1) -> tuple[tuple[HttpCall, ...], tuple[HttpCall, ...]]:
     )
 
 
-def resolve_sleep(issues: Issues, value: Any, where: str) -> SleepSpec | None:
-    """The `sleep` key of a model (None: absent, or wrong: the error is recorded)."""
+COMFYUI_FREE: Final = HttpCall("POST", "/free", {"unload_models": True, "free_memory": True})
+"""ComfyUI's `/free` as ComfyUI-Manager's "Free model and node cache" sends it: the
+models unloaded and the node cache (host copies of the weights) dropped."""
+
+
+def comfyui(common: dict[str, Any]) -> SleepSpec:
+    """ComfyUI's sleep (`POST /free`, then `GET /queue` until idle) and wake
+    (`GET /system_stats`: its next prompt loads the weights)."""
+    return SleepSpec(
+        preset="comfyui",
+        sleep=(COMFYUI_FREE,),
+        wake=(HttpCall("GET", "/system_stats"),),
+        idle=HttpCall("GET", "/queue"),
+        **common,
+    )
+
+
+def resolve_sleep(
+    issues: Issues, value: Any, where: str, kind: str | None = None
+) -> SleepSpec | None:
+    """The `sleep` key of a model of `kind` (its `kind` key; None: a model
+    server) (None: absent, or wrong: the error is recorded)."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -129,6 +166,8 @@ def resolve_sleep(issues: Issues, value: Any, where: str) -> SleepSpec | None:
         "wake_timeout": wake_timeout,
     }
     if preset is not None:
+        if not _fits_kind(issues, preset, kind, f"{where}.preset"):
+            return None
         for key in ("sleep", "wake", "check"):
             if key in value:
                 issues.error(
@@ -148,6 +187,8 @@ def resolve_sleep(issues: Issues, value: Any, where: str) -> SleepSpec | None:
             )
         if "level" in value:
             issues.error(f"{where}.level", "only preset vllm has sleep levels")
+        if preset == "comfyui":
+            return comfyui(common)
         if preset == "sglang":
             # SGLang's handlers read a JSON body (tags, optional): send an empty one.
             return SleepSpec(
@@ -179,6 +220,28 @@ def resolve_sleep(issues: Issues, value: Any, where: str) -> SleepSpec | None:
     return SleepSpec(
         preset="custom", sleep=(sleep_call,), wake=(wake_call,), check=calls["check"], **common
     )
+
+
+def _fits_kind(issues: Issues, preset: Any, kind: str | None, where: str) -> bool:
+    """Whether `preset` is one for a model of `kind`; if not, the error says which are."""
+    if preset not in PRESETS:
+        return True  # named below as no preset at all
+    if preset == "comfyui" and kind != COMFYUI_KIND:
+        what = "a model without kind" if kind is None else f"kind {kind!r}"
+        issues.error(
+            where,
+            f"'comfyui' is ComfyUI's sleep (POST /free): it needs kind: comfyui; for "
+            f"{what} use vllm or sglang, or give sleep/wake/check calls",
+        )
+        return False
+    if preset != "comfyui" and kind == COMFYUI_KIND:
+        issues.error(
+            where,
+            f"{preset!r} is not a ComfyUI server's sleep; with kind: comfyui use comfyui "
+            "(POST /free), or give sleep/wake/check calls",
+        )
+        return False
+    return True
 
 
 def resolve_host_memory(issues: Issues, value: Any, where: str) -> int | None:

@@ -225,6 +225,9 @@ class SwapFailed(Event, tag="swap_failed", frozen=True):
     model: str
     error: str
     duration_ms: float = 0.0
+    out_of_memory: str | None = None
+    """The line of the server's output saying the GPU ran out of memory
+    (app/runtime/out_of_memory.py); None: it said nothing so (and every log before)."""
 
 
 class ProcessStopping(Event, tag="process_stopping", frozen=True):
@@ -260,6 +263,9 @@ class ProcessStopped(Event, tag="process_stopped", frozen=True):
     duration_ms: float | None = None
     """How long the stop took, from its `process_stopping` (None: a crash, a
     failed start, and every log before it)."""
+    out_of_memory: str | None = None
+    """With reason `crashed` or `failed_start`: the line of its output saying the
+    GPU ran out of memory, as `swap_failed`'s; None: none did (and every log before)."""
 
 
 class ProcessSleeping(Event, tag="process_sleeping", frozen=True):

@@ -178,8 +178,8 @@ class Jobs:
         short = self.why_no_room(len(body))
         if short is not None:
             refusal = Refused(short, status=507, code="insufficient_storage", reason="disk_reserve")
-            self.scheduler.refused(admission, refusal)
-            raise NoSpace(short, "insufficient_storage")
+            rid = self.scheduler.refused(admission, refusal)
+            raise NoSpace(short, "insufficient_storage", recorded_as=rid)
         stored_headers = {k: v for k, v in headers.items() if k not in self._not_replayed}
         check_headers(stored_headers)
         request_id = request.request_id or new_request_id()
@@ -196,8 +196,8 @@ class Jobs:
         over = self.why_over_cap(admission.caller, size)
         if over is not None:
             refusal = Refused(over, status=429, code="caller_storage_full")
-            self.scheduler.refused(admission, refusal)
-            raise OverCap(over, "caller_storage_full")
+            rid = self.scheduler.refused(admission, refusal)
+            raise OverCap(over, "caller_storage_full", recorded_as=rid)
         if request.door is not None:
             job["door"] = request.door
         if request.meta is not None:

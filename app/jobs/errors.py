@@ -4,13 +4,18 @@ from __future__ import annotations
 
 
 class JobsError(Exception):
-    """A refusal for the caller: `code` names it, `param` the field at fault."""
+    """A refusal for the caller: `code` names it, `param` the field at fault,
+    `recorded_as` the id of its `request_rejected` where the service recorded it
+    (else the door does: app/web/refusals.py)."""
 
-    def __init__(self, message: str, code: str, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, code: str, param: str | None = None, *, recorded_as: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.param = param
+        self.recorded_as = recorded_as
 
 
 class Invalid(JobsError):

@@ -196,6 +196,7 @@ class _Swap:
     memory_wait_ns: int | None = None
     woke_ms: float | None = None
     slept: list[str] = field(default_factory=list)
+    out_of_memory: str | None = None
 
     def value(self, waited_ns: int | None = None) -> SwapWaited:
         return SwapWaited(
@@ -212,6 +213,7 @@ class _Swap:
             caller=self.caller,
             woke_s=None if self.woke_ms is None else self.woke_ms / 1000.0,
             slept=list(self.slept),
+            out_of_memory=self.out_of_memory,
         )
 
 
@@ -283,6 +285,8 @@ class _Replay:
                     self.swap.finished_ns = event.at
                     self.swap.duration_ms = event.duration_ms
                     self.swap.error = event.error if isinstance(event, ev.SwapFailed) else None
+                    if isinstance(event, ev.SwapFailed):
+                        self.swap.out_of_memory = event.out_of_memory
                     if isinstance(event, ev.SwapFinished):
                         self.swap.gpu_memory_mib = event.gpu_memory_mib
                     self.swap = None

@@ -33,6 +33,9 @@ CAUSE_TEXT: dict[Cause, str] = {
     "other": "between decisions",
 }
 
+OUT_OF_MEMORY = "its server ran out of GPU memory ({line})"
+"""A load that failed so (`SwapWaited.out_of_memory`), as the request's error says it."""
+
 HELD_TEXT: dict[Cause, str] = {
     "slot": "for a free slot of {model}",
     "drain": "while {model} drained for {request}",
@@ -121,7 +124,8 @@ def granted_text(
 def explanation_text(x: Explanation) -> str:
     out = [f"request {x.request_id}: {x.status}"]
     if x.model is None:
-        model = f"model {x.model_requested!r} (not resolved)"
+        # A refusal's row keeps no resolved model: its error says what was wrong.
+        model = "no model" if x.model_requested is None else f"model {x.model_requested!r}"
     elif x.model == x.model_requested:
         model = x.model
     else:
@@ -186,6 +190,8 @@ def explanation_text(x: Explanation) -> str:
             if s.request_id or s.another_caller:
                 cause = f"for {named(s.request_id)}"
             failed = f" FAILED: {s.error}" if s.error else ""
+            if s.out_of_memory:
+                failed = f" FAILED: {OUT_OF_MEMORY.format(line=s.out_of_memory)}"
             out.append(
                 f"  {s.from_model or 'none'} -> {s.to_model} {cause}: {seconds(s.duration_s)} "
                 f"({seconds(s.waited_s)} of its wait){memory(s)}{failed}{_sleep_note(s)}"
@@ -203,6 +209,9 @@ def explanation_text(x: Explanation) -> str:
             f"started {clock(x.started_at)} (time to start {seconds(x.time_to_start_s)}), "
             f"ran {seconds(x.run_s)}"
         )
+        if x.own_swap is not None and x.own_swap.out_of_memory:
+            line = OUT_OF_MEMORY.format(line=x.own_swap.out_of_memory)
+            out.append(f"  Its load of {x.own_swap.to_model} failed: {line}")
     if x.waiting is not None:
         w = x.waiting
         out.append(

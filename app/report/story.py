@@ -127,6 +127,9 @@ class SwapWaited(msgspec.Struct, frozen=True):
     slept: list[str] = []
     """Why each model it evicted was put to sleep instead of stopped, a sentence
     in what its cold start costs (`app.core.swap_costs.slept_instead`)."""
+    out_of_memory: str | None = None
+    """The load failed because its server ran out of GPU memory: the line it
+    printed so (`swap_failed.out_of_memory`)."""
 
 
 class HeldFor(msgspec.Struct, frozen=True):

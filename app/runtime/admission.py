@@ -46,6 +46,8 @@ class Refused(Exception):
         self.code = code
         self.reason = reason or code
         self.retry_after = retry_after
+        self.recorded_as: str | None = None
+        """The id of its `request_rejected` once recorded (Scheduler.refused)."""
 
 
 class Wait(NamedTuple):

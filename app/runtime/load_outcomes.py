@@ -15,6 +15,7 @@ from app.core.policy import given_up
 from app.core.run_estimate import RunEstimates
 from app.core.state import SchedulerState
 from app.runtime.api import Detached, Ticket
+from app.runtime.out_of_memory import failed_load_status
 from app.runtime.swaps import Swaps
 from app.runtime.upstream import UpstreamStartError
 
@@ -45,11 +46,18 @@ class LoadOutcomes:
             raise NotImplementedError
 
     def load_ended(
-        self, model: str, error: str | None, seconds: float, gpu_memory_mib: int | None = None
+        self,
+        model: str,
+        error: str | None,
+        seconds: float,
+        gpu_memory_mib: int | None = None,
+        out_of_memory: str | None = None,
     ) -> None:
-        """The load of `model` ended (`error`: how it failed): record it, then
-        release the requests that waited for it, or fail them (or send them to
-        another peer)."""
+        """The load of `model` ended (`error`: how it failed; `out_of_memory`: its
+        server's line saying the GPU ran out of memory): record it, then release
+        the requests that waited for it, or fail them (or send them to another
+        peer). Out of memory, they fail with 503 (`upstream_out_of_memory`): the
+        GPU is full, not the server broken, so a later try may load it."""
         now = self.clock()
         waiting = [rid for rid, m in self.state.running.items() if m == model]
         if error is None:
@@ -65,18 +73,30 @@ class LoadOutcomes:
             self.swaps.arm_ttl(model)
         else:
             log.warning("loading %s failed: %s", model, error)
-            self.emit([ev.SwapFailed(at=now, model=model, error=error, duration_ms=seconds * 1000)])
+            failed = ev.SwapFailed(
+                at=now,
+                model=model,
+                error=error,
+                duration_ms=seconds * 1000,
+                out_of_memory=out_of_memory,
+            )
+            self.emit([failed])
+            status = failed_load_status(out_of_memory)
             for rid in waiting:
                 if self._retry_on_another_peer(rid, model, error):
                     continue
                 ticket = self.tickets.get(rid)
                 if ticket is not None and not ticket.ready.done():
-                    ticket.ready.set_exception(UpstreamStartError(error))
-                self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=502))
-            self._after_failed_load(model, error, now)
+                    ticket.ready.set_exception(
+                        UpstreamStartError(error, out_of_memory=out_of_memory)
+                    )
+                self._end(ev.RequestFailed(at=now, request_id=rid, error=error, http_status=status))
+            self._after_failed_load(model, error, now, out_of_memory)
         self.pump()
 
-    def _after_failed_load(self, model: str, error: str, now: int) -> None:
+    def _after_failed_load(
+        self, model: str, error: str, now: int, out_of_memory: str | None = None
+    ) -> None:
         """A load of `model` failed at `now` (recorded): at `loadFailureLimit`
         failures in a row its waiting requests fail with the loader's error
         (`given_up`); else they wait out its back-off, and a timer pumps when it ends."""
@@ -92,8 +112,13 @@ class LoadOutcomes:
             for rid in doomed:
                 ticket = self.tickets.get(rid)
                 if ticket is not None and not ticket.ready.done():
-                    ticket.ready.set_exception(UpstreamStartError(message))
-                self._end(ev.RequestFailed(at=now, request_id=rid, error=message, http_status=502))
+                    ticket.ready.set_exception(
+                        UpstreamStartError(message, out_of_memory=out_of_memory)
+                    )
+                status = failed_load_status(out_of_memory)
+                self._end(
+                    ev.RequestFailed(at=now, request_id=rid, error=message, http_status=status)
+                )
         self.swaps.arm_backoff(model)
 
     def _retry_on_another_peer(self, request_id: str, model: str, error: str) -> bool:

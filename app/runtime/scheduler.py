@@ -52,7 +52,7 @@ from app.runtime.metrics import Metrics
 from app.runtime.parameters import server_started
 from app.runtime.places import Places
 from app.runtime.ports import Cancellable, EventSink, Timers, first_of
-from app.runtime.processes import UpstreamFactory
+from app.runtime.processes import Upstream, UpstreamFactory
 from app.runtime.reload import adopt, process_identity, reload_summary
 from app.runtime.stops import Stops
 from app.runtime.swaps import Swaps
@@ -61,6 +61,10 @@ from app.runtime.upstream import UpstreamStartError
 from app.runtime.views import SchedulerViews
 
 log = logging.getLogger("gpulane.scheduler")
+
+EXIT_WAIT_S = 0.5
+"""How long a failed request waits for its server's exit, to tell whether it
+died out of GPU memory (`died_out_of_memory`)."""
 
 
 class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
@@ -275,9 +279,10 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
         if ticket is not None and not ticket.ready.done():
             ticket.ready.cancel()
 
-    def refused(self, admission: Admission, exc: Refused) -> None:
-        """`admit` refused this request: recorded with its reason."""
-        self.reject(
+    def refused(self, admission: Admission, exc: Refused) -> str:
+        """`admit` refused this request: recorded with its reason. The record's id
+        is returned and kept on `exc` (`recorded_as`), for the answer's X-Request-Id."""
+        exc.recorded_as = self.reject(
             admission.endpoint,
             exc.status,
             str(exc),
@@ -286,6 +291,7 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
             admission.caller,
             reason=exc.reason,
         )
+        return exc.recorded_as
 
     def reject(
         self,
@@ -297,17 +303,19 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
         caller: str | None,
         *,
         reason: str | None = None,
-    ) -> None:
-        """A request refused at admission: recorded so every request seen has a row."""
+    ) -> str:
+        """A request refused at admission: recorded so every request seen has a row.
+        Its id, for the refusal's X-Request-Id (`gpulane explain` finds it)."""
+        request_id = new_request_id()
         self.emit(
             [
                 ev.RequestRejected(
                     at=self.clock(),
-                    request_id=new_request_id(),
-                    endpoint=endpoint,
+                    request_id=request_id,
+                    endpoint=_cut(endpoint),
                     http_status=status,
-                    error=message,
-                    model_requested=model,
+                    error=_cut(message),
+                    model_requested=None if model is None else _cut(model),
                     priority=priority,
                     band=band_of(priority),
                     caller=caller,
@@ -315,6 +323,7 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
                 )
             ]
         )
+        return request_id
 
     # -- facts from the task serving a request ---------------------------------
 
@@ -401,6 +410,19 @@ class Scheduler(SchedulerViews, Stops, TimeLimits, LoadOutcomes):
             Detached(409, "request_cancelled", f"request {request_id} was cancelled"),
         )
         return was
+
+    async def died_out_of_memory(self, proc: Upstream | None) -> str | None:
+        """The line `proc` (the server a request was sent to, `processes.get`
+        then) printed saying the GPU ran out of memory, once it has exited by
+        itself; None when it runs on, was stopped, or said nothing so. A dropped
+        connection is often seen before the exit: waits up to `EXIT_WAIT_S` for it."""
+        if proc is None or proc.pid is None:
+            return None
+        if proc.running:
+            exited = asyncio.ensure_future(proc.wait_exit())
+            await first_of(self._timers, exited, EXIT_WAIT_S)
+            exited.cancel()  # no-op once done
+        return None if proc.running or proc.stopping else proc.out_of_memory
 
     async def reload_crashed(self, request_id: str) -> bool:
         """The request's upstream refused the connection: if its process died
@@ -591,3 +613,15 @@ def _consume_error(fut: asyncio.Future[Any]) -> None:
     # Append failures are reported through store.failure; don't warn per future.
     if not fut.cancelled():
         fut.exception()
+
+
+REJECTED_FIELD_CHARS = 1024
+"""A refusal's record keeps this much of what the caller sent: a refused
+request must not cost the log its whole body (a 1 MiB model name, quoted)."""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= REJECTED_FIELD_CHARS:
+        return text
+    more = len(text) - REJECTED_FIELD_CHARS
+    return f"{text[:REJECTED_FIELD_CHARS]}… ({more} more characters cut)"

@@ -143,7 +143,7 @@ class Sleepers:
     ) -> None:
         t0 = self._clock()
         try:
-            calls = _call_all(self._http(), proxy, spec.sleep, spec.check, True)
+            calls = _call_all(self._http(), proxy, spec.sleep, spec.check, True, spec.idle)
             await asyncio.wait_for(calls, spec.sleep_timeout)
         except (TimeoutError, Exception) as exc:
             why = _why(exc, "sleep", spec.sleep_timeout)
@@ -274,13 +274,26 @@ async def _call_all(
     calls: Iterable[HttpCall],
     check: HttpCall | None,
     asleep: bool,
+    idle: HttpCall | None = None,
 ) -> None:
     """Send `calls` to the server at `proxy` in order (each must answer 2xx), then
-    ask `check` until it says `is_sleeping` is `asleep`. The caller bounds the whole."""
+    ask `idle` until nothing is queued or running there (ComfyUI frees memory
+    between prompts), and `check` until it says `is_sleeping` is `asleep`. The
+    caller bounds the whole."""
     for call in calls:
         answer = await client.request(call.method, proxy + call.path, json=call.body)
         if not answer.is_success:
             raise SleepError(f"{call} answered {answer.status_code}: {answer.text[:200]}")
+    while idle is not None:
+        answer = await client.request(idle.method, proxy + idle.path)
+        if answer.is_success:
+            try:
+                doc = answer.json()
+                if not doc["queue_running"] and not doc["queue_pending"]:
+                    break
+            except (ValueError, KeyError, TypeError):
+                raise SleepError(f"{idle} answered {answer.text[:200]!r}") from None
+        await asyncio.sleep(CHECK_EVERY)
     if check is None:
         return
     while True:

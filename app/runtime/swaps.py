@@ -25,6 +25,7 @@ from app.runtime.gpu import GpuMemory, MemoryStatus, memory_status, tree_pids
 from app.runtime.gpu_others import OthersWatch
 from app.runtime.log_buffer import LogBuffer
 from app.runtime.memory_release import MemoryRelease
+from app.runtime.out_of_memory import gpu_in_use, out_of_memory_error
 from app.runtime.ports import Timers
 from app.runtime.processes import Processes, Upstream, UpstreamFactory
 from app.runtime.sleepers import Sleepers
@@ -42,7 +43,12 @@ class RunLoop(Protocol):
     def emit(self, events: Iterable[ev.AnyEvent]) -> asyncio.Future[list[int]]: ...
     def pump(self) -> None: ...
     def load_ended(
-        self, model: str, error: str | None, seconds: float, gpu_memory_mib: int | None = None
+        self,
+        model: str,
+        error: str | None,
+        seconds: float,
+        gpu_memory_mib: int | None = None,
+        out_of_memory: str | None = None,
     ) -> None: ...
 
 
@@ -200,11 +206,31 @@ class Swaps:
                         pid=failed.pid,
                         reason="failed_start",
                         exit_code=failed.exit_code,
+                        out_of_memory=failed.out_of_memory,
                     )
                 ]
             )
         footprint = self.measure(model) if error is None else None
-        self._loop.load_ended(model, error, seconds, footprint)
+        oom = None if failed is None or error is None else failed.out_of_memory
+        if error is not None and oom is not None:
+            error = out_of_memory_error(oom, self.gpu_in_use(), error)
+        self._loop.load_ended(model, error, seconds, footprint, oom)
+
+    def gpu_in_use(self) -> str | None:
+        """Who holds the GPU's memory now, a phrase (`out_of_memory.gpu_in_use`):
+        one snapshot, and the pids of each model with a process or still
+        releasing memory. None without telemetry."""
+        snap = self.gpu.snapshot()
+        if snap is None:
+            return None
+        pids: dict[str, set[int]] = {}
+        for holder in self.memory.holders():
+            pids.setdefault(holder.model, set()).add(holder.pid)
+        for model in self.processes.models():
+            proc = self.processes.get(model)
+            if proc is not None and proc.pid is not None:
+                pids.setdefault(model, set()).update(tree_pids(proc.pid))
+        return gpu_in_use(snap, pids)
 
     def measure(self, model: str) -> int | None:
         """`model`'s footprint now (`GpuMemory.measure`), checked against its
@@ -241,6 +267,7 @@ class Swaps:
                     reason="crashed",
                     exit_code=exit_code,
                     gpu_memory_mib=self.gpu.stopped(model),
+                    out_of_memory=proc.out_of_memory,
                 )
             ]
         )

@@ -37,6 +37,7 @@ import httpx
 
 from app.runtime.health_probe import HttpProbe, accepts_connections, local_port, probe_httpx
 from app.runtime.log_buffer import LogBuffer
+from app.runtime.out_of_memory import out_of_memory_line
 from app.runtime.process_table import (
     Proc,
     all_pids,
@@ -73,6 +74,10 @@ _HEALTH_POLL_MAX = 0.1
 _GROUP_POLL_FIRST = 0.001  # group members are polled only where /proc cannot be read
 _GROUP_POLL_MAX = 0.05
 _OUTPUT_TAIL_LINES = 30
+_OUT_OF_MEMORY_RECENT = 200
+"""An out-of-memory line counts for an exit within this many lines of output
+after it (vLLM's root cause comes some 60 lines of traceback before its exit);
+one long before (ComfyUI goes on after a render ran out) says nothing of it."""
 _OUTPUT_DRAIN_TIMEOUT = 0.5  # after exit, for the last lines still in the pipe
 _KILL_WAIT = 5.0  # SIGKILL cannot be ignored, but teardown can take a moment
 _MAX_LINE_BYTES = 64 * 1024  # a longer line without a newline is logged in pieces
@@ -113,11 +118,15 @@ class UpstreamStartError(Exception):
         model_id: str | None = None,
         exit_code: int | None = None,
         output: Sequence[str] = (),
+        out_of_memory: str | None = None,
     ) -> None:
         self.reason = reason
         self.model_id = model_id
         self.exit_code = exit_code  # None when it did not exit by itself
         self.output = list(output)
+        self.out_of_memory = out_of_memory
+        """The server's line saying the GPU ran out of memory (app/runtime/out_of_memory.py),
+        or None: the load failed for another reason, or nothing said so."""
         message = reason if model_id is None else f"upstream {model_id}: {reason}"
         if self.output:
             message += "\nlast output:\n" + "\n".join(self.output)
@@ -198,6 +207,8 @@ class UpstreamProcess:
         self._stopped = False
         self._stop_lock = asyncio.Lock()
         self._tail: deque[str] = deque(maxlen=_OUTPUT_TAIL_LINES)
+        self._lines = 0  # output lines of this start so far
+        self._out_of_memory: tuple[int, str] | None = None  # (its line number, the line)
         self._port = local_port(spec.proxy)  # None: not on this machine, nothing to check
         self._root: Proc | None = None  # the leader as /proc saw it at spawn; None without /proc
         self._marker: bytes | None = None  # ENV_MARKER=VALUE of the current start
@@ -219,6 +230,15 @@ class UpstreamProcess:
         """The last lines the process (or its cmd_stop) wrote, oldest first."""
         return list(self._tail)
 
+    @property
+    def out_of_memory(self) -> str | None:
+        """The first line of this start's output saying the GPU ran out of memory,
+        while it is recent (`_OUT_OF_MEMORY_RECENT`), else None."""
+        seen = self._out_of_memory
+        if seen is None or self._lines - seen[0] > _OUT_OF_MEMORY_RECENT:
+            return None
+        return seen[1]
+
     async def start(self) -> int:
         """Spawn the process and wait until its health check answers 200; returns the pid.
 
@@ -235,6 +255,7 @@ class UpstreamProcess:
         self.pid = self._protocol = self._reaper = None  # a refused start leaves no trace
         self.external = self._look_at_port()
         self._tail.clear()
+        self._lines, self._out_of_memory = 0, None
         self._stopped = self.stopping = self.killed = False
         marker = f"{ENV_MARKER}={self._owner}:{self.spec.id}:{uuid.uuid4().hex}"
         try:
@@ -281,6 +302,9 @@ class UpstreamProcess:
     # -- internals -------------------------------------------------------------
 
     def _on_output(self, line: str) -> None:
+        self._lines += 1
+        if self.out_of_memory is None and (found := out_of_memory_line(line)) is not None:
+            self._out_of_memory = (self._lines, found)
         self._tail.append(line)
         self._logs.append(self._source, line)
 
@@ -418,7 +442,12 @@ class UpstreamProcess:
                 reason = (
                     f"not healthy at {url} within {self.health_check_timeout:g}s (last: {last})"
                 )
-                raise UpstreamStartError(reason, model_id=self.spec.id, output=self._tail)
+                raise UpstreamStartError(
+                    reason,
+                    model_id=self.spec.id,
+                    output=self._tail,
+                    out_of_memory=self.out_of_memory,
+                )
             probe = asyncio.ensure_future(probe_once(remaining))
             # Race the probe against exit so a crash fails the start at once.
             waiting: set[asyncio.Future[Any]] = {probe, exited}
@@ -436,7 +465,11 @@ class UpstreamProcess:
                         "keeps running (a placeholder such as `sleep infinity`), or another port"
                     )
                 raise UpstreamStartError(
-                    reason, model_id=self.spec.id, exit_code=code, output=self._tail
+                    reason,
+                    model_id=self.spec.id,
+                    exit_code=code,
+                    output=self._tail,
+                    out_of_memory=self.out_of_memory,
                 )
             if not probe.cancelled():
                 error = probe.exception()

@@ -11,7 +11,7 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select
+from sqlalchemy import Engine, and_, case, func, or_, select
 
 from app.store.tables import OPEN_STATUSES, events, requests, swaps
 
@@ -122,11 +122,21 @@ def _finished_filter(
         (requests.c.model, model),
         (requests.c.band, band),
         (requests.c.caller, caller),
-        (requests.c.status, status),
     ):
         if value is not None:
             terms.append(column == value)
+    if status == "rejected":
+        terms.append(requests.c.model.is_(None))
+    elif status is not None:
+        terms += [requests.c.status == status, requests.c.model.is_not(None)]
     return and_(*terms)
+
+
+_SHOWN_STATUS = case((requests.c.model.is_(None), "rejected"), else_=requests.c.status).label(
+    "status"
+)
+"""A row's status as the history shows it: a refusal's row (no model: it was
+refused before it queued, read_model.py's `_rejected`) is stored `failed`."""
 
 
 def finished_requests(
@@ -144,7 +154,12 @@ def finished_requests(
     """A page of finished requests, newest first, and how many match in all."""
     where = _finished_filter(since, until, model, band, caller, status)
     page = (
-        select(*_BAR_COLUMNS, requests.c.run_ms, requests.c.swap_ms, requests.c.http_status)
+        select(
+            *(_SHOWN_STATUS if c is requests.c.status else c for c in _BAR_COLUMNS),
+            requests.c.run_ms,
+            requests.c.swap_ms,
+            requests.c.http_status,
+        )
         .where(where)
         .order_by(requests.c.finished_at.desc())
         .limit(limit)

@@ -18,14 +18,23 @@ from litestar.params import FromPath, FromQuery
 from app.config import Config
 from app.core.priority import HEADER, grant, read_priority
 from app.jobs.batch_input import BATCH_ENDPOINTS, completion_window_s
-from app.jobs.batches import Batches, BatchOrder, BatchState, EncodeLine, batch_default
+from app.jobs.batches import (
+    BATCH_PRIORITY,
+    Batches,
+    BatchOrder,
+    BatchState,
+    EncodeLine,
+    batch_default,
+)
 from app.jobs.errors import Invalid, JobsError
 from app.web.access import identity, only_caller
 from app.web.auth import Identity, identify
 from app.web.errors import error_response, jobs_error
+from app.web.refusals import Asked, record, record_jobs_error
 from app.web.request_body import BadRequest, rewrite
 
 _MAX_REQUEST = 1 << 20
+ENDPOINT = "/v1/batches"
 
 
 def line_encoder(config: Config) -> EncodeLine:
@@ -128,6 +137,15 @@ def batch_object(state: BatchState) -> dict[str, Any]:
     }
 
 
+def _batch_priority(who: Identity, asked_header: int | None) -> int:
+    """The priority a batch's lines get when its body does not say (metadata.priority)."""
+    return grant(asked_header, who.max_priority, batch_default(who.default_priority))
+
+
+def _named(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
+
+
 def batch_routes(batches: Batches) -> list[BaseRouteHandler]:
     async def with_progress(state: BatchState) -> dict[str, Any]:
         doc = batch_object(state)
@@ -137,23 +155,32 @@ def batch_routes(batches: Batches) -> list[BaseRouteHandler]:
     @post("/v1/batches", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[Any]:
         headers = {k.lower(): v for k, v in request.headers.items()}
+        asked_header = read_priority(headers.get(HEADER.lower()))
+        # A refusal is recorded (app/web/refusals.py) at the priority its lines would have.
+        asked = Asked(ENDPOINT, priority=grant(asked_header, None, BATCH_PRIORITY))
+
+        def refused(status: int, message: str, code: str) -> Response[Any]:
+            named = _named(record(batches.scheduler, asked, status, message))
+            return error_response(status, message, code, param=None, headers=named)
+
         try:
             who = identify(request.scope, headers)
+            asked = Asked(ENDPOINT, None, _batch_priority(who, asked_header), who.caller)
             raw = await request.body()
             if len(raw) > _MAX_REQUEST:
-                message = "the request body is too large"
-                return error_response(413, message, "request_too_large", param=None)
+                return refused(413, "the request body is too large", "request_too_large")
             try:
                 doc = json.loads(raw)
             except ValueError as exc:
-                message = f"the body is not JSON: {exc}"
-                return error_response(400, message, "invalid_json", param=None)
-            order = batch_order(who, doc, read_priority(headers.get(HEADER.lower())))
+                return refused(400, f"the body is not JSON: {exc}", "invalid_json")
+            order = batch_order(who, doc, asked_header)
+            asked = Asked(ENDPOINT, None, order.priority, who.caller)
             return Response(batch_object(await batches.create(order)))
         except BadRequest as exc:
-            return error_response(exc.status, exc.message, exc.code, param=exc.param)
+            named = _named(record(batches.scheduler, asked, exc.status, exc.message))
+            return error_response(exc.status, exc.message, exc.code, param=exc.param, headers=named)
         except JobsError as exc:
-            return jobs_error(exc)
+            return jobs_error(exc, record_jobs_error(batches.scheduler, asked, exc))
 
     @get("/v1/batches")
     async def listing(

@@ -8,14 +8,23 @@ until the prompt ends, then holds its entry, whose `status` says how it ended
 that the prompt is still in ComfyUI's queue, so a prompt ComfyUI dropped (its
 queue cleared, the server restarted) ends instead of holding the model forever.
 
-How far a render is comes from ComfyUI's websocket: the probe opens its own
-(`/ws?clientId=gpulane-...`, never the client's id: ComfyUI gives a socket's id
-to the newest connection, which would take the client's), and reads `progress`
-(`{"value", "max", "prompt_id", "node"}`). ComfyUI sends it to the prompt's
-`client_id`, or to every socket when the prompt has none (`main.py`
-`hijack_progress`, `server.py` `send_json`), so gpulane hears the progress of
-prompts sent without a `client_id` only. The end is still learnt from the
-history: a socket that fails costs the progress, nothing else.
+What else happens to a render comes from ComfyUI's websocket. ComfyUI sends a
+prompt's messages (`execution_start`, `executing`, `progress` `{"value", "max",
+"prompt_id", "node"}`, `executed`, its end, binary previews) only to the socket
+of the prompt's `client_id` (`main.py` `hijack_progress`, `server.py`
+`send_json`), and gives an id to the newest connection with it. So the probe
+opens a socket of its own per render (`/ws?clientId=gpulane-...`), waits for
+ComfyUI's `status` on it (the id is registered then), and only then submits
+the prompt, with `client_id` rewritten to its own id in the body sent upstream
+(the stored job keeps the client's). It keeps the last `progress`, and hands
+every message of the prompt to the relay (app/web/comfyui_sockets.py), which
+sends it on to the client's own socket at gpulane. ComfyUI's `status` (its
+queue, its sid) is not handed on: gpulane's queue is the client's. The prompt
+id in the messages is the client's: gpulane gives ComfyUI the id it answered.
+Once the history has the end, the probe waits at most `LINGER_S` for the
+prompt's last message (`executing` with no node, which ComfyUI sends after
+writing the history). The end is still learnt from the history: a socket that
+fails costs the progress and the messages, nothing else.
 """
 
 from __future__ import annotations
@@ -25,11 +34,12 @@ import contextlib
 import json
 import logging
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import httpx
 import websockets
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.version import version as websockets_version
 
 from app.jobs.held import ProbeLost, Verdict
@@ -42,17 +52,46 @@ LOST_AFTER = 5
 """Failed reads in a row after which ComfyUI is taken to be gone."""
 WS_MAX_BYTES = 64 * 1024 * 1024
 """ComfyUI's socket also carries preview images."""
+WS_OPEN_S = 5.0
+"""How long opening the probe's socket (up to ComfyUI's first `status`) may
+delay a prompt's submission; past it the prompt goes without."""
+LINGER_S = 2.0
+"""How long a prompt's last messages are waited for once its history says it ended."""
 
 log = logging.getLogger("gpulane.jobs")
+
+
+Deliver = Callable[[str, str | bytes], None]
+"""Hands one message of a prompt on: (its type, `preview` for a binary one; the message)."""
+
+
+class Relay(Protocol):
+    """Where a prompt's messages go on to (app/web/comfyui_sockets.py)."""
+
+    def route(self, prompt_id: str, client_id: str | None) -> Deliver:
+        """Where the messages of `prompt_id` go, decided when it is submitted
+        (it runs then); `client_id`: the one its client posted (None: none)."""
+        ...
+
+
+class _Watch:
+    """The probe's socket for one render."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Future[None] | None = None
+        self.ended = asyncio.Event()
+        """The prompt's last message came, or the socket is gone."""
 
 
 class ComfyProbe:
     """`app.jobs.held.Probe` for ComfyUI."""
 
-    def __init__(self, poll_s: float = POLL_S) -> None:
+    def __init__(self, poll_s: float = POLL_S, relay: Relay | None = None) -> None:
         self.poll_s = poll_s
+        self.relay = relay
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
         self._progress: dict[str, tuple[int, int]] = {}
+        self._watches: dict[str, _Watch] = {}
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -66,60 +105,138 @@ class ComfyProbe:
 
     async def submit(self, base_url: str, job: dict[str, Any], body: bytes) -> Verdict | None:
         headers = {"content-type": "application/json"}
+        job_id = _prompt_id(body)
+        doc = _json(body)
+        asked = doc.get("client_id") if isinstance(doc, dict) else None
+        client_id = asked if isinstance(asked, str) and asked else None
         try:
-            r = await self.client.post(base_url + job["path"], content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            why = f"{type(exc).__name__}: {exc}"
-            raise ProbeLost(f"ComfyUI did not take the prompt: {why}") from None
+            own = await self._watch(base_url, job_id, client_id)
+            if own is not None and isinstance(doc, dict):
+                body = json.dumps(doc | {"client_id": own}).encode()
+            try:
+                r = await self.client.post(base_url + job["path"], content=body, headers=headers)
+            except httpx.HTTPError as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                raise ProbeLost(f"ComfyUI did not take the prompt: {why}") from None
+        except BaseException:
+            await self._unwatch(job_id)
+            raise
         if r.status_code == 200:
             return None
+        await self._unwatch(job_id)
         answer = _json(r.content)
         error = answer.get("error") if isinstance(answer, dict) else None
         said = error.get("message") if isinstance(error, dict) else None
         message = f"ComfyUI refused the prompt ({r.status_code}): {said or r.text[:200]}"
-        data: dict[str, Any] = {"prompt_id": _prompt_id(body), "exception_message": message}
+        data: dict[str, Any] = {"prompt_id": job_id, "exception_message": message}
         if isinstance(answer, dict):
             data |= {"error": answer.get("error"), "node_errors": answer.get("node_errors", {})}
-        entry = failed_entry(_prompt_id(body), "execution_error", data)
+        entry = failed_entry(job_id, "execution_error", data)
         return Verdict(ok=False, status=r.status_code, error=message, result=entry)
 
     def progress(self, job_id: str) -> tuple[int, int] | None:
         return self._progress.get(job_id)
 
     async def wait(self, base_url: str, job_id: str) -> Verdict:
-        listener = asyncio.ensure_future(self._listen(base_url, job_id))
         try:
-            return await self._wait(base_url, job_id)
-        finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            verdict = await self._wait(base_url, job_id)
+        except asyncio.CancelledError:
+            # Taken away: `interrupt` comes next, and lets the socket go once
+            # ComfyUI said how the prompt ended (its `execution_interrupted`).
             self._progress.pop(job_id, None)
+            raise
+        except BaseException:
+            await self._unwatch(job_id)
+            self._progress.pop(job_id, None)
+            raise
+        await self._linger(job_id)
+        self._progress.pop(job_id, None)
+        return verdict
 
-    async def _listen(self, base_url: str, job_id: str) -> None:
-        """Keep the render's last `progress` until cancelled (one socket per render)."""
-        client_id = f"gpulane-{uuid.uuid4().hex}"
-        url = "ws" + base_url.removeprefix("http") + f"/ws?clientId={client_id}"
+    async def _linger(self, job_id: str) -> None:
+        """Let the prompt's socket go once its last message came, or after LINGER_S."""
+        watch = self._watches.get(job_id)
+        try:
+            if watch is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(watch.ended.wait(), LINGER_S)
+        finally:
+            await self._unwatch(job_id)
+
+    async def _watch(self, base_url: str, job_id: str, client_id: str | None) -> str | None:
+        """Open the probe's socket for `job_id` and start reading it: the id it
+        is registered under at ComfyUI, or None when it did not open."""
+        await self._unwatch(job_id)  # a job sent again: its last socket is done with
+        own = f"gpulane-{uuid.uuid4().hex}"
+        url = "ws" + base_url.removeprefix("http") + f"/ws?clientId={own}"
         # A short close: the render's end waits for this socket to be let go.
         options: dict[str, Any] = {
             "max_size": WS_MAX_BYTES,
-            "open_timeout": 5.0,
+            "open_timeout": WS_OPEN_S,
             "close_timeout": 1.0,
         }
         if int(websockets_version.split(".")[0]) >= 15:
             options["proxy"] = None  # a local server: no environment proxy
+        socket: ClientConnection | None = None
         try:
-            async with connect(url, **options) as socket:
+            async with asyncio.timeout(WS_OPEN_S):
+                socket = await connect(url, **options)
+                # ComfyUI registers the id before it sends `status`: from now on
+                # every message of a prompt sent with it comes here.
+                await socket.recv()
+        except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+            log.info("job %s: no messages from ComfyUI's websocket: %s", job_id, exc)
+            if socket is not None:
+                await socket.close()
+            return None
+        except BaseException:
+            if socket is not None:
+                socket.transport.abort()  # cancelled meanwhile: let it go at once
+            raise
+        deliver = None if self.relay is None else self.relay.route(job_id, client_id)
+        watch = self._watches[job_id] = _Watch()
+        watch.task = asyncio.ensure_future(self._listen(socket, job_id, deliver, watch))
+        return own
+
+    async def _unwatch(self, job_id: str) -> None:
+        watch = self._watches.pop(job_id, None)
+        if watch is not None and watch.task is not None:
+            watch.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch.task
+
+    async def _listen(
+        self, socket: ClientConnection, job_id: str, deliver: Deliver | None, watch: _Watch
+    ) -> None:
+        """Keep the render's last `progress` and relay its messages until cancelled."""
+        try:
+            async with socket:
                 async for message in socket:
                     if isinstance(message, bytes):
-                        continue  # previews
-                    seen = _progress_of(_json(message.encode()), job_id)
+                        if deliver is not None:  # a preview: no prompt id, ours
+                            deliver("preview", message)
+                        continue
+                    doc = _json(message.encode())
+                    kind = doc.get("type") if isinstance(doc, dict) else None
+                    data = doc.get("data") if isinstance(doc, dict) else None
+                    about = data.get("prompt_id") if isinstance(data, dict) else None
+                    if kind == "status" or (about is not None and about != job_id):
+                        continue  # ComfyUI's own queue; another prompt's broadcast
+                    seen = _progress_of(doc, job_id)
                     if seen is not None:
                         self._progress[job_id] = seen
+                    if deliver is not None and isinstance(kind, str):
+                        deliver(kind, message)
+                    if kind == "executing" and isinstance(data, dict) and data.get("node") is None:
+                        watch.ended.set()  # ComfyUI's last message of a prompt
         except (OSError, TimeoutError, websockets.WebSocketException) as exc:
-            log.info("job %s: no progress from ComfyUI's websocket: %s", job_id, exc)
-        except Exception:  # progress is a nicety: it never fails the render
+            log.info("job %s: ComfyUI's websocket failed: %s", job_id, exc)
+        except Exception:  # messages are a nicety: they never fail the render
             log.exception("job %s: reading ComfyUI's websocket failed", job_id)
+        finally:
+            watch.ended.set()
+            if self._watches.get(job_id) is watch:  # gone by itself (ComfyUI stopped)
+                del self._watches[job_id]
 
     async def _wait(self, base_url: str, job_id: str) -> Verdict:
         misses = 0
@@ -149,8 +266,11 @@ class ComfyProbe:
                 return verdict_of(job_id, entry)
 
     async def interrupt(self, base_url: str, job_id: str) -> None:
-        await self.client.post(base_url + "/queue", json={"delete": [job_id]})
-        await self.client.post(base_url + "/interrupt", json={"prompt_id": job_id})
+        try:
+            await self.client.post(base_url + "/queue", json={"delete": [job_id]})
+            await self.client.post(base_url + "/interrupt", json={"prompt_id": job_id})
+        finally:
+            await self._linger(job_id)
 
     async def _entry(self, base_url: str, job_id: str) -> dict[str, Any] | None:
         r = await self.client.get(f"{base_url}/history/{job_id}")

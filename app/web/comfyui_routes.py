@@ -18,6 +18,8 @@ ComfyUI while it runs, without the queue (nothing there uses the GPU), and is
 409 naming what would load it when it does not: nothing but a prompt loads or
 swaps anything (as llama-swap's `ignorePaths`). With apiKeys a user key sees and
 cancels only its own prompts, and fetches through `/view` only their images.
+`/ws` is gpulane's own socket, open whether ComfyUI runs or not, where each
+caller hears its own prompts' messages (app/web/comfyui_sockets.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from litestar.types import Receive, Scope, Send
 
 from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
-from app.core.priority import HEADER, read_priority, unreadable_priority
+from app.core.priority import HEADER, grant, read_priority, unreadable_priority
 from app.jobs.durable import JobRequest, Jobs
 from app.jobs.held import HeldRuns
 from app.jobs.job_view import seen_by
@@ -50,16 +52,20 @@ from app.web.access import identity, is_admin, only_caller
 from app.web.auth import identify
 from app.web.chain_headers import read_chain
 from app.web.comfyui import ComfyProbe, failed_entry
+from app.web.comfyui_sockets import ComfySockets
 from app.web.errors import (
     send_error,
     send_json,
     send_websocket_error,
 )
 from app.web.jobs import accept_or_answer
+from app.web.refusals import Asked, record
 from app.web.request_body import BadRequest, max_wait_ns, read_body
 from app.web.websocket_proxy import WebsocketProxy
 
 DOOR = "comfyui"
+ENDPOINT = "/comfyui/prompt"
+"""What the log records a prompt's requests as."""
 """The jobs' door: their sender is the held runner with ComfyUI's probe."""
 PROMPT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 USER_PATHS = re.compile(
@@ -79,10 +85,13 @@ class ComfyDoor:
         self.numbers: dict[str, int] = {}
         """Prompt id -> the `number` it was answered with (this process's)."""
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
-        self.probe = ComfyProbe()
+        self.hub = ComfySockets(scheduler, self.model)
+        """`/comfyui/ws`: gpulane's own socket, fed by the probe (comfyui_sockets.py)."""
+        self.probe = ComfyProbe(relay=self.hub)
         self.sockets = WebsocketProxy(config, scheduler)
 
     async def aclose(self) -> None:
+        await self.hub.aclose()
         await self.client.aclose()
         await self.probe.aclose()
 
@@ -115,10 +124,14 @@ class ComfyDoor:
             return
         raw = scope.get("raw_path") or scope["path"].encode()
         path = raw.decode("latin-1").split("?", 1)[0].removeprefix("/comfyui") or "/"
+        if scope["type"] == ScopeType.WEBSOCKET and path == "/ws":
+            # gpulane's own: any key that may post prompts hears its own there.
+            await self.hub.serve(scope, receive, send)
+            return
         if scope["type"] == ScopeType.WEBSOCKET:
-            # `/ws`: ComfyUI's messages, a side channel beside the prompts, never
-            # a job (app/web/websocket_proxy.py). Admin only: ComfyUI gives a
-            # client id's messages to whoever connects with it last.
+            # Any other socket is ComfyUI's own, passed through, never a job
+            # (app/web/websocket_proxy.py). Admin only: ComfyUI gives a client
+            # id's messages to whoever connects with it last.
             await self.sockets.serve(
                 scope, receive, send, model, path, "/comfyui" + path, admin_only=True
             )
@@ -167,28 +180,38 @@ class ComfyDoor:
         headers: dict[str, str],
     ) -> None:
         asked = read_priority(headers.get(HEADER.lower()))
-        who = identify(scope, headers)
-        max_wait = max_wait_ns(headers)
-        chain, chain_length = read_chain(headers)
-        body = await read_body(receive, self.config.max_body_bytes)
-        doc = _doc(body)
-        if "prompt" not in doc:
-            await _comfy_error(send, "no_prompt", "No prompt provided")
+        # What is known of the request when it is refused, for its record.
+        refused = Asked(ENDPOINT, model, grant(asked))
+        try:
+            who = identify(scope, headers)
+            refused = refused._replace(priority=who.grant(asked), caller=who.caller)
+            max_wait = max_wait_ns(headers)
+            chain, chain_length = read_chain(headers)
+            body = await read_body(receive, self.config.max_body_bytes)
+            doc = _doc(body)
+        except BadRequest as exc:
+            recorded = record(self.scheduler, refused, exc.status, exc.message)
+            await send_error(send, exc.status, exc.message, code=exc.code, headers=recorded)
             return
         given = doc.get("prompt_id")
         prompt_id = str(uuid.uuid4()) if given in (None, "") else str(given)
-        if not PROMPT_ID.match(prompt_id):
+        wrong = None
+        if "prompt" not in doc:
+            wrong = ("no_prompt", "No prompt provided")
+        elif not PROMPT_ID.match(prompt_id):
             message = f"prompt_id {prompt_id[:64]!r} is not 1-128 letters, digits, _ . : -"
-            await _comfy_error(send, "invalid_prompt_id", message)
-            return
-        if await self.jobs.view(prompt_id, place=False) is not None:
-            await _comfy_error(send, "prompt_id_in_use", f"prompt_id {prompt_id} is already used")
+            wrong = ("invalid_prompt_id", message)
+        elif await self.jobs.view(prompt_id, place=False) is not None:
+            wrong = ("prompt_id_in_use", f"prompt_id {prompt_id} is already used")
+        if wrong is not None:
+            recorded = record(self.scheduler, refused, 400, wrong[1])
+            await _comfy_error(send, *wrong, headers=recorded)
             return
         doc["prompt_id"] = prompt_id
         admission = Admission(
             model=model,
             model_requested=model,
-            endpoint="/comfyui/prompt",
+            endpoint=ENDPOINT,
             priority=who.grant(asked),
             requested_priority=asked,
             priority_unreadable=unreadable_priority(headers.get(HEADER.lower())),
@@ -281,7 +304,8 @@ class ComfyDoor:
         path: str,
         headers: dict[str, str],
     ) -> None:
-        """ComfyUI's own answer while it runs, outside the queue; 409 when it does not."""
+        """ComfyUI's own answer while it runs (or sleeps), outside the queue; 409 when
+        it does not."""
         who = identity(scope)
         method = str(scope.get("method", "GET"))
         allowed = is_admin(who) or USER_PATHS.match(path)
@@ -289,7 +313,8 @@ class ComfyDoor:
             message = f"{method} /comfyui{path} needs an admin API key"
             await send_error(send, 403, message, code="admin_key_required")
             return
-        if self.scheduler.model_status(model).state != "ready":
+        # A sleeping ComfyUI (`sleep: comfyui`) still answers: nothing here loads its models.
+        if self.scheduler.model_status(model).state not in ("ready", "sleeping"):
             if path == "/view" and self.config.models[model].output_dir is not None:
                 await self._view_kept(scope, send, model, only_caller(who))
                 return
@@ -404,10 +429,13 @@ async def _json(send: Send, doc: Any) -> None:
     await send_json(send, 200, json.dumps(doc).encode())
 
 
-async def _comfy_error(send: Send, kind: str, message: str) -> None:
-    """A 400 in ComfyUI's own shape, which its clients read."""
+async def _comfy_error(
+    send: Send, kind: str, message: str, *, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """A 400 in ComfyUI's own shape, which its clients read (`headers`: its X-Request-Id)."""
     error = {"type": kind, "message": message, "details": message, "extra_info": {}}
-    await send_json(send, 400, json.dumps({"error": error, "node_errors": {}}).encode())
+    doc = {"error": error, "node_errors": {}}
+    await send_json(send, 400, json.dumps(doc).encode(), headers)
 
 
 def open_renders(config: Config, scheduler: Scheduler, jobs: Jobs) -> ComfyDoor:

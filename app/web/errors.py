@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -36,6 +37,8 @@ from app.jobs.errors import (
     Unavailable,
 )
 from app.runtime.admission import Refused
+from app.runtime.out_of_memory import OUT_OF_MEMORY
+from app.runtime.upstream import UpstreamStartError
 
 log = logging.getLogger("gpulane.http")
 
@@ -118,20 +121,46 @@ _JOBS_STATUS: dict[type[JobsError], int] = {
 """The jobs service's errors (app/jobs/errors.py) as HTTP statuses: the one mapping."""
 
 
-def jobs_error(exc: JobsError) -> Response[bytes]:
-    """A jobs-service refusal as a response."""
-    return error_response(_JOBS_STATUS[type(exc)], exc.message, exc.code, param=exc.param)
+def jobs_status(exc: JobsError) -> int:
+    return _JOBS_STATUS[type(exc)]
 
 
-async def send_jobs_error(send: Send, exc: JobsError) -> None:
-    await send_error(send, _JOBS_STATUS[type(exc)], exc.message, code=exc.code, param=exc.param)
+def jobs_error(exc: JobsError, headers: list[tuple[bytes, bytes]] | None = None) -> Response[bytes]:
+    """A jobs-service refusal as a response (`headers`: its X-Request-Id, if recorded)."""
+    named = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers or []}
+    return error_response(
+        jobs_status(exc), exc.message, exc.code, param=exc.param, headers=named or None
+    )
+
+
+async def send_jobs_error(
+    send: Send, exc: JobsError, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send_error(
+        send, jobs_status(exc), exc.message, code=exc.code, param=exc.param, headers=headers
+    )
 
 
 async def send_refused(send: Send, exc: Refused) -> None:
-    """An admission refusal (the queue's bounds, a draining server), with its Retry-After."""
-    await send_error(
-        send, exc.status, str(exc), code=exc.code, headers=retry_after(exc.retry_after)
-    )
+    """An admission refusal (the queue's bounds, a draining server), with its
+    Retry-After and, once recorded, the X-Request-Id of its record."""
+    headers = retry_after(exc.retry_after) + request_id_header(exc.recorded_as)
+    await send_error(send, exc.status, str(exc), code=exc.code, headers=headers)
+
+
+def request_id_header(request_id: str | None) -> list[tuple[bytes, bytes]]:
+    """`X-Request-Id` naming a refusal's `request_rejected` record, or nothing."""
+    return [] if request_id is None else [(b"x-request-id", request_id.encode())]
+
+
+def start_failure(failure: BaseException) -> tuple[int, str]:
+    """The status and code of a request whose model failed to start (`failure`,
+    its ticket's exception): 503 `upstream_out_of_memory` when its server ran out
+    of GPU memory, 502 `upstream_start_failed` for another load failure, 500 for
+    anything else."""
+    if not isinstance(failure, UpstreamStartError):
+        return 500, "upstream_start_failed"
+    return (502, "upstream_start_failed") if failure.out_of_memory is None else OUT_OF_MEMORY
 
 
 def retry_after(seconds: int | None) -> list[tuple[bytes, bytes]]:
@@ -218,9 +247,12 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
             f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
         )
     elif isinstance(exc, ValidationException) and isinstance(exc.extra, list):
-        # Litestar's detail says only "Validation failed"; the parameter is in `extra`.
-        problems = "; ".join(_problem(p) for p in exc.extra if isinstance(p, dict))
+        # Litestar's detail says only "Validation failed"; the parameters are in `extra`.
+        found = [p for p in exc.extra if isinstance(p, dict)]
+        problems = "; ".join(_problem(request, p) for p in found)
         message = f"invalid request to {where}: {problems}" if problems else exc.detail
+        param = str(found[0]["key"]) if found and found[0].get("key") else None
+        return error_response(status, message, param=param, headers=exc.headers)
     else:
         message = exc.detail
     if status >= 500:
@@ -228,10 +260,39 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
     return error_response(status, message, headers=exc.headers)
 
 
-def _problem(problem: dict[str, Any]) -> str:
-    source = problem.get("source")
-    where = f"{getattr(source, 'value', source)} parameter " if source else ""
-    return f"{where}{problem.get('key', '?')!r}: {problem.get('message', 'invalid')}"
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
+"""msgspec's type names in a validation message, as a caller reads them."""
+_EXPECTED_TYPE = re.compile(r"Expected `([^`]*)`")
+
+
+def _problem(request: Request[Any, Any, Any], problem: dict[str, Any]) -> str:
+    """`query parameter 'limit' is 'abc': expected an integer`: the parameter,
+    the value sent (cut short) and what it takes. msgspec says `got str` of
+    every query value, which tells the caller nothing."""
+    source = getattr(problem.get("source"), "value", problem.get("source"))
+    key = str(problem.get("key", "?"))
+    said = str(problem.get("message", "invalid"))
+    expected = _EXPECTED_TYPE.match(said)
+    if expected is not None:
+        kinds = [k.strip() for k in expected.group(1).split("|") if k.strip() != "null"]
+        said = "expected " + " or ".join(_EXPECTED.get(k, f"`{k}`") for k in kinds)
+    where = f"{source} parameter {key!r}" if source else repr(key)
+    given = _given(request, source, key)
+    return f"{where}{'' if given is None else f' is {given}'}: {said}"
+
+
+def _given(request: Request[Any, Any, Any], source: str | None, key: str) -> str | None:
+    """The value the client sent for a query or path parameter, quoted and cut short."""
+    if source == "query":
+        value = request.query_params.get(key)
+    elif source == "path":
+        value = request.path_params.get(key)
+    else:
+        return None
+    if value is None:
+        return None
+    text = str(value)
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

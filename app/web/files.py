@@ -124,7 +124,8 @@ class FileStore:
         try:
             limit = max(1, min(int(query.get("limit", "10000")), 10000))
         except ValueError:
-            await send_error(send, 400, "limit must be an integer", code="invalid_limit")
+            message = "limit must be an integer (1 to 10000)"
+            await send_error(send, 400, message, code="invalid_limit", param="limit")
             return
         order = query.get("order", "desc")
         caller = only_caller(identity(scope))

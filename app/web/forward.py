@@ -26,6 +26,7 @@ from app.config import Config
 from app.config.callers import CREDENTIAL_HEADERS
 from app.core.priority import priority_warning
 from app.runtime.api import Detached, Ticket
+from app.runtime.out_of_memory import OUT_OF_MEMORY, died_out_of_memory
 from app.runtime.scheduler import Scheduler
 from app.runtime.usage import UsageSniffer
 from app.web.errors import error_doc, retry_after, send_error
@@ -168,6 +169,7 @@ class Forwarder:
         self.scheduler.started(rid, dropped)
         t0 = time.monotonic()
         pool, forward = self._request(target, forward)
+        server = self.scheduler.processes.get(target)  # to tell a death out of memory
         header_limit = spec.response_header_timeout
         try:
             try:
@@ -181,6 +183,7 @@ class Forwarder:
                         if not await self.scheduler.reload_crashed(rid):
                             raise
                         moved = self.scheduler.target_of(rid, ticket.model)
+                        server = self.scheduler.processes.get(moved)
                         if moved != target:
                             url = self.config.models[moved].proxy + url[len(spec.proxy) :]
                             passed = self.config.models[moved].pass_credentials
@@ -197,8 +200,11 @@ class Forwarder:
                 return
         except UpstreamError as exc:
             message = f"upstream request failed: {type(exc).__name__}: {exc}"
-            self.scheduler.failed(rid, message, 502)
-            await out.error(Detached(502, "upstream_error", message))
+            oom = await self.scheduler.died_out_of_memory(server)
+            status, code = (502, "upstream_error") if oom is None else OUT_OF_MEMORY
+            message = message if oom is None else died_out_of_memory(ticket.model, oom, message)
+            self.scheduler.failed(rid, message, status)
+            await out.error(Detached(status, code, message))
             return
         sniffer = UsageSniffer()
         ttfb_ms: float | None = None
@@ -231,8 +237,11 @@ class Forwarder:
             # client with a last error event (a stream that just stops reads as a
             # complete, shorter answer).
             message = f"upstream ended the response early: {type(exc).__name__}: {exc}"
+            oom = await self.scheduler.died_out_of_memory(server)
+            code = "upstream_error" if oom is None else OUT_OF_MEMORY[1]
+            message = message if oom is None else died_out_of_memory(ticket.model, oom, message)
             self.scheduler.failed(rid, message, response.status_code)
-            await out.error(Detached(502, "upstream_error", message))
+            await out.error(Detached(502, code, message))
             return
         finally:
             await response.aclose()

@@ -30,6 +30,7 @@ from app.runtime.scheduler import Scheduler
 from app.web.access import identity, only_caller
 from app.web.errors import error_response, jobs_error, send_jobs_error, send_json, send_refused
 from app.web.forward import HOP_BY_HOP, Forwarder, Reply, priority_headers, upstream_url
+from app.web.refusals import asked_by, record_jobs_error
 from app.web.responses import DOOR, response_object
 
 JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelled", "abandoned")
@@ -89,13 +90,15 @@ async def accept_or_answer(
     jobs: Jobs, send: Send, admission: Admission, request: JobRequest
 ) -> Accepted | None:
     """Hand `request` to the jobs service: its acceptance, or None once a refusal
-    or the service's error is answered on `send` (every door answers them alike)."""
+    or the service's error is answered on `send` (every door answers them alike),
+    recorded as a `request_rejected` (app/web/refusals.py)."""
     try:
         return await jobs.accept(admission, request)
     except Refused as exc:
-        await send_refused(send, exc)
+        await send_refused(send, exc)  # recorded by the service
     except JobsError as exc:
-        await send_jobs_error(send, exc)
+        headers = record_jobs_error(jobs.scheduler, asked_by(admission), exc)
+        await send_jobs_error(send, exc, headers)
     return None
 
 
@@ -145,7 +148,7 @@ def job_routes(jobs: Jobs) -> list[BaseRouteHandler]:
     ) -> Response[Any]:
         if status is not None and status not in JOB_STATUSES:
             message = f"status {status!r} is not one of {', '.join(JOB_STATUSES)}"
-            return error_response(400, message, "invalid_status")
+            return error_response(400, message, "invalid_status", param="status")
         caller = only_caller(identity(request.scope))
         data = await jobs.listing(status, max(1, min(limit, 1000)), caller)
         return Response({"object": "list", "data": data})

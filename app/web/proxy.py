@@ -22,15 +22,15 @@ from app.jobs.durable import JobRequest
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
-from app.runtime.upstream import UpstreamStartError
 from app.web.access_log import note_model
 from app.web.auth import ANONYMOUS, identify
 from app.web.chain_headers import read_chain
 from app.web.comfyui_routes import ComfyDoor
-from app.web.errors import send_error, send_refused
+from app.web.errors import send_error, send_refused, start_failure
 from app.web.forward import Forwarder, Reply, ticket_headers, upstream_url
 from app.web.jobs import JobDoor
 from app.web.model_routes import forwarded_path
+from app.web.refusals import Asked, asked_by, record
 from app.web.request_body import (
     BadRequest,
     form_model,
@@ -108,10 +108,11 @@ class Proxy:
                 if changed is not None:
                     body = json.dumps(changed).encode()
         except BadRequest as exc:
-            self.scheduler.reject(
-                endpoint, exc.status, exc.message, model_requested, priority, identity.caller
+            refused = Asked(endpoint, model_requested, priority, identity.caller)
+            recorded = record(self.scheduler, refused, exc.status, exc.message)
+            await send_error(
+                send, exc.status, exc.message, code=exc.code, param=exc.param, headers=recorded
             )
-            await send_error(send, exc.status, exc.message, code=exc.code, param=exc.param)
             return
         except ConnectionError:
             return
@@ -134,10 +135,15 @@ class Proxy:
             assert doc is not None
             if doc.get("stream") is True:
                 message = "background responses are not streamed here; poll GET /v1/responses/{id}"
-                self.scheduler.reject(
-                    endpoint, 400, message, model_requested, priority, identity.caller
+                recorded = record(self.scheduler, asked_by(admission), 400, message)
+                await send_error(
+                    send,
+                    400,
+                    message,
+                    code="unsupported_parameter",
+                    param="stream",
+                    headers=recorded,
                 )
-                await send_error(send, 400, message, code="unsupported_parameter", param="stream")
                 return
             # The body as rewritten for the model (useModelName, filters), less `background`.
             sent = json.loads(body)
@@ -167,12 +173,13 @@ class Proxy:
         """/upstream/{model}/{path}: any method, passed through to that model's server."""
         params = scope["path_params"]
         model = self.config.resolve_model(params["model"])
-        if model is None:
-            await send_error(
-                send, 404, f"model {params['model']!r} is not configured", code="model_not_found"
-            )
-            return
         path = "/" + params.get("path", "").lstrip("/")
+        endpoint = "/upstream" + path
+        if model is None:
+            message = f"model {params['model']!r} is not configured"
+            recorded = record(self.scheduler, Asked(endpoint, params["model"]), 404, message)
+            await send_error(send, 404, message, code="model_not_found", headers=recorded)
+            return
         if self.renders is not None and self.config.models[model].kind == "comfyui":
             # A render server: its prompts are held jobs, its other paths never load it.
             await self.renders.handle(scope, receive, send, model, path)
@@ -189,20 +196,25 @@ class Proxy:
             return
         headers = _headers(scope)
         asked = read_priority(headers.get(HEADER.lower()))
+        identity = ANONYMOUS
         try:
             identity = identify(scope, headers)
             max_wait = max_wait_ns(headers)
             chain, chain_length = read_chain(headers)
             body = await read_body(receive, self.config.max_body_bytes)
         except BadRequest as exc:
-            await send_error(send, exc.status, exc.message, code=exc.code, param=exc.param)
+            refused = Asked(endpoint, params["model"], identity.grant(asked), identity.caller)
+            recorded = record(self.scheduler, refused, exc.status, exc.message)
+            await send_error(
+                send, exc.status, exc.message, code=exc.code, param=exc.param, headers=recorded
+            )
             return
         except ConnectionError:
             return
         admission = Admission(
             model=model,
             model_requested=params["model"],
-            endpoint="/upstream" + path,
+            endpoint=endpoint,
             priority=identity.grant(asked),
             requested_priority=asked,
             priority_unreadable=unreadable_priority(headers.get(HEADER.lower())),
@@ -284,8 +296,7 @@ class Proxy:
             failure = ticket.ready.exception()
             if failure is not None:
                 message = f"model {admission.model!r} failed to start: {failure}"
-                status = 502 if isinstance(failure, UpstreamStartError) else 500
-                await out.error(Detached(status, "upstream_start_failed", message))
+                await out.error(Detached(*start_failure(failure), message))
                 return
             raw_query: bytes = scope.get("query_string", b"")
             url = upstream_url(

@@ -65,6 +65,7 @@ def report_routes(
                 f"offset must be 0 or more and limit 1 to {MAX_PAGE}; got offset "
                 f"{offset} and limit {limit}",
                 "invalid_page",
+                "offset" if offset < 0 else "limit",
             )
         caller = only_caller(identity(request.scope))
         # A page of waiting rows, whole-queue positions offset+1 .. offset+limit; a
@@ -116,7 +117,9 @@ def report_routes(
     return [live_queue, explain_request]
 
 
-def _error(status: int, message: str, code: str) -> Response[Any]:
+def _error(status: int, message: str, code: str, param: str | None = None) -> Response[Any]:
     return Response(
-        error_body(status, message, code), status_code=status, media_type="application/json"
+        error_body(status, message, code, param=param),
+        status_code=status,
+        media_type="application/json",
     )

@@ -34,7 +34,7 @@ from litestar.types import Receive, Scope, Send
 from sqlalchemy import Engine
 
 from app.config import Config
-from app.core.priority import HEADER, read_priority, unreadable_priority
+from app.core.priority import HEADER, grant, read_priority, unreadable_priority
 from app.jobs.durable import JobRequest, Jobs
 from app.jobs.errors import JobsError
 from app.jobs.held import HeldRuns
@@ -45,11 +45,12 @@ from app.runtime.api import Admission
 from app.runtime.scheduler import Scheduler
 from app.store.job_results import job_rows, list_jobs, store_result
 from app.web.access import identity, only_caller
-from app.web.auth import identify
+from app.web.auth import Identity, identify
 from app.web.chain_headers import read_chain
 from app.web.errors import send_error, send_json
 from app.web.files import parse_multipart
 from app.web.jobs import accept_or_answer
+from app.web.refusals import Asked, record
 from app.web.request_body import BadRequest, max_wait_ns, read_body, rename_form_model
 
 log = logging.getLogger("gpulane.jobs")
@@ -120,8 +121,40 @@ class VideoDoor:
         self, scope: Scope, receive: Receive, send: Send, remix: tuple[str | None, str] | None
     ) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        body = await read_body(receive, self.config.max_body_bytes)
-        fields = _fields(body, headers.get("content-type", ""))
+        asked_priority = read_priority(headers.get(HEADER.lower()))
+        # What is known of the request when it is refused, for its record.
+        asked = Asked(ENDPOINT, priority=grant(asked_priority))
+        try:
+            who = identify(scope, headers)
+            asked = asked._replace(priority=who.grant(asked_priority), caller=who.caller)
+            body = await read_body(receive, self.config.max_body_bytes)
+            fields = _fields(body, headers.get("content-type", ""))
+            if remix is None and fields.get("model") not in (None, ""):
+                asked = asked._replace(model=str(fields["model"]))
+            admission, job = await self._job(headers, who, body, fields, remix)
+        except BadRequest as exc:
+            recorded = record(self.scheduler, asked, exc.status, exc.message)
+            await send_error(
+                send, exc.status, exc.message, code=exc.code, param=exc.param, headers=recorded
+            )
+            return
+        accepted = await accept_or_answer(self.jobs, send, admission, job)
+        if accepted is None:
+            return
+        video = await self._video(None, accepted.request_id)
+        doc = self._object(video) if video is not None else _queued(job.meta or {})
+        extra = [(b"x-request-id", accepted.request_id.encode())]
+        await send_json(send, 200, json.dumps(doc).encode(), extra)
+
+    async def _job(
+        self,
+        headers: dict[str, str],
+        who: Identity,
+        body: bytes,
+        fields: dict[str, Any],
+        remix: tuple[str | None, str] | None,
+    ) -> tuple[Admission, JobRequest]:
+        """The video's admission and job; BadRequest naming what is wrong."""
         prompt = fields.get("prompt")
         if not isinstance(prompt, str) or not 1 <= len(prompt) <= MAX_PROMPT:
             message = f"prompt is required: a string of 1 to {MAX_PROMPT} characters"
@@ -154,7 +187,6 @@ class VideoDoor:
             body = json.dumps({"prompt": prompt}).encode()
             headers["content-type"] = "application/json"
         asked_priority = read_priority(headers.get(HEADER.lower()))
-        who = identify(scope, headers)
         chain, chain_length = read_chain(headers)
         admission = Admission(
             model=model,
@@ -178,13 +210,7 @@ class VideoDoor:
             request_id=meta["id"],
             meta=meta,
         )
-        accepted = await accept_or_answer(self.jobs, send, admission, job)
-        if accepted is None:
-            return
-        video = await self._video(None, accepted.request_id)
-        doc = self._object(video) if video is not None else _queued(meta)
-        extra = [(b"x-request-id", accepted.request_id.encode())]
-        await send_json(send, 200, json.dumps(doc).encode(), extra)
+        return admission, job
 
     def _model(self, asked: Any) -> tuple[str, str]:
         """The model a video is for, and its name as asked: the one named, else the

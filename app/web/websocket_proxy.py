@@ -41,15 +41,22 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from app.config import Config
-from app.core.priority import HEADER, read_priority, unreadable_priority
+from app.core.priority import HEADER, grant, read_priority, unreadable_priority
 from app.runtime.admission import Refused
 from app.runtime.api import Admission, Detached, Ticket
 from app.runtime.scheduler import Scheduler
 from app.web.access_log import note_model
 from app.web.auth import Identity, identify
-from app.web.errors import retry_after, send_websocket_error, send_websocket_refusal
+from app.web.errors import (
+    request_id_header,
+    retry_after,
+    send_websocket_error,
+    send_websocket_refusal,
+    start_failure,
+)
 from app.web.forward import HOP_BY_HOP, outgoing_headers, ticket_headers
 from app.web.model_routes import forwarded_path, model_in_path
+from app.web.refusals import Asked, record
 from app.web.request_body import BadRequest, max_wait_ns, query_model
 
 log = logging.getLogger("gpulane.proxy")
@@ -99,17 +106,28 @@ class WebsocketProxy:
         deny = _Denial(scope, send)
         headers = _headers(scope)
         asked = read_priority(headers.get(HEADER.lower()))
+        # What is known of the request when it is refused, for its record.
+        refused = Asked(endpoint, requested, grant(asked))
         try:
             identity = self._identify(scope, headers, endpoint, admin_only=admin_only)
+            refused = refused._replace(priority=identity.grant(asked), caller=identity.caller)
             max_wait = max_wait_ns(headers)
         except BadRequest as exc:
-            challenge = [(b"www-authenticate", b'Bearer realm="gpulane"')]
-            await deny(exc.status, exc.message, exc.code, challenge if exc.status == 401 else [])
+            if exc.status in (401, 403):  # its key's: answered, as before a door, unrecorded
+                challenge = [(b"www-authenticate", b'Bearer realm="gpulane"')]
+                await deny(
+                    exc.status, exc.message, exc.code, challenge if exc.status == 401 else []
+                )
+                return
+            recorded = record(self.scheduler, refused, exc.status, exc.message)
+            await deny(exc.status, exc.message, exc.code, recorded)
             return
         note_model(scope, requested)
         model = self.config.resolve_model(requested) if requested else None
         if model is None:
-            await deny(404, f"model {requested!r} is not configured", "model_not_found")
+            message = f"model {requested!r} is not configured"
+            recorded = record(self.scheduler, refused, 404, message)
+            await deny(404, message, "model_not_found", recorded)
             return
         query = bytes(scope.get("query_string", b"")).decode("latin-1")
         spec = self.config.models[model]
@@ -144,7 +162,8 @@ class WebsocketProxy:
             ticket = self.scheduler.admit(admission)
         except Refused as exc:
             self.scheduler.refused(admission, exc)
-            await deny(exc.status, str(exc), exc.code, retry_after(exc.retry_after))
+            extra = retry_after(exc.retry_after) + request_id_header(exc.recorded_as)
+            await deny(exc.status, str(exc), exc.code, extra)
             return
         current = asyncio.current_task()
         assert current is not None
@@ -167,7 +186,8 @@ class WebsocketProxy:
             failure = ticket.ready.exception()
             if failure is not None:  # the scheduler has recorded it, as for HTTP
                 message = f"model {model!r} failed to start: {failure}"
-                await deny(502, message, "upstream_start_failed")
+                status, code = start_failure(failure)
+                await deny(status, message, code)
                 return
             url = websocket_url(ticket.ready.result(), path, query)
             target = self.scheduler.target_of(ticket.request_id, ticket.model)

@@ -73,7 +73,8 @@ def test_log_requests_prints_a_line_per_request_and_follows_reloads(tmp_path: Pa
             assert float(chat_line["seconds"]) >= 0.3
             assert int(chat_line["bytes"]) == len(served.content)
             assert (chat_line["client"], chat_line["agent"]) == ("127.0.0.1", "access-test")
-            assert (refused["model"], refused["id"]) == ("nope", "-")
+            # A refusal's id is its request_rejected record's (app/web/refusals.py).
+            assert (refused["model"], refused["id"]) == ("nope", unknown.headers["x-request-id"])
             assert (models["model"], models["id"]) == ("-", "-")
             assert upstream["model"] == "A"
             assert lines[5]["model"] == "W" and int(lines[5]["bytes"]) > len("echo")

@@ -35,8 +35,11 @@ def chat(**fake: Any) -> dict[str, Any]:
 
 
 def stored(gw: Gateway) -> tuple[int, int]:
-    """(requests, job bodies) in the database."""
-    rows = gw.sql("SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM job_bodies)")
+    """(requests queued, job bodies) in the database; a refusal's record has no model."""
+    rows = gw.sql(
+        "SELECT (SELECT count(*) FROM requests WHERE model IS NOT NULL), "
+        "(SELECT count(*) FROM job_bodies)"
+    )
     return int(rows[0][0]), int(rows[0][1])
 
 
@@ -65,6 +68,11 @@ def test_an_idempotency_key_and_a_stored_header_have_length_limits(gateway: Star
         assert error["code"] == "stored_header_too_large" and error["param"] == "x-big"
         assert f"at most {MAX_STORED_HEADER_BYTES} bytes" in error["message"]
         assert stored(gw) == (0, 0)
+        # Each refusal is recorded, without the bytes refused (the message gives their size).
+        refusals = gw.wait_for(
+            "SELECT length(data) FROM events WHERE type = 'request_rejected'", count=3
+        )
+        assert len(refusals) == 3 and max(r[0] for r in refusals) < 1000
 
         # The same header on a synchronous request is only forwarded: not refused.
         assert (
@@ -139,8 +147,15 @@ def test_a_callers_stored_bytes_have_a_cap(gateway: Start, tmp_path: Path) -> No
         assert batch.json()["error"]["code"] == "caller_storage_full"
         # Another caller's jobs are its own.
         assert submit(client, "bob").status_code == 202
-        rejected = gw.wait_for("SELECT data FROM events WHERE type = 'request_rejected'")
-        assert [json.loads(r[0])["reason"] for r in rejected] == ["caller_storage_full"]
+        # Both refusals are in the log, the batch's under its own endpoint.
+        rejected = gw.wait_for(
+            "SELECT data FROM events WHERE type = 'request_rejected' ORDER BY seq", count=2
+        )
+        assert [(json.loads(r[0])["reason"], json.loads(r[0])["endpoint"]) for r in rejected] == [
+            ("caller_storage_full", "/v1/chat/completions"),
+            ("caller_storage_full", "/v1/batches"),
+        ]
+        assert batch.headers["x-request-id"] == json.loads(rejected[1][0])["request_id"]
 
         # Ended jobs hold nothing: alice may store again.
         release.touch()

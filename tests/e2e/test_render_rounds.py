@@ -20,3 +20,18 @@ def test_rounds_of_renders_chats_and_cancels_lose_and_break_nothing(tmp_path: Pa
         gw.stop()
     assert summary.ok, "\n".join(summary.lines())
     assert summary.cancelled and len(summary.prompts) >= 8
+
+
+def test_rounds_with_comfyui_asleep_between_them_never_free_a_render(tmp_path: Path) -> None:
+    """The same with `sleep: comfyui`: every swap puts ComfyUI to sleep by `POST
+    /free` instead of stopping it, never while a render runs (nor after a
+    cancel, until ComfyUI's queue is idle), and its prompts wake one process."""
+    record = tmp_path / "renders.jsonl"
+    gw = Gateway(tmp_path, config(record, sleep=True)).start()
+    try:
+        summary = run_rounds(gw, record, rounds=8, seed=3)
+    finally:
+        gw.stop()
+    assert summary.ok, "\n".join(summary.lines())
+    assert summary.swaps["process_started"] == 1, summary.swaps  # one process, no cold start
+    assert summary.swaps["process_slept"] >= 7 and summary.swaps["process_woken"] >= 7

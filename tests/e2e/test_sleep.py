@@ -303,3 +303,29 @@ def test_an_unload_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_path
         "unload"
     ]
     assert_log_sound(gw)
+
+
+def test_an_unload_of_the_model_during_its_sleep_stops_the_sleeper_too(
+    gateway: Start, tmp_path: Path
+) -> None:
+    """As above, for an unload of that one model by name: A is in neither table
+    while its sleep is under way, and must not be left asleep."""
+    gw = gateway(config(tmp_path, "--sleep-time 2"))
+    with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
+        assert chat(client, "A").status_code == 200
+        pending = pool.submit(chat, client, "B")  # evicts A: its sleep takes 2 s
+        poll(lambda: events(gw, "process_sleeping"), "A's sleep to begin")
+        assert not events(gw, "process_slept")  # the unload lands while A's sleep is under way
+        r = client.post("/api/models/unload/A")
+        assert r.status_code == 200 and r.text == "OK", r.text
+        # The unload answers once A has stopped: nothing to wait for here.
+        assert [e["ev"] for e in fake_log(tmp_path / "A.jsonl")][-1] == "exit"
+        running = {r["model"]: r["state"] for r in client.get("/running").json()["running"]}
+        assert "A" not in running, running  # not left asleep after its unload
+        assert pending.result(timeout=30).status_code == 200  # B, untouched by A's unload
+        assert [e["ev"] for e in fake_log(tmp_path / "B.jsonl")] == ["start"]
+    gw.wait_for("SELECT 1 FROM events WHERE type = 'process_stopped'")
+    assert [(d["model"], d["reason"]) for _, d in events(gw, "process_stopped")] == [
+        ("A", "unload")
+    ]
+    assert_log_sound(gw)

@@ -194,3 +194,35 @@ def test_an_ignored_websocket_cannot_load_its_model_and_holds_no_slot(gw: Gatewa
         # Its model's one slot is free for an ordinary request meanwhile.
         with httpx.Client(base_url=gw.url, headers=AUTH) as client:
             assert client.get("/upstream/I/health").status_code == 200
+
+
+def test_a_refused_upgrade_is_recorded_with_its_id(gw: Gateway) -> None:
+    """Refused for its model or a header (not for its key): a `request_rejected`,
+    whose id the refusal carries, as every door's refusals do (test_refusals.py)."""
+    # Refused for its key: answered before the door, not recorded.
+    with pytest.raises(InvalidStatus):
+        _open(gw, "/upstream/W/ws", headers={"Authorization": f"Bearer {USER_KEY}"})
+    for path, headers, status, said in (
+        ("/upstream/nothing/ws", AUTH, 404, "model 'nothing' is not configured"),
+        ("/upstream/W/ws", AUTH | {"X-Gpulane-Max-Wait": "soon"}, 400, "X-Gpulane-Max-Wait"),
+    ):
+        with pytest.raises(InvalidStatus) as refused:
+            _open(gw, path, headers=headers)
+        response = refused.value.response
+        assert response.status_code == status
+        request_id = response.headers.get("x-request-id")
+        assert request_id, (path, dict(response.headers))
+        rows = gw.wait_for(
+            "SELECT data FROM events WHERE type = 'request_rejected' AND request_id = ?",
+            request_id,
+        )
+        assert len(rows) == 1, path
+        event = json.loads(rows[0]["data"])
+        assert event["http_status"] == status and said in event["error"]
+        assert event["endpoint"] == "/upstream/ws"
+    # The log commits in order: the key's refusal would be on disk by now.
+    keys = gw.sql(
+        "SELECT count(*) FROM events WHERE type = 'request_rejected' "
+        "AND json_extract(data, '$.http_status') IN (401, 403)"
+    )
+    assert keys[0][0] == 0

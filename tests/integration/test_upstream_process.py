@@ -154,6 +154,43 @@ async def test_exit_at_start_fails_fast_with_output(fake_spec, upstreams):
     assert not upstream.running
 
 
+# Prints vLLM's out-of-memory line (vllm/v1/core/kv_cache_utils.py), then
+# argv[1] other lines, then exits 1.
+OUT_OF_MEMORY_THEN = """
+import sys
+print("ValueError: No available memory for the cache blocks. Try increasing "
+      "`gpu_memory_utilization` when initializing the engine.", file=sys.stderr, flush=True)
+for i in range(int(sys.argv[1])):
+    print("traceback line", i, flush=True)
+sys.exit(1)
+"""
+VLLM_LINE = (
+    "ValueError: No available memory for the cache blocks. Try increasing "
+    "`gpu_memory_utilization` when initializing the engine."
+)
+
+
+async def test_an_out_of_memory_line_fails_the_start_so(upstreams):
+    spec = Spec(id="vllm", cmd=(sys.executable, "-c", OUT_OF_MEMORY_THEN, "60"))
+    upstream = upstreams(spec)
+    with pytest.raises(UpstreamStartError) as err:
+        await upstream.start()
+    assert err.value.exit_code == 1 and err.value.out_of_memory == VLLM_LINE
+    assert VLLM_LINE not in str(err.value)  # 60 lines back: out of the last output's 30
+    assert upstream.out_of_memory == VLLM_LINE
+
+
+@pytest.mark.parametrize(("lines_after", "said"), [(150, VLLM_LINE), (250, None)])
+async def test_an_out_of_memory_line_counts_for_an_exit_while_recent(
+    upstreams, lines_after: int, said: str | None
+):
+    spec = Spec(id="vllm", cmd=(sys.executable, "-c", OUT_OF_MEMORY_THEN, str(lines_after)))
+    upstream = upstreams(replace(spec, check_endpoint=None))
+    await upstream.start()
+    assert await asyncio.wait_for(upstream.wait_exit(), 5) == 1
+    assert upstream.out_of_memory == said
+
+
 async def test_missing_executable_is_a_start_error(upstreams):
     upstream = upstreams(Spec(id="ghost", cmd=("/nonexistent/llama-server",)))
     with pytest.raises(UpstreamStartError, match="cannot run"):

@@ -109,6 +109,8 @@ class FakeUpstream:
         self.pid: int | None = None
         self.cmdline = list(spec.cmd)
         self.stopping = False
+        self.out_of_memory: str | None = None
+        """What a real server's output would say of running out of GPU memory."""
         self._on_spawn = on_spawn
         self._owner = owner
         loop = asyncio.get_running_loop()

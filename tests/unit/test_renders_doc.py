@@ -22,6 +22,7 @@ def test_the_pasted_config_loads_with_comfyui_as_a_held_render_server() -> None:
         3600,
     )
     assert comfy.output_dir == "/opt/ComfyUI/output"
+    assert comfy.sleep is not None and comfy.sleep.preset == "comfyui"
     assert config.models["qwen"].kind is None
     assert server_started(config, 0, 0).held == ["comfyui_auto"]
 

@@ -126,7 +126,7 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         try:
             lo, hi = window(since, until, hours, whole, fit)
         except BadQuery as exc:
-            return _error(400, exc.message, "invalid_window")
+            return _error(400, exc.message, "invalid_window", "since")
         caller = only_caller(identity(request.scope))
         bars = await asyncio.to_thread(q.timeline_requests, engine, lo, hi, caller, MAX_BARS + 1)
         loads = await asyncio.to_thread(q.timeline_swaps, engine, lo, hi, MAX_BARS)
@@ -161,14 +161,16 @@ def data_routes(engine: Engine | None, live: Live | None) -> list[BaseRouteHandl
         if engine is None:
             return _error(503, "this server has no event log", "no_database")
         if band is not None and band not in BANDS:
-            return _error(400, f"band {band!r} is not one of {', '.join(BANDS)}", "invalid_band")
+            message = f"band {band!r} is not one of {', '.join(BANDS)}"
+            return _error(400, message, "invalid_band", "band")
         if status is not None and status not in FINISHED_STATUSES:
             allowed = ", ".join(FINISHED_STATUSES)
-            return _error(400, f"status {status!r} is not one of {allowed}", "invalid_status")
+            message = f"status {status!r} is not one of {allowed}"
+            return _error(400, message, "invalid_status", "status")
         try:
             lo, hi = window(since, until, hours)
         except BadQuery as exc:
-            return _error(400, exc.message, "invalid_window")
+            return _error(400, exc.message, "invalid_window", "since")
         mine = only_caller(identity(request.scope))
         if mine is not None:
             caller = mine  # a user key's history is its own, whatever it asks for
@@ -265,9 +267,11 @@ def _json(body: dict[str, Any]) -> Response[Any]:
     return Response(body, media_type=MediaType.JSON)
 
 
-def _error(status: int, message: str, code: str) -> Response[Any]:
+def _error(status: int, message: str, code: str, param: str | None = None) -> Response[Any]:
     return Response(
-        error_body(status, message, code), status_code=status, media_type=MediaType.JSON
+        error_body(status, message, code, param=param),
+        status_code=status,
+        media_type=MediaType.JSON,
     )
 
 
