@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 
-async def wait_until(check: Callable[[], Any], what: str, timeout: float = 10) -> Any:
+async def wait_until(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
     """Poll `check()` on the running event loop until it is truthy; return it.
-    Fails with `what` when `timeout` seconds pass first."""
+    Fails with `what` when `timeout` seconds pass first (a guard against a hang,
+    generous for a loaded host: it returns as soon as `check()` is truthy)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not (result := check()):

@@ -49,9 +49,11 @@ Written from ComfyUI's own source, v0.3.64 (Comfy-Org/ComfyUI a125cd84,
 
 The fake's own nodes: `FakeRender` (inputs `seconds` (1.0), `steps` (10),
 `fail` (false): an `execution_error` at the last step, `last_message_after`
-(0): seconds between writing the history entry and the last `executing`) and
-`SaveImage`; both are output nodes. `--output DIR` writes each output image there, as ComfyUI
-writes its `output/` folder. `--record FILE` appends a JSON line per render start and
+(0): seconds between writing the history entry and the last `executing`,
+`hold_file` (a path): its last step waits until that file exists, at most
+120 s, so a test decides when a render ends) and `SaveImage`; both are output
+nodes. `--output DIR` writes each output image there, as ComfyUI writes its
+`output/` folder. `--record FILE` appends a JSON line per render start and
 end, and one when SIGTERM arrives mid-render (`stopped_mid_render`), so a test
 can tell whether two renders overlapped or a server was stopped inside one.
 It records `free_requested` (with the prompt `rendering` then, or null),
@@ -78,6 +80,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
@@ -94,6 +97,13 @@ WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455
 
 def log(line: str) -> None:
     print(line, flush=True)
+
+
+def _hold(path: str, stopped: Callable[[], bool]) -> None:
+    """Until `path` exists (a test's release), `stopped()` or 120 s."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path) and not stopped() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 class Socket:
@@ -267,6 +277,8 @@ class Queue:
                 where = {"node": node_id, "display_node": node_id, "prompt_id": prompt_id}
                 self.send("executing", where, client)
             for step in range(steps):
+                if step == steps - 1 and inputs.get("hold_file"):
+                    _hold(str(inputs["hold_file"]), lambda: self.interrupted)
                 time.sleep(seconds / steps)
                 if self.interrupted:
                     break

@@ -1,7 +1,7 @@
 """A fake video server for tests and benchmarks: OpenAI's Videos API, rendered in the background.
 
     python -m tools.fake_video_server --port N [--render-s S] [--fail] [--sync]
-        [--no-remix] [--no-variants] [--record FILE]
+        [--no-remix] [--no-variants] [--record FILE] [--hold-file PATH]
 
 It speaks the shapes of OpenAI's OpenAPI spec (openai/openai-openapi f85dbe2:
 `VideoResource`, `VideoListResource`, `DeletedVideoResource`, `Error-2`):
@@ -19,6 +19,9 @@ It speaks the shapes of OpenAI's OpenAPI spec (openai/openai-openapi f85dbe2:
   anything but `video`), `POST /v1/videos/{id}/remix` (`--no-remix`: 404, as a
   server without the route answers).
 - `GET /health`.
+
+`--hold-file PATH` holds each render at its last step until that file exists
+(at most 120 s), so a test decides when a render ends.
 
 `--record FILE` appends a JSON line per render start (with the bytes of an
 uploaded `input_reference`) and end, each naming the server's video id and
@@ -125,6 +128,13 @@ class Videos:
         failing = self.args.fail or str(video.get("prompt") or "").startswith("fail")
         outcome = "completed"
         for step in range(1, STEPS + 1):
+            if step == STEPS and self.args.hold_file:
+                deadline = time.monotonic() + 120
+                while not os.path.exists(self.args.hold_file) and time.monotonic() < deadline:
+                    with self.lock:
+                        if video_id not in self.videos:
+                            break
+                    time.sleep(0.02)
             time.sleep(self.args.render_s / STEPS)
             with self.lock:
                 if video_id not in self.videos:
@@ -311,6 +321,7 @@ def main() -> None:
     parser.add_argument("--no-remix", action="store_true")
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--record", default=None)
+    parser.add_argument("--hold-file", default=None, help="each render's last step waits for it")
     args = parser.parse_args()
     videos = Videos(args)
     signal.signal(signal.SIGTERM, videos.stop)

@@ -247,6 +247,9 @@ def test_parallel_work_has_a_row_per_model_and_the_queue_says_what_each_waits_fo
         ["next: waits for the running job"]  # A is in use beside C: no swap
     )
 
+    # The timeline reads the log once: the three starts must be on disk first.
+    started = "SELECT 1 FROM requests WHERE status = 'running' AND started_at IS NOT NULL"
+    assert len(gw.wait_for(started, count=3)) == 3
     page.goto(gw.url + "/ui/timeline")
     a_row = page.locator('g.row[data-model="A"]')
     c_row = page.locator('g.row[data-model="C"]')

@@ -26,6 +26,12 @@ def test_the_request_page_says_an_unreadable_priority_was_asked_and_0_used(
             "/v1/chat/completions", json=chat, headers={"X-LlamaSwap-Priority": "urgent"}
         )
         plain = client.post("/v1/chat/completions", json=chat)
+    # The story is read from the log, where an answer's completion may still be on
+    # its way (group commit); the page reads it once.
+    ids = (odd.headers["x-request-id"], plain.headers["x-request-id"])
+    assert gw.wait_for(
+        "SELECT 1 FROM requests WHERE id IN (?, ?) AND status = 'completed'", *ids, count=2
+    )
     page.goto(f"{gw.url}/ui/requests/{odd.headers['x-request-id']}")
     expect(page.locator("#story-unreadable")).to_have_text(" · asked 'urgent' (unreadable, used 0)")
     page.goto(f"{gw.url}/ui/requests/{plain.headers['x-request-id']}")

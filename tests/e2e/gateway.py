@@ -98,7 +98,7 @@ class Gateway:
         self.env: dict[str, str] = {}
         """More environment variables for `gpulane serve`."""
 
-    def start(self, timeout: float = 30, *, up: Callable[[str], bool] | None = None) -> Gateway:
+    def start(self, timeout: float = 60, *, up: Callable[[str], bool] | None = None) -> Gateway:
         """Start `gpulane serve` and wait until `/health` answers OK (or what `up`
         accepts of its text: a standby's, a server waiting for its disk)."""
         env = os.environ | self.env | {"PYTHONUNBUFFERED": "1", GATEWAY_VAR: self.marker}
@@ -190,10 +190,11 @@ class Gateway:
             conn.close()
 
     def wait_for(
-        self, query: str, *params: Any, count: int = 1, timeout: float = 10
+        self, query: str, *params: Any, count: int = 1, timeout: float = 30
     ) -> list[sqlite3.Row]:
         """Rows of `query` once it returns at least `count` (events are group-committed
-        asynchronously, so a response can arrive just before its last event is on disk)."""
+        asynchronously, so a response can arrive just before its last event is on disk).
+        `timeout` only guards against a hang: a loaded host may take seconds."""
         deadline = time.monotonic() + timeout
         while True:
             rows = self.sql(query, *params)
@@ -273,7 +274,7 @@ def upstreams_alive(first_port: int, count: int) -> dict[int, str]:
     return found
 
 
-def upstreams_left(first_port: int, count: int, timeout: float = 5) -> dict[int, str]:
+def upstreams_left(first_port: int, count: int, timeout: float = 15) -> dict[int, str]:
     """What `upstreams_alive` still finds once `timeout` has passed or nothing
     is left; what it found is then SIGKILLed, so a failing test leaves nothing
     behind either."""

@@ -121,19 +121,27 @@ def _phase1(gw: Gateway, run: Run) -> None:
         ("r5", "A", "101", 1),
         ("r6", "B", None, 1),
     ]
+    release = gw.tmp / "release-blocker1"
     with cf.ThreadPoolExecutor(len(plan) + 1) as pool, gw.client() as client:
-        blocker = pool.submit(_post, client, "A", None, 1, delay=1.8)
-        _wait_started(gw)
-        futures = {}
-        for count, (name, model, priority, key) in enumerate(plan, start=1):
-            futures[name] = pool.submit(_post, client, model, priority, key)
-            _wait_queued(gw, count)
-        with (
-            pytest.raises(httpx.ReadTimeout),
-            httpx.Client(base_url=gw.url, timeout=0.2) as impatient,
-        ):
-            _post(impatient, "C", None, 2)
-        assert _post(client, "nope", None, 1).status_code == 404
+        # At least 1.8 s, and until every request below was sent: a fixed run
+        # could end first on a slow host.
+        blocker = pool.submit(_post, client, "A", None, 1, delay=1.8, hold_file=str(release))
+        try:
+            _wait_started(gw)
+            futures = {}
+            for count, (name, model, priority, key) in enumerate(plan, start=1):
+                futures[name] = pool.submit(_post, client, model, priority, key)
+                _wait_queued(gw, count)
+            with (
+                pytest.raises(httpx.ReadTimeout),
+                httpx.Client(base_url=gw.url, timeout=0.2) as impatient,
+            ):
+                _post(impatient, "C", None, 2)
+            # Its cancel is on disk before the queue moves (the docstring's order).
+            assert gw.wait_for("SELECT id FROM requests WHERE status = 'cancelled'")
+            assert _post(client, "nope", None, 1).status_code == 404
+        finally:
+            release.touch()
         run.ids["blocker1"] = _request_id(blocker.result())
         for name, future in futures.items():
             run.ids[name] = _request_id(future.result())
@@ -141,24 +149,30 @@ def _phase1(gw: Gateway, run: Run) -> None:
 
 def _phase2(gw: Gateway, run: Run) -> None:
     auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    release = gw.tmp / "release-blocker2"
     with cf.ThreadPoolExecutor(3) as pool, gw.client() as client:
-        blocker = pool.submit(_post, client, "A", None, 1, delay=2.0)
-        _wait_started(gw)
-        r7 = pool.submit(_post, client, "A", "batch", 2)
-        _wait_queued(gw, 1)
-        time.sleep(0.9)  # r7's age, the point of this phase (0.9 s = 225 points)
-        r8 = pool.submit(_post, client, "A", "interactive", 1)
-        _wait_queued(gw, 2)
-        run.live_queue = client.get("/api/queue", headers=auth).json()
-        waiting = [w["request_id"] for w in run.live_queue["waiting"]]
-        if len(waiting) == 2:
-            run.live_explain_r8 = client.get(
-                f"/api/requests/{waiting[1]}/explain", headers=auth
-            ).json()
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            cli.main(["queue", "--url", gw.url, "--api-key", KEYS[0]])
-        run.live_queue_text = out.getvalue()
+        # At least 2 s, and until the live queue was read: a fixed run could end
+        # first on a slow host.
+        blocker = pool.submit(_post, client, "A", None, 1, delay=2.0, hold_file=str(release))
+        try:
+            _wait_started(gw)
+            r7 = pool.submit(_post, client, "A", "batch", 2)
+            _wait_queued(gw, 1)
+            time.sleep(0.9)  # r7's age, the point of this phase (0.9 s = 225 points)
+            r8 = pool.submit(_post, client, "A", "interactive", 1)
+            _wait_queued(gw, 2)
+            run.live_queue = client.get("/api/queue", headers=auth).json()
+            waiting = [w["request_id"] for w in run.live_queue["waiting"]]
+            if len(waiting) == 2:
+                run.live_explain_r8 = client.get(
+                    f"/api/requests/{waiting[1]}/explain", headers=auth
+                ).json()
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                cli.main(["queue", "--url", gw.url, "--api-key", KEYS[0]])
+            run.live_queue_text = out.getvalue()
+        finally:
+            release.touch()
         run.ids["blocker2"] = _request_id(blocker.result())
         run.ids["r7"] = _request_id(r7.result())
         run.ids["r8"] = _request_id(r8.result())

@@ -45,11 +45,17 @@ def test_a_background_response_is_queued_then_polled_to_its_upstreams_output(
 ) -> None:
     gw = gateway(config())
     oa = client(gw)
-    first = create(oa, "the first", delay=1.0, reply="one")
-    assert first.status in ("queued", "in_progress") and first.id.startswith("resp_")
-    assert first.background is True and first.output == []
-    second = create(oa, "the second", reply="two")
-    assert second.status == "queued"
+    # The first runs until the second is sent, so the second waits (a fixed run
+    # could end first on a slow host).
+    release = gw.tmp / "release"
+    first = create(oa, "the first", hold_file=str(release), reply="one")
+    try:
+        assert first.status in ("queued", "in_progress") and first.id.startswith("resp_")
+        assert first.background is True and first.output == []
+        second = create(oa, "the second", reply="two")
+        assert second.status == "queued"
+    finally:
+        release.touch()
     done = wait(oa, second.id, "completed")
     assert done.id == second.id and done.output_text == "two"
     assert done.usage is not None and done.usage.output_tokens == 1
@@ -71,12 +77,18 @@ def test_a_background_response_is_queued_then_polled_to_its_upstreams_output(
 def test_cancel_withdraws_a_queued_response(gateway: Start) -> None:
     gw = gateway(config())
     oa = client(gw)
-    running = create(oa, "long", delay=2.0)
-    queued = create(oa, "waits")
-    cancelled = oa.responses.cancel(queued.id)
-    assert cancelled.status == "cancelled"
-    assert oa.responses.retrieve(queued.id).status == "cancelled"
-    assert oa.responses.cancel(queued.id).status == "cancelled"  # twice is harmless
+    # Runs until the queued one was cancelled: a fixed run could end first on a
+    # slow host, and the other start.
+    release = gw.tmp / "release"
+    running = create(oa, "long", hold_file=str(release))
+    try:
+        queued = create(oa, "waits")
+        cancelled = oa.responses.cancel(queued.id)
+        assert cancelled.status == "cancelled"
+        assert oa.responses.retrieve(queued.id).status == "cancelled"
+        assert oa.responses.cancel(queued.id).status == "cancelled"  # twice is harmless
+    finally:
+        release.touch()
     assert wait(oa, running.id, "completed").status == "completed"
     failing = create(oa, "bad", status=500)
     ended = wait(oa, failing.id, "failed")

@@ -89,18 +89,24 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
 def test_gpulane_queue_shows_an_open_batch_with_its_eta(gateway: Start) -> None:
     gw = gateway(config())
     oa = client(gw)
-    batch = submit(oa, [line("slow", delay=2.0)] + [line(f"w{i}") for i in range(3)])
-    with gw.client() as http:
-        poll(
-            lambda: http.get(f"/v1/batches/{batch.id}").json()["gpulane_progress"]["running"],
-            "its first line to run",
+    # The first line runs until `gpulane queue` has answered: a fixed run could
+    # end first on a slow host, where the command takes seconds to start.
+    release = gw.tmp / "release"
+    batch = submit(oa, [line("slow", hold_file=str(release))] + [line(f"w{i}") for i in range(3)])
+    try:
+        with gw.client() as http:
+            poll(
+                lambda: http.get(f"/v1/batches/{batch.id}").json()["gpulane_progress"]["running"],
+                "its first line to run",
+            )
+        shown = subprocess.run(
+            [sys.executable, "-m", "app.cli", "queue", "--url", gw.url],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
-    shown = subprocess.run(
-        [sys.executable, "-m", "app.cli", "queue", "--url", gw.url],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    finally:
+        release.touch()
     assert shown.returncode == 0, shown.stderr
     assert f"batch {batch.id} in_progress" in shown.stdout
     # No run of A has ended yet: when the first line ends is not known, and the

@@ -160,14 +160,20 @@ def test_cancel_withdraws_the_waiting_lines_and_lets_the_running_one_finish(
 ) -> None:
     gw = gateway(config())
     oa = client(gw)
-    lines = [line("first", delay=1.5, reply="kept")] + [line(f"w{i}") for i in range(4)]
-    batch = submit(oa, lines)
-    with gw.client() as http:
-        poll(
-            lambda: any(j["status"] == "running" for j in http.get("/v1/jobs").json()["data"]),
-            "the first line to run",
-        )
-    cancelling = oa.batches.cancel(batch.id)
+    # The first line runs until the cancel was answered: a fixed run could end
+    # first on a slow host, and the next line start.
+    release = gw.tmp / "release"
+    lines = [line("first", hold_file=str(release), reply="kept")]
+    batch = submit(oa, lines + [line(f"w{i}") for i in range(4)])
+    try:
+        with gw.client() as http:
+            poll(
+                lambda: any(j["status"] == "running" for j in http.get("/v1/jobs").json()["data"]),
+                "the first line to run",
+            )
+        cancelling = oa.batches.cancel(batch.id)
+    finally:
+        release.touch()
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     done = wait_batch(oa, batch.id, "cancelled")
     assert done.cancelled_at
@@ -358,8 +364,18 @@ def test_two_callers_batches_share_the_gpu_under_fair_share(gateway: Start) -> N
     fair = "routing:\n  scheduler:\n    settings:\n      serial:\n        fairShareBonus: 20\n"
     gw = gateway(config(keys + fair))
     alice, bob = client(gw, ALICE), client(gw, BOB)
-    first = submit(alice, [line(f"a{i}", delay=0.3) for i in range(6)])
-    second = submit(bob, [line(f"b{i}", delay=0.3) for i in range(6)])
+    # Alice's first run lasts until Bob's batch is queued too: on a slow host
+    # her short runs could otherwise be over before his arrive.
+    release = gw.tmp / "release"
+    first = submit(alice, [line(f"a{i}", delay=0.3, hold_file=str(release)) for i in range(6)])
+    try:
+        second = submit(bob, [line(f"b{i}", delay=0.3) for i in range(6)])
+        poll(
+            lambda: len(gw.sql("SELECT 1 FROM requests WHERE status = 'queued'")) == 11,
+            "both batches queued behind Alice's first run",
+        )
+    finally:
+        release.touch()
     for oa, batch in ((alice, first), (bob, second)):
         done = wait_batch(oa, batch.id, "completed", timeout=60)
         assert done.request_counts is not None and done.request_counts.completed == 6

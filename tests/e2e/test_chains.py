@@ -57,16 +57,20 @@ def as_key(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def test_a_film_sent_shot_by_shot_is_one_run_with_progress(gateway: Start) -> None:
+def test_a_film_sent_shot_by_shot_is_one_run_with_progress(gateway: Start, tmp_path: Path) -> None:
     gw = gateway(config(KEYS))
     alice, bob = client(gw, ALICE), client(gw, BOB)
     # Bob's film-1 is another chain: ids are per caller.
     shot(bob, "film-1", 9)
     first = [shot(alice, "film-1", 5, delay=0.3) for _ in range(2)]
     ids = [r.headers["x-request-id"] for r in first]
-    # Shot 3 runs long, on a thread, as the producer waits for it.
+    # Shot 3 runs until the checks below are done (a fixed run could end during
+    # them on a slow host), on a thread, as the producer waits for it.
+    release = tmp_path / "release-shot-3"
     third: list[Any] = []
-    producer = threading.Thread(target=lambda: third.append(shot(alice, "film-1", 5, delay=4)))
+    producer = threading.Thread(
+        target=lambda: third.append(shot(alice, "film-1", 5, hold_file=str(release)))
+    )
     producer.start()
     try:
         with gw.client() as http:
@@ -138,6 +142,7 @@ def test_a_film_sent_shot_by_shot_is_one_run_with_progress(gateway: Start) -> No
             shown.stdout
         )
     finally:
+        release.touch()
         producer.join()
     # Every shot's enqueue names its chain in the log, as the replay reads it.
     rows = gw.wait_for(
@@ -176,7 +181,17 @@ def test_a_film_sent_shot_by_shot_is_one_run_with_progress(gateway: Start) -> No
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     with gw.client() as http:
-        ended = http.get("/api/chains/film-1", headers=as_key(ALICE)).json()["progress"]
+        # Read from disk, where the last completion may still be on its way.
+        ended = poll(
+            lambda: (
+                (p := http.get("/api/chains/film-1", headers=as_key(ALICE)).json()["progress"])[
+                    "running"
+                ]
+                == 0
+                and p
+            ),
+            "the third shot's completion",
+        )
         assert (ended["done"], ended["running"], ended["waiting"]) == (3, 0, 2)
         other = http.get("/api/chains/nope", headers=as_key(ALICE))
         assert other.status_code == 404 and other.json()["error"]["code"] == "chain_not_found"

@@ -225,7 +225,7 @@ def test_the_read_only_console_refuses_a_rebinding_host(open_gw: Gateway, tmp_pa
             [*command, "--port", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT
         )
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
 
                 def info() -> httpx.Response | None:
                     assert proc.poll() is None, (tmp_path / "ui.log").read_text()

@@ -208,8 +208,8 @@ def _ui_answers(db: Path, request_id: str) -> dict[str, object]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(base_url=url, timeout=5) as client:
-            deadline = time.monotonic() + 30
+        with httpx.Client(base_url=url, timeout=30) as client:  # a loaded host is slow
+            deadline = time.monotonic() + 60
             while True:
                 assert proc.poll() is None, proc.communicate()[0].decode()
                 try:

@@ -281,17 +281,21 @@ def test_immutable_database_files_while_a_request_runs(tmp_path: Path) -> None:
     gw = gateway(tmp_path, tmp_path / "gpulane.db").start()
     files = [gw.db, Path(f"{gw.db}-wal"), Path(f"{gw.db}-shm")]
     answer: dict[str, httpx.Response] = {}
+    # The request runs until the files are immutable (a fixed run could end
+    # before `chattr` on a slow host, its completion written in time).
+    release = tmp_path / "release"
     try:
         with gw.client() as client:
 
             def send() -> None:
                 with gw.client() as c:
-                    answer["r"] = c.post("/v1/chat/completions", json=chat(delay=1.5))
+                    answer["r"] = c.post("/v1/chat/completions", json=chat(hold_file=release))
 
             sender = threading.Thread(target=send)
             sender.start()
             poll(lambda: gw.sql("SELECT 1 FROM events WHERE type = 'request_started'"), "start")
             locked = subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True)
+            release.touch()
             if locked.returncode != 0:
                 pytest.skip(f"chattr +i refused here: {locked.stderr.decode().strip()}")
             try:

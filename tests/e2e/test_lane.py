@@ -185,16 +185,24 @@ def test_an_operator_cancels_a_hung_request_and_the_lane_moves_on(gateway: Start
 
 def test_sigterm_lets_running_work_finish_and_answers_waiting_clients(gateway: Start) -> None:
     gw = gateway(config("shutdownGrace: 20\n"))
+    # The running request runs until the waiting one was answered: a fixed run
+    # could end first on a slow host, and B run before the SIGTERM.
+    release = gw.tmp / "release"
     with cf.ThreadPoolExecutor(2) as pool, gw.client() as client:
-        running = pool.submit(client.post, "/v1/chat/completions", json=chat(delay=1.5))
-        gw.wait_for("SELECT id FROM requests WHERE status = 'running'")
-        waiting = pool.submit(client.post, "/v1/chat/completions", json=chat("B"))
-        gw.wait_for("SELECT id FROM requests WHERE status = 'queued'")
-        assert gw.proc is not None
-        gw.proc.send_signal(signal.SIGTERM)
+        running = pool.submit(
+            client.post, "/v1/chat/completions", json=chat(hold_file=str(release))
+        )
+        try:
+            assert gw.wait_for("SELECT id FROM requests WHERE status = 'running'")
+            waiting = pool.submit(client.post, "/v1/chat/completions", json=chat("B"))
+            assert gw.wait_for("SELECT id FROM requests WHERE status = 'queued'")
+            assert gw.proc is not None
+            gw.proc.send_signal(signal.SIGTERM)
+            assert waiting.result(timeout=30).status_code == 503
+            assert waiting.result().json()["error"]["code"] == "shutting_down"
+        finally:
+            release.touch()
         assert running.result().status_code == 200  # finished within the grace
-        assert waiting.result().status_code == 503
-        assert waiting.result().json()["error"]["code"] == "shutting_down"
         assert gw.proc.wait(30) == 0
     assert_log_sound(gw)
     swaps = gw.sql("SELECT to_model FROM swaps")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openai import OpenAI
 
-from tests.e2e.gateway import REPO, Gateway, free_port_block
+from tests.e2e.gateway import REPO, Gateway, free_port_block, poll
 from tools.fetch_llama import fetch
 
 pytestmark = pytest.mark.llama
@@ -77,7 +77,13 @@ def test_asking_for_the_other_entry_swaps_the_real_server(gw: Gateway) -> None:
 
 def test_interactive_overtakes_batch_behind_a_real_generation(gw: Gateway) -> None:
     llm = client(gw)
-    with cf.ThreadPoolExecutor(3) as pool:
+    # Each request is sent once the one before it is in the queue (a fixed pause
+    # may be too short on a loaded host): the long one running, then batch waiting.
+    with cf.ThreadPoolExecutor(3) as pool, gw.client() as http:
+
+        def queue() -> dict[str, Any]:
+            return http.get("/api/queue").json()  # type: ignore[no-any-return]
+
         long = pool.submit(
             llm.chat.completions.create,
             model="smollm2",
@@ -85,7 +91,7 @@ def test_interactive_overtakes_batch_behind_a_real_generation(gw: Gateway) -> No
             max_tokens=256,
             extra_body={"ignore_eos": True},
         )
-        time.sleep(0.5)
+        poll(lambda: queue()["running"], "the long generation to be dispatched")
         batch = pool.submit(
             llm.chat.completions.with_raw_response.create,
             model="smollm2",
@@ -93,13 +99,19 @@ def test_interactive_overtakes_batch_behind_a_real_generation(gw: Gateway) -> No
             max_tokens=4,
             extra_headers={"X-LlamaSwap-Priority": "batch"},
         )
-        time.sleep(0.2)
+        poll(lambda: len(queue()["waiting"]) == 1, "the batch request to wait")
         inter = pool.submit(
             llm.chat.completions.with_raw_response.create,
             model="smollm2",
             messages=MESSAGES,
             max_tokens=4,
             extra_headers={"X-LlamaSwap-Priority": "interactive"},
+        )
+        # Both wait behind the long one (had it ended first, batch would run and
+        # this never be seen).
+        poll(
+            lambda: (q := queue())["running"] and len(q["waiting"]) == 2,
+            "both to wait behind the long generation",
         )
         long.result()
         ids = [f.result().headers["x-request-id"] for f in (batch, inter)]

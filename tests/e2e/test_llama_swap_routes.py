@@ -221,7 +221,7 @@ def test_an_id_with_slashes_works_wherever_an_id_is_a_path(client: httpx.Client)
 def _read_until(client: httpx.Client, url: str, needle: str, limit: int = 5000) -> list[str]:
     """Lines of a log stream, up to the first holding `needle` (or `limit` lines)."""
     seen: list[str] = []
-    with client.stream("GET", url, timeout=10) as r:
+    with client.stream("GET", url, timeout=30) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/plain")
         for line in r.iter_lines():
@@ -257,7 +257,7 @@ def test_log_streams_replay_what_they_hold_first(client: httpx.Client) -> None:
 def test_no_history_sends_only_new_lines(gw: Gateway, client: httpx.Client) -> None:
     assert client.post("/v1/rerank", json={"model": "A"}).status_code == 200
     with (
-        gw.client(timeout=10) as streamer,
+        gw.client(timeout=30) as streamer,
         streamer.stream("GET", "/logs/stream/A?no-history") as r,
     ):
         assert r.status_code == 200

@@ -181,7 +181,7 @@ def test_api_events_sends_inflight_again_at_each_change(gw: Gateway, tmp_path: P
     held = {"fake": {"hold_file": str(release)}}
     # A read timeout ends the wait for an event that never comes.
     with (
-        gw.client(headers=AUTH, timeout=15) as client,
+        gw.client(headers=AUTH, timeout=30) as client,
         gw.client(headers=AUTH) as asker,
         ThreadPoolExecutor(1) as pool,
         client.stream("GET", "/api/events") as r,

@@ -23,8 +23,9 @@ import pytest
 from tests.e2e.gateway import REPO, Gateway, fake_model
 
 CHAT = "/v1/chat/completions"
-SWAP_S = 0.6
-"""How long model A takes to answer its health check: the swap of the first request."""
+SWAP_S = 1.5
+"""How long model A takes to answer its health check: the swap of the first request
+(long beside a dispatch, which a loaded host may delay by tenths of a second)."""
 
 
 def chat(client: httpx.Client, priority: str, **fake: object) -> httpx.Response:
@@ -49,15 +50,23 @@ def test_history_explain_views_header_metrics_and_replay_say_one_wait(
         swapped_id = swapped.headers["x-request-id"]
         header_ms = float(swapped.headers["x-gpulane-queue-wait-ms"])
         # Batch: queued behind a normal request that holds A, until its deadline.
+        # Held until the batch request's deadline has passed: a fixed run could
+        # end first on a slow host, and the batch one run in time.
+        release = gw.tmp / "release"
         with httpx.Client(base_url=gw.url, timeout=60) as other:
-            holder = threading.Thread(target=chat, args=(other, "normal"), kwargs={"delay": 2})
-            holder.start()
-            gw.wait_for("SELECT id FROM requests WHERE status = 'running'")
-            cancelled = client.post(
-                CHAT,
-                json={"model": "A", "messages": [{"role": "user", "content": "hi"}]},
-                headers={"X-LlamaSwap-Priority": "batch", "X-Gpulane-Max-Wait": "0.5"},
+            holder = threading.Thread(
+                target=chat, args=(other, "normal"), kwargs={"hold_file": str(release)}
             )
+            holder.start()
+            try:
+                assert gw.wait_for("SELECT id FROM requests WHERE status = 'running'")
+                cancelled = client.post(
+                    CHAT,
+                    json={"model": "A", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"X-LlamaSwap-Priority": "batch", "X-Gpulane-Max-Wait": "0.5"},
+                )
+            finally:
+                release.touch()
             holder.join()
         assert cancelled.status_code == 503, cancelled.text
         cancelled_id = cancelled.headers["x-request-id"]

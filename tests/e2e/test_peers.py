@@ -46,10 +46,12 @@ def models(*names: str) -> str:
     return "models:" + "".join(fake_model(n) for n in names).replace("\n", "\n  ") + "\n"
 
 
-def chat(model: str, caller: str, priority: str = "normal", delay: float = 0.0) -> dict[str, Any]:
+def chat(
+    model: str, caller: str, priority: str = "normal", delay: float = 0.0, hold_file: str = ""
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-    if delay:
-        body["fake"] = {"delay": delay}
+    if delay or hold_file:
+        body["fake"] = {"delay": delay, "hold_file": hold_file or None}
     return {
         "json": body,
         "headers": {"X-LlamaSwap-Priority": priority, "X-Gpulane-Caller": caller},
@@ -86,28 +88,45 @@ def test_a_peer_model_is_served_through_the_peer(host: Start) -> None:
     assert_log_replays(front.db)
 
 
-def test_the_front_sends_the_peer_one_request_at_a_time_in_score_order(host: Start) -> None:
+def test_the_front_sends_the_peer_one_request_at_a_time_in_score_order(
+    host: Start, tmp_path: Path
+) -> None:
     back = host("box2", models("some-model"))
     front = host("front", models("here") + peer_block({"box2": (back.url, ["some-model"])}))
     order = [("batch", "batch"), ("normal", "normal"), ("inter", "interactive")]
+    # The slow one runs until all three wait at the front: a fixed run could end
+    # first on a slow host, and the first of them go to the peer before the others came.
+    release = tmp_path / "release"
     with front.client() as client, cf.ThreadPoolExecutor(4) as pool:
         slow = pool.submit(
-            client.post, "/v1/chat/completions", **chat("box2/some-model", "slow", delay=1.5)
+            client.post,
+            "/v1/chat/completions",
+            **chat("box2/some-model", "slow", hold_file=str(release)),
         )
-        poll(lambda: back.sql("SELECT 1 FROM requests WHERE caller = 'slow'"), "slow at the peer")
-        waiting = []
-        for n, (caller, priority) in enumerate(order, start=1):
-            waiting.append(
-                pool.submit(
-                    client.post, "/v1/chat/completions", **chat("box2/some-model", caller, priority)
-                )
-            )
+        try:
             poll(
-                lambda n=n: len(front.sql("SELECT 1 FROM requests WHERE status = 'queued'")) == n,
-                f"{caller} queued at the front",
+                lambda: back.sql("SELECT 1 FROM requests WHERE caller = 'slow'"),
+                "slow at the peer",
             )
-        # The peer has one slot's worth: nothing more was sent while slow runs.
-        assert len(back.sql("SELECT 1 FROM requests")) == 1
+            waiting = []
+            for n, (caller, priority) in enumerate(order, start=1):
+                waiting.append(
+                    pool.submit(
+                        client.post,
+                        "/v1/chat/completions",
+                        **chat("box2/some-model", caller, priority),
+                    )
+                )
+                poll(
+                    lambda n=n: (
+                        len(front.sql("SELECT 1 FROM requests WHERE status = 'queued'")) == n
+                    ),
+                    f"{caller} queued at the front",
+                )
+            # The peer has one slot's worth: nothing more was sent while slow runs.
+            assert len(back.sql("SELECT 1 FROM requests")) == 1
+        finally:
+            release.touch()
         assert all(f.result(timeout=30).status_code == 200 for f in [slow, *waiting])
     expected = ["slow", "inter", "normal", "batch"]
     sent = front.wait_for(

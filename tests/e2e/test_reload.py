@@ -42,11 +42,16 @@ def test_sighup_reloads_the_config_and_keeps_the_queue(tmp_path: Path) -> None:
     gw = start(tmp_path, config(fake_model("A"), fake_model("B")))
     base = port_of(gw)
     try:
+        # A runs until the reload is done: a fixed run could end first on a slow
+        # host, and B run before the reload instead of waiting through it.
+        release = tmp_path / "release"
         with gw.client() as client, cf.ThreadPoolExecutor(2) as pool:
-            slow = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=2))
-            events(gw, "request_started")
+            slow = pool.submit(
+                client.post, "/v1/chat/completions", json=chat("A", hold_file=str(release))
+            )
+            assert events(gw, "request_started")
             queued = pool.submit(client.post, "/v1/chat/completions", json=chat("B"))
-            wait_until(lambda: len(events(gw, "request_enqueued", count=2, timeout=0)) == 2)
+            assert wait_until(lambda: len(events(gw, "request_enqueued", count=2, timeout=0)) == 2)
             # A is changed (restarted once idle), B stays, C is new.
             gw.config.write_text(
                 config(
@@ -58,7 +63,10 @@ def test_sighup_reloads_the_config_and_keeps_the_queue(tmp_path: Path) -> None:
             )
             assert gw.proc is not None
             gw.proc.send_signal(signal.SIGHUP)
-            (reload,) = reloads(gw)
+            try:
+                (reload,) = reloads(gw)
+            finally:
+                release.touch()
             assert gw.proc.poll() is None  # SIGHUP no longer ends gpulane
             assert reload["added"] == ["C"] and reload["restarted"] == ["A"]
             assert slow.result(timeout=30).status_code == 200  # not stopped mid-request

@@ -33,10 +33,10 @@ hooks:
 )
 
 
-def chat(model: str, delay: float = 0.0) -> dict[str, Any]:
+def chat(model: str, hold_file: str = "") -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-    if delay:
-        body["fake"] = {"delay": delay}
+    if hold_file:
+        body["fake"] = {"hold_file": hold_file}
     return {"json": body}
 
 
@@ -47,13 +47,18 @@ def test_a_slow_request_on_a_does_not_hold_a_request_for_c(gateway: Start) -> No
         lambda: len(gw.sql("SELECT 1 FROM events WHERE type = 'swap_finished'")) == 2,
         "both preloads",
     )
+    # A runs until C has its answer (a fixed run could end first on a slow host).
+    release = gw.tmp / "release"
     with gw.client() as client, cf.ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(client.post, "/v1/chat/completions", **chat("A", delay=2.5))
-        poll(lambda: gw.sql("SELECT 1 FROM requests WHERE model = 'A'"), "A dispatched")
-        fast = pool.submit(client.post, "/v1/chat/completions", **chat("C"))
-        c = fast.result(timeout=30)
-        assert c.status_code == 200
-        assert not slow.done()  # C finished while A still runs
+        slow = pool.submit(client.post, "/v1/chat/completions", **chat("A", str(release)))
+        try:
+            poll(lambda: gw.sql("SELECT 1 FROM requests WHERE model = 'A'"), "A dispatched")
+            fast = pool.submit(client.post, "/v1/chat/completions", **chat("C"))
+            c = fast.result(timeout=30)
+            assert c.status_code == 200
+            assert not slow.done()  # C finished while A still runs
+        finally:
+            release.touch()
         a = slow.result(timeout=30)
     assert a.status_code == 200
     poll(lambda: not gw.sql("SELECT 1 FROM requests WHERE finished_at IS NULL"), "both recorded")

@@ -26,10 +26,12 @@ def config(**limits: int) -> str:
     return "models:" + models + "\n"
 
 
-def chat(model: str, priority: str | None = None, delay: float = 0.0) -> dict[str, Any]:
+def chat(
+    model: str, priority: str | None = None, delay: float = 0.0, hold_file: str = ""
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-    if delay:
-        body["fake"] = {"delay": delay}
+    if delay or hold_file:
+        body["fake"] = {"delay": delay, "hold_file": hold_file or None}
     headers = {"X-LlamaSwap-Priority": priority} if priority else {}
     return {"json": body, "headers": headers}
 
@@ -61,15 +63,23 @@ def test_three_slow_requests_overlap_on_a_three_slot_model_and_the_log_verifies(
     gateway: Start,
 ) -> None:
     gw = gateway(config(A=3, B=0))
+    # Each runs until all three run: sent at once, they may still arrive far apart
+    # on a slow host, past any fixed run.
+    release = gw.tmp / "release"
     with gw.client() as client:
         assert client.post("/v1/chat/completions", **chat("A")).status_code == 200  # load A
         with cf.ThreadPoolExecutor(3) as pool:
-            replies = list(
-                pool.map(
-                    lambda _: client.post("/v1/chat/completions", **chat("A", delay=1.5)),
-                    range(3),
+            sent = [
+                pool.submit(
+                    client.post, "/v1/chat/completions", **chat("A", hold_file=str(release))
                 )
-            )
+                for _ in range(3)
+            ]
+            try:
+                poll(lambda: len(dispatched(gw)) == 4, "three running on A")
+            finally:
+                release.touch()
+            replies = [f.result(timeout=30) for f in sent]
     assert [r.status_code for r in replies] == [200, 200, 200]
     ids = {r.headers["x-request-id"] for r in replies}
     events = completed(gw, 4)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,17 +61,22 @@ def wait_queued(gw: Gateway, count: int) -> None:
 def post_in_order(gw: Gateway, requests: list[tuple[str, str | None]]) -> list[int]:
     """Send requests one after another (each enqueued before the next) while a
     long job holds the GPU; return their indexes in the order they were dispatched."""
+    release = gw.tmp / f"release-{uuid.uuid4().hex}"
     with cf.ThreadPoolExecutor(len(requests) + 1) as pool, gw.client() as client:
-        long_body, _ = chat("A", delay=1.5)
+        # Held until every request waits: a fixed run could end first on a slow host.
+        long_body, _ = chat("A", hold_file=str(release))
         blocker = pool.submit(client.post, "/v1/chat/completions", json=long_body)
         wait_started(gw)
         futures = []
-        for queued, (model, priority) in enumerate(requests, start=1):
-            body, headers = chat(model, priority)
-            fut = pool.submit(client.post, "/v1/chat/completions", json=body, headers=headers)
-            futures.append(fut)
-            wait_queued(gw, queued)
-        assert not blocker.done(), "the long job ended before every request was queued"
+        try:
+            for queued, (model, priority) in enumerate(requests, start=1):
+                body, headers = chat(model, priority)
+                fut = pool.submit(client.post, "/v1/chat/completions", json=body, headers=headers)
+                futures.append(fut)
+                wait_queued(gw, queued)
+            assert not blocker.done(), "the long job ended before every request was queued"
+        finally:
+            release.touch()
         blocker.result()
         ids = [f.result().headers["x-request-id"] for f in futures]
     # Order of dispatch, from the log (response end times can race by microseconds).
@@ -153,19 +159,28 @@ def test_mixed_priorities_are_served_by_score_while_a_long_job_runs(gateway: Sta
 
 def test_queued_client_that_disconnects_is_cancelled_and_the_queue_moves_on(gateway: Start) -> None:
     gw = gateway(three_models())
+    release = gw.tmp / "release"
     with cf.ThreadPoolExecutor(3) as pool, gw.client() as client:
-        blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5)[0])
+        # Held until the impatient client's cancel is on disk: a fixed run could
+        # end first on a slow host, and the impatient request run.
+        blocker = pool.submit(
+            client.post, "/v1/chat/completions", json=chat("A", hold_file=str(release))[0]
+        )
         wait_started(gw)
-        with (
-            pytest.raises(httpx.ReadTimeout),
-            httpx.Client(base_url=gw.url, timeout=0.3) as impatient,
-        ):
-            impatient.post("/v1/chat/completions", json=chat("A", "interactive")[0])
+        try:
+            with (
+                pytest.raises(httpx.ReadTimeout),
+                httpx.Client(base_url=gw.url, timeout=0.3) as impatient,
+            ):
+                impatient.post("/v1/chat/completions", json=chat("A", "interactive")[0])
+            rows = gw.wait_for("SELECT status, error FROM requests WHERE status='cancelled'")
+        finally:
+            release.touch()
         after = pool.submit(client.post, "/v1/chat/completions", json=chat("A")[0])
         assert blocker.result().status_code == 200
         assert after.result().status_code == 200
-    rows = gw.wait_for("SELECT status, error FROM requests WHERE status='cancelled'")
     assert len(rows) == 1
+    assert len(gw.sql("SELECT 1 FROM requests WHERE status='cancelled'")) == 1
     assert (
         gw.sql("SELECT data FROM events WHERE type='request_cancelled'")[0]["data"].find(
             "client_gone"
@@ -305,13 +320,25 @@ def test_models_list_and_health(gateway: Start) -> None:
 
 def test_send_loading_state_streams_queue_progress_then_the_answer(gateway: Start) -> None:
     gw = gateway("sendLoadingState: true\n" + three_models())
+    release = gw.tmp / "release"
     with cf.ThreadPoolExecutor(2) as pool, gw.client() as client:
-        blocker = pool.submit(client.post, "/v1/chat/completions", json=chat("A", delay=1.5)[0])
+        # Held until the waiting stream said so: a fixed run could end first on a slow host.
+        blocker = pool.submit(
+            client.post, "/v1/chat/completions", json=chat("A", hold_file=str(release))[0]
+        )
         wait_started(gw)
         body, _ = chat("A", reply="done waiting")
         body["stream"] = True
-        with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            text = b"".join(r.iter_raw()).decode()
+        try:
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                raw = r.iter_raw()
+                data = b""
+                while b"waiting in the queue" not in data and (chunk := next(raw, b"")):
+                    data += chunk
+                release.touch()
+                text = (data + b"".join(raw)).decode()
+        finally:
+            release.touch()
         blocker.result()
     lines = [json.loads(x[6:]) for x in text.split("\n\n") if x.startswith("data: {")]
     progress = [x["choices"][0]["delta"].get("reasoning_content") for x in lines[:2]]

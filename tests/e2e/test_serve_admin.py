@@ -54,7 +54,7 @@ def chat(name: str, **fake: Any) -> dict[str, Any]:
     return body
 
 
-def events(gw: Gateway, kind: str, count: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
+def events(gw: Gateway, kind: str, count: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
     """Events of one type, oldest first: `data` decoded, with `at` replaced by the
     column (unix seconds) and the `request_id` column as `_request_id`."""
     rows = gw.wait_for(
@@ -70,7 +70,7 @@ def running(client: httpx.Client) -> list[dict[str, Any]]:
     return client.get("/running").json()["running"]  # type: ignore[no-any-return]
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 10, step: float = 0.05) -> Any:
+def wait_until(check: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -242,7 +242,7 @@ def test_ttl_stops_a_model_once_it_has_been_idle_that_long(gateway: Start) -> No
         last = client.post("/v1/chat/completions", json=chat("A"))
         assert last.status_code == 200
         stopped = events(gw, "process_stopped", timeout=10)
-        assert wait_until(lambda: running(client) == [], timeout=5)
+        assert wait_until(lambda: running(client) == [], timeout=30)
         # Stopped by TTL, loaded again on demand.
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200
     assert [(e["model"], e["reason"]) for e in stopped] == [("A", "ttl")]
@@ -306,7 +306,7 @@ def test_logs_hold_upstream_output_and_the_stream_replays_then_follows(gateway: 
 
         def follow() -> None:
             with (
-                gw.client(timeout=10) as streamer,
+                gw.client(timeout=30) as streamer,
                 streamer.stream("GET", "/logs/stream") as r,
             ):
                 assert r.status_code == 200
@@ -319,9 +319,9 @@ def test_logs_hold_upstream_output_and_the_stream_replays_then_follows(gateway: 
 
         with cf.ThreadPoolExecutor(1) as pool:
             follower = pool.submit(follow)
-            assert subscribed.wait(10)  # subscribed before the response starts
+            assert subscribed.wait(30)  # subscribed before the response starts
             assert client.post("/v1/chat/completions", json=chat("B")).status_code == 200
-            assert found.wait(10), seen
+            assert found.wait(30), seen
             follower.result()
         assert "[upstream:B] B handled POST /v1/chat/completions" in seen
         # As in llama-swap, the lines held are replayed first, then the new ones.
@@ -442,15 +442,29 @@ def fifo(*models: str) -> str:
 
 def test_fifo_serves_the_ready_model_concurrently_up_to_its_limit(gateway: Start) -> None:
     gw = gateway(fifo(model("A", concurrencyLimit=3)))
+    # Each runs until three run and three wait: sent at once, they may still
+    # arrive far apart on a slow host, past any fixed run.
+    release = gw.tmp / "release"
     with gw.client() as client:
         assert client.post("/v1/chat/completions", json=chat("A")).status_code == 200  # load
         with cf.ThreadPoolExecutor(6) as pool:
-            replies = list(
-                pool.map(
-                    lambda _: client.post("/v1/chat/completions", json=chat("A", delay=1.0)),
-                    range(6),
+            sent = [
+                pool.submit(
+                    client.post, "/v1/chat/completions", json=chat("A", hold_file=str(release))
                 )
-            )
+                for _ in range(6)
+            ]
+            try:
+                assert wait_until(
+                    lambda: (
+                        (q := client.get("/api/queue").json())
+                        and (len(q["running"]), len(q["waiting"])) == (3, 3)
+                    ),
+                    timeout=30,
+                ), client.get("/api/queue").text
+            finally:
+                release.touch()
+            replies = [f.result(timeout=30) for f in sent]
     assert all(r.status_code == 200 for r in replies)
     ids = [r.headers["x-request-id"] for r in replies]
     marks = ",".join("?" * len(ids))

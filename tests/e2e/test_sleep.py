@@ -287,10 +287,11 @@ def test_a_shutdown_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_pat
 
 
 def test_an_unload_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_path: Path) -> None:
-    gw = gateway(config(tmp_path, "--sleep-time 2"))
+    # A sleep long enough for the unload to land in it on a loaded host too.
+    gw = gateway(config(tmp_path, "--sleep-time 4"))
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
         assert chat(client, "A").status_code == 200
-        pool.submit(chat, client, "B")  # evicts A: its sleep takes 2 s
+        pool.submit(chat, client, "B")  # evicts A: its sleep takes 4 s
         poll(lambda: events(gw, "process_sleeping"), "A's sleep to begin")
         assert not events(gw, "process_slept")  # the unload lands while A's sleep is under way
         assert client.post("/api/models/unload").status_code == 200

@@ -169,16 +169,22 @@ def test_a_standby_answers_503_naming_the_leader_and_takes_over_when_it_is_kille
         error = refused.value.response.json()["error"]
         assert error["code"] == "standby" and f"127.0.0.1:{leader.port}" in error["message"]
 
-        # The leader runs a durable job; the standby has started nothing.
-        job = submit_job(leader, "long", delay=1.0, reply="done")
-        leader.wait_for(
-            "SELECT 1 FROM events WHERE type = 'request_started' AND request_id = ?", job
-        )
-        assert len(upstreams_alive(first_port, 10)) == 1
-        assert children(standby.proc.pid) == []
+        # The leader runs a durable job; the standby has started nothing. The job
+        # runs until the leader is killed (a fixed run could end first on a slow
+        # host, leaving nothing to take over).
+        release = tmp_path / "release"
+        job = submit_job(leader, "long", hold_file=str(release), reply="done")
+        try:
+            assert leader.wait_for(
+                "SELECT 1 FROM events WHERE type = 'request_started' AND request_id = ?", job
+            )
+            assert len(upstreams_alive(first_port, 10)) == 1
+            assert children(standby.proc.pid) == []
 
-        killed_pid = leader.proc.pid
-        leader.kill()
+            killed_pid = leader.proc.pid
+            leader.kill()
+        finally:
+            release.touch()
         poll(lambda: leads(standby), "the standby to lead", timeout=LEASE_S + 20)
         *_, taken = leases(standby)
         assert taken["term"] == 2 and taken["pid"] == standby.proc.pid

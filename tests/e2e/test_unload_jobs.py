@@ -44,18 +44,24 @@ def test_an_unload_under_a_running_durable_job_leaves_every_model_serving(
 ) -> None:
     gw = gateway(config(model("A", maxRunTime=60), model("B", maxRunTime=60)))
     method, path = ROUTES[route]
+    # The job runs until the unload has put it back (a fixed run could end first
+    # on a slow host), and to its end when sent again.
+    release = gw.tmp / "release"
     with gw.client(timeout=30) as client:
         accepted = client.post(
             "/v1/chat/completions",
-            json=chat("A", delay=2),
+            json=chat("A", hold_file=str(release)),
             headers={"Prefer": "respond-async"},
         )
         assert accepted.status_code == 202, accepted.text
         job_id = accepted.json()["id"]
-        events(gw, "request_started")  # it runs upstream now
-        r = client.request(method, path)
-        assert r.status_code == 200, r.text
-        (requeued,) = events(gw, "request_requeued")
+        try:
+            assert events(gw, "request_started")  # it runs upstream now
+            r = client.request(method, path)
+            assert r.status_code == 200, r.text
+            (requeued,) = events(gw, "request_requeued")
+        finally:
+            release.touch()
         assert requeued["_request_id"] == job_id
         # Before the fix each of these waited forever behind the job put back.
         for name in ("A", "B"):
