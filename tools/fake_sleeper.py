@@ -1,7 +1,7 @@
 """A fake model server that sleeps as vLLM or SGLang does, for tests and benchmarks.
 
     python -m tools.fake_sleeper --port N [--kind vllm|sglang] [--name NAME]
-        [--start-delay S] [--sleep-time S] [--wake-time S]
+        [--start-delay S] [--sleep-time S] [--sleep-hold-file PATH] [--wake-time S]
         [--sleep-fails] [--wake-hangs] [--log FILE]
 
 Everything `tools.fake_upstream` answers, plus the server's sleep endpoints as
@@ -20,7 +20,9 @@ the real ones behave (read from their source):
   or 400 `{"success": false, ...}` when the engine refused.
 
 `--start-delay` is the cold start (503 until then, as a loading server);
-`--sleep-time` and `--wake-time` how long a sleep and a wake take. `--sleep-fails`
+`--sleep-time` and `--wake-time` how long a sleep and a wake take; with
+`--sleep-hold-file`, a sleep lasts until that file exists too (at most 120 s), so
+a test decides when it ends instead of guessing. `--sleep-fails`
 answers every sleep with an error (vLLM: 500, SGLang: 400 with success false) and
 stays awake; `--wake-hangs` never answers a wake. `--log` appends one JSON line
 per start, sleep, wake and exit (`{"ev", "t", "pid", "name", ...}`) so a test or
@@ -98,7 +100,7 @@ class SleeperHandler(FakeHandler):
             return
         t0 = time.monotonic()
         with server.lock:
-            time.sleep(server.args.sleep_time)
+            _sleep_lasts(server.args)
             server.asleep = set(PARTS)
         server.record("sleep", level=level, s=time.monotonic() - t0)
         self._empty(200)
@@ -126,7 +128,7 @@ class SleeperHandler(FakeHandler):
             return
         t0 = time.monotonic()
         with server.lock:
-            time.sleep(server.args.sleep_time)
+            _sleep_lasts(server.args)
             server.asleep = set(PARTS)
         server.record("sleep", s=time.monotonic() - t0)
         self._send_json(200, {"success": True, "message": "released"}, model)
@@ -151,6 +153,16 @@ class SleeperHandler(FakeHandler):
         self.end_headers()
 
 
+def _sleep_lasts(args: argparse.Namespace) -> None:
+    """A sleep's time: `--sleep-time`, then until `--sleep-hold-file` exists."""
+    time.sleep(args.sleep_time)
+    deadline = time.monotonic() + 120
+    while args.sleep_hold_file and not os.path.exists(args.sleep_hold_file):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.fake_sleeper", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
@@ -159,6 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kind", choices=("vllm", "sglang"), default="vllm")
     parser.add_argument("--start-delay", type=float, default=0.0, help="cold start: 503 until then")
     parser.add_argument("--sleep-time", type=float, default=0.0, help="seconds a sleep takes")
+    parser.add_argument(
+        "--sleep-hold-file", default="", help="a sleep lasts until this file exists too"
+    )
     parser.add_argument("--wake-time", type=float, default=0.0, help="seconds a wake takes")
     parser.add_argument("--sleep-fails", action="store_true", help="every sleep answers an error")
     parser.add_argument("--wake-hangs", action="store_true", help="a wake never answers")

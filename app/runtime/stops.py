@@ -51,6 +51,8 @@ class Stops:
         have stopped. What runs on it ends as at the end of a drain's grace
         (`drain.after_grace`: a durable job is re-queued, a synchronous request
         fails with 503); what waits stays queued and loads it again in its turn."""
+        # Said on arrival: an unload waits out a sleep under way, and records nothing till then.
+        log.info("unload of %s asked by an operator", "every model" if model is None else model)
         loaded = self.processes.models() + self.swaps.sleepers.models()  # asleep too
         targets = [m for m in loaded if model is None or m == model]
         for name in targets:

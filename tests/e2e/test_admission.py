@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -137,15 +138,26 @@ def test_a_caller_that_cannot_wait_longer_gets_503_and_a_deadline_cancel(
         assert "X-Gpulane-Max-Wait (0.5 s)" in error["message"]
         assert int(r.headers["retry-after"]) >= 1
 
-        # A request that starts in time is not touched by its deadline.
+        # A request that starts in time is not touched by its deadline: it is held
+        # running until its deadline has passed. (A deadline of 5 s leaves a loaded
+        # host time to start it; a fixed 1.5 s run against 1 s raced the start.)
         running = client.get("/api/queue", headers=ADMIN_HEADERS).json()["running"]
         client.delete(f"/api/requests/{running[0]['request_id']}", headers=ADMIN_HEADERS)
         blocker.result()
-        r = client.post(
+        release = gw.tmp / "release-in-time"
+        sent = time.monotonic()
+        in_time = pool.submit(
+            client.post,
             "/v1/chat/completions",
-            json=chat(delay=1.5),
-            headers=bearer(USER_A) | {"X-Gpulane-Max-Wait": "1"},
+            json=chat(hold_file=str(release)),
+            headers=bearer(USER_A) | {"X-Gpulane-Max-Wait": "5"},
         )
+        poll(lambda: client.get("/api/queue", headers=ADMIN_HEADERS).json()["running"], "run")
+        # Its deadline passes while it runs (a hang guard bounds this wait).
+        poll(lambda: time.monotonic() - sent > 5.5, "the deadline to pass", timeout=30)
+        assert not in_time.done()
+        release.touch()
+        r = in_time.result(timeout=30)
         assert r.status_code == 200, r.text
 
         for bad in ("0", "-3", "soon", "1e400", "nan", "40000000"):

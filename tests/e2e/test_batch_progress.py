@@ -20,7 +20,12 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
     # Run times are learnt from the log: two lines of 0.4 s first.
     warm = submit(oa, [line(f"warm{i}", delay=0.4) for i in range(2)])
     wait_batch(oa, warm.id, "completed")
-    batch = submit(oa, [line(f"shot-{i}", delay=0.4) for i in range(10)])
+    # Its second line is held until the checks are done: ten lines of 0.4 s could
+    # all end on a loaded host before the run time is refreshed (every 2 s).
+    release = gw.tmp / "release"
+    shots = [line(f"shot-{i}", delay=0.4) for i in range(10)]
+    shots[1] = line("shot-1", delay=0.4, hold_file=str(release))
+    batch = submit(oa, shots)
     with gw.client() as http:
         seen = poll(
             lambda: (
@@ -47,7 +52,7 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
         assert seen["estimated_finish_high_in_s"] is None
         queue = http.get("/api/queue").json()
         [run] = [r for r in queue["runs"] if r["id"] == batch.id] or [None]
-        assert run is None or run["progress"]["total"] == 10  # it may have ended meanwhile
+        assert run is not None and run["progress"]["total"] == 10
         # The listing carries each batch's progress too (an open one's estimate).
         listed = {b["id"]: b["gpulane_progress"] for b in http.get("/v1/batches").json()["data"]}
         assert listed[warm.id] == {
@@ -77,6 +82,8 @@ def test_a_batch_says_how_far_it_is_and_when_it_should_end(gateway: Start) -> No
         text=True,
     )
     assert shown.returncode == 0, shown.stderr
+    assert f"batch {batch.id} in_progress" in shown.stdout
+    release.touch()
     done = wait_batch(oa, batch.id, "completed")
     with gw.client() as http:
         final = http.get(f"/v1/batches/{done.id}").json()["gpulane_progress"]

@@ -190,8 +190,23 @@ def test_cancel_withdraws_the_waiting_lines_and_lets_the_running_one_finish(
 def test_lines_not_started_within_the_completion_window_expire(gateway: Start) -> None:
     gw = gateway(config())
     oa = client(gw)
-    lines = [line("slow", delay=3)] + [line(f"late{i}") for i in range(3)]
-    batch = submit(oa, lines, completion_window="1s")
+    # A is loaded first and the window is 5 s, so the first line starts within it
+    # on a loaded host too; it is held until the others have expired behind it
+    # (a fixed 3 s run against a 1 s window raced the load and the start).
+    with gw.client() as http:
+        warm = http.post("/v1/chat/completions", json=line("warm")["body"])
+        assert warm.status_code == 200, warm.text
+    release = gw.tmp / "release"
+    lines = [line("slow", hold_file=str(release))] + [line(f"late{i}") for i in range(3)]
+    batch = submit(oa, lines, completion_window="5s")
+    try:
+        gw.wait_for(
+            "SELECT 1 FROM events WHERE type = 'request_cancelled' "
+            "AND json_extract(data, '$.reason') = 'deadline'",
+            count=3,
+        )
+    finally:
+        release.touch()
     done = wait_batch(oa, batch.id, "expired")
     assert done.expired_at
     [slow] = answers(oa, done.output_file_id)

@@ -168,6 +168,7 @@ def test_eviction_wanted_mid_render_waits_for_the_render_then_sleeps(
         pending = pool.submit(chat, client)
         assert pending.result(timeout=60).status_code == 200
         rendered(client, render)
+    assert_log_sound(gw)  # first: every request ended, so the log before them is on disk
     assert what(record) == [
         "render_started",
         "models_loaded",
@@ -183,7 +184,6 @@ def test_eviction_wanted_mid_render_waits_for_the_render_then_sleeps(
         "process_slept",
     ]
     assert not [r for r in records(record) if r["event"] == "stopped_mid_render"]
-    assert_log_sound(gw)
 
 
 def test_a_comfyui_that_hung_asleep_fails_its_wake_and_the_prompt_gets_a_new_one(
@@ -206,6 +206,7 @@ def test_a_comfyui_that_hung_asleep_fails_its_wake_and_the_prompt_gets_a_new_one
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(hung, signal.SIGCONT)  # if it was not killed: let its stop end
+    assert_log_sound(gw)  # first: every request ended, so the log before them is on disk
     pids = [r["pid"] for r in records(record) if r["event"] == "render_started"]
     assert pids[0] == hung and pids[1] != hung, pids
     skipped = events(gw, "sleep_skipped")
@@ -215,4 +216,3 @@ def test_a_comfyui_that_hung_asleep_fails_its_wake_and_the_prompt_gets_a_new_one
     assert [d["reason"] for _, d in events(gw, "process_stopped") if d["model"] == "comfyui_auto"][
         :1
     ] == ["wake_failed"]
-    assert_log_sound(gw)

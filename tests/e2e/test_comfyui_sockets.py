@@ -102,11 +102,19 @@ def test_a_prompt_with_its_own_client_id_reports_its_progress_to_gpulane(
     sends the prompt under its probe's id, so it hears the progress of a prompt
     whose client named its own id, and `/api/queue` shows it."""
     gw = gateway(comfy_config(tmp_path / "renders.jsonl"))
+    # Its last step is held until half of it was seen: a render of a fixed 6 s
+    # could pass its half unseen between two polls on a loaded host.
+    release = tmp_path / "release-render"
     with gw.client() as client:
-        prompt_id = post(client, "my-own-id", 6.0, steps=30)
-        half, seen = half_done(client, prompt_id)
+        prompt_id = post(client, "my-own-id", 6.0, steps=30, hold_file=str(release))
+        try:
+            half, seen = half_done(client, prompt_id)
+        finally:
+            release.touch()
         assert seen[-1][1] == 30, seen
         assert history(client, prompt_id)[prompt_id]["status"]["completed"] is True
+    query = "SELECT 1 FROM events WHERE request_id=? AND type='request_progressed'"
+    gw.wait_for(query, prompt_id, count=2)  # once on disk (group-committed)
     assert len(progress_events(gw, prompt_id)) >= 2
 
 
@@ -234,7 +242,8 @@ def test_a_prompt_interrupted_through_gpulane_tells_its_socket_how_it_ended(
     gw = gateway(comfy_config(tmp_path / "renders.jsonl"))
     with gw.client() as client, socket(gw, "i") as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "status"
-        prompt_id = post(client, "i", 20.0, steps=100)
+        # Held at its last step: it is still running when interrupted, however slow the host.
+        prompt_id = post(client, "i", 20.0, steps=100, hold_file=str(tmp_path / "never"))
         deadline = time.monotonic() + 30
         while True:
             raw = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
@@ -249,5 +258,7 @@ def test_a_prompt_interrupted_through_gpulane_tells_its_socket_how_it_ended(
             messages.append(json.loads(ws.recv(timeout=10)))
         (status,) = [m for m in messages if isinstance(m, dict) and m["type"] == "status"]
         assert status["data"]["status"]["exec_info"]["queue_remaining"] == 0, status
-    (row,) = gw.sql("SELECT status FROM requests WHERE id=?", prompt_id)
+    # Read once its end is on disk (rows are written with the events, group-committed).
+    ended = "SELECT status FROM requests WHERE id=? AND status NOT IN ('queued', 'running')"
+    (row,) = gw.wait_for(ended, prompt_id)
     assert row["status"] == "cancelled"

@@ -44,7 +44,7 @@ def chat(model: str = "A", stream: bool = False, **fake: object) -> dict[str, ob
     return body
 
 
-def assert_log_sound(gw: Gateway, timeout: float = 10) -> None:
+def assert_log_sound(gw: Gateway, timeout: float = 30) -> None:
     # A response can arrive just before its last event is group-committed: poll.
     query = "SELECT id, status FROM requests WHERE status IN ('queued', 'running')"
     poll(lambda: not gw.sql(query), "every request to end", timeout)

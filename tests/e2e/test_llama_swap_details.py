@@ -18,20 +18,35 @@ from tests.e2e.gateway import Gateway, fake_model, running_gateway
 KEY = "sk-admin-details"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
-CONFIG = (
-    f"apiKeys: [{KEY}]\nmodels:"
-    + fake_model("V").replace("\n", "\n  ")
-    + "  capabilities: {in: [text, image], out: [text], tools: true, context: 8192}\n"
-    + "    metadata: {capabilities: mine, family: qwen}\n"
-    + fake_model("S").replace("\n", "\n  ")
-    # A stop that takes a while: cmdStop does nothing, the kill comes after unloadTimeout.
-    + f"  cmdStop: {sys.executable} -c pass\n    unloadTimeout: 3\n"
-)
+# A stop that lasts until the test says: cmdStop waits for a file (at most 60 s),
+# then stops the server. (A stop of a fixed 3 s ended, on a loaded host, before
+# the test had read both lists.)
+STOPPER = """\
+import os, signal, sys, time
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.02)
+os.kill(int(sys.argv[2]), signal.SIGTERM)
+"""
+
+
+def config(stopper: Path, release: Path) -> str:
+    return (
+        f"apiKeys: [{KEY}]\nmodels:"
+        + fake_model("V").replace("\n", "\n  ")
+        + "  capabilities: {in: [text, image], out: [text], tools: true, context: 8192}\n"
+        + "    metadata: {capabilities: mine, family: qwen}\n"
+        + fake_model("S").replace("\n", "\n  ")
+        + f"  cmdStop: {sys.executable} {stopper} {release} ${{PID}}\n    unloadTimeout: 90\n"
+    )
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with running_gateway(Path(tmp_path_factory.mktemp("llama_swap_details")), CONFIG) as gateway:
+    tmp = Path(tmp_path_factory.mktemp("llama_swap_details"))
+    stopper = tmp / "stopper.py"
+    stopper.write_text(STOPPER)
+    with running_gateway(tmp, config(stopper, tmp / "release-stop")) as gateway:
         yield gateway
 
 
@@ -66,7 +81,7 @@ def test_capabilities_are_rendered_into_v1_models_as_llama_swap_does(
     assert "capabilities" not in models["S"] and "architecture" not in models["S"]
 
 
-def test_running_lists_a_model_being_stopped(client: httpx.Client) -> None:
+def test_running_lists_a_model_being_stopped(gw: Gateway, client: httpx.Client) -> None:
     messages = [{"role": "user", "content": "hi"}]
     body = {"model": "S", "messages": messages}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
@@ -76,7 +91,7 @@ def test_running_lists_a_model_being_stopped(client: httpx.Client) -> None:
     )
     unload.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a hang guard
         while True:
             rows = {row["model"]: row for row in client.get("/running").json()["running"]}
             if rows.get("S", {}).get("state") == "stopping":
@@ -87,6 +102,7 @@ def test_running_lists_a_model_being_stopped(client: httpx.Client) -> None:
         assert listed["S"]["status"] == {"value": "loaded"}  # as llama-swap counts it
         assert listed["S"]["state"] == "stopping"
     finally:
+        (gw.tmp / "release-stop").touch()
         unload.join(timeout=30)
     assert done == [200]
     assert "S" not in {row["model"] for row in client.get("/running").json()["running"]}

@@ -195,7 +195,11 @@ def test_its_next_load_puts_the_idle_neighbour_it_ran_out_beside_away_first(
         ("B", [], None),
         ("B", ["A"], {"beside": ["A"], "loading": True}),
     ]
-    stopped = [e for e in events(gw, "process_stopping") if e["reason"] == "evicted"]
+    # A's stop comes after the third swap's start: read once it is on disk too.
+    stopped = poll(
+        lambda: [e for e in events(gw, "process_stopping") if e["reason"] == "evicted"],
+        "A's stop for B",
+    )
     assert [(e["model"], e["evicted_for"]) for e in stopped] == [("A", "B")]
     # The load measured B (30000 MiB): the usual rule again, and A does not fit beside it.
     assert chat(gw, "A").status_code == 200

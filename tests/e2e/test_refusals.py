@@ -171,9 +171,15 @@ def test_a_durable_job_refused_by_the_queue_or_its_key_is_recorded_once(
     held = chat() | {"fake": {"hold_file": str(release)}}
     try:
         with gw.client() as client:
-            for _ in range(2):  # one running, one waiting
-                r = client.post("/v1/chat/completions", json=held, headers=ASYNC)
-                assert r.status_code == 202, r.text
+            # One running, one waiting: the second is sent once the first runs (sent
+            # while the first waited for its model's load, it would find the queue full).
+            queue = lambda: client.get("/api/queue").json()  # noqa: E731
+            r = client.post("/v1/chat/completions", json=held, headers=ASYNC)
+            assert r.status_code == 202, r.text
+            poll(lambda: queue()["running"], "the first job to run")
+            r = client.post("/v1/chat/completions", json=held, headers=ASYNC)
+            assert r.status_code == 202, r.text
+            poll(lambda: len(queue()["waiting"]) == 1, "the second job to wait")
             r = client.post("/v1/chat/completions", json=chat(), headers=ASYNC)
             rid, event = refusal(gw, r, 429)
             assert event["reason"] == "queue_full"

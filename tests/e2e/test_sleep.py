@@ -286,15 +286,33 @@ def test_a_shutdown_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_pat
     ]
 
 
+def unloaded_mid_sleep(
+    gw: Gateway, client: httpx.Client, path: str, release: Path, asked: str
+) -> httpx.Response:
+    """POST `path` while A's sleep is held (until `release` exists), and let the
+    sleep go only once gpulane has the unload (its log says so on arrival; the
+    unload waits out the sleep, recording nothing till then): the unload lands
+    in the sleep however slow the host (a sleep of a fixed 2-4 s could end first)."""
+    assert not events(gw, "process_slept")  # the unload lands while A's sleep is under way
+    with cf.ThreadPoolExecutor(1) as pool:
+        unload = pool.submit(client.post, path)
+        try:
+            poll(lambda: asked in gw.log.read_text(), "gpulane to have the unload", timeout=30)
+        finally:
+            release.touch()
+        r = unload.result(timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
 def test_an_unload_during_a_sleep_stops_the_sleeper_too(gateway: Start, tmp_path: Path) -> None:
-    # A sleep long enough for the unload to land in it on a loaded host too.
-    gw = gateway(config(tmp_path, "--sleep-time 4"))
+    release = tmp_path / "release-sleep"
+    gw = gateway(config(tmp_path, f"--sleep-hold-file {release}"))
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
         assert chat(client, "A").status_code == 200
-        pool.submit(chat, client, "B")  # evicts A: its sleep takes 4 s
+        pool.submit(chat, client, "B")  # evicts A: its sleep lasts until released
         poll(lambda: events(gw, "process_sleeping"), "A's sleep to begin")
-        assert not events(gw, "process_slept")  # the unload lands while A's sleep is under way
-        assert client.post("/api/models/unload").status_code == 200
+        unloaded_mid_sleep(gw, client, "/api/models/unload", release, "unload of every model asked")
         poll(lambda: "exit" in [e["ev"] for e in fake_log(tmp_path / "A.jsonl")], "A's stop")
         running = {r["model"]: r["state"] for r in client.get("/running").json()["running"]}
         assert "A" not in running, running  # not left asleep after an unload of every model
@@ -310,14 +328,14 @@ def test_an_unload_of_the_model_during_its_sleep_stops_the_sleeper_too(
 ) -> None:
     """As above, for an unload of that one model by name: A is in neither table
     while its sleep is under way, and must not be left asleep."""
-    gw = gateway(config(tmp_path, "--sleep-time 2"))
+    release = tmp_path / "release-sleep"
+    gw = gateway(config(tmp_path, f"--sleep-hold-file {release}"))
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool:
         assert chat(client, "A").status_code == 200
-        pending = pool.submit(chat, client, "B")  # evicts A: its sleep takes 2 s
+        pending = pool.submit(chat, client, "B")  # evicts A: its sleep lasts until released
         poll(lambda: events(gw, "process_sleeping"), "A's sleep to begin")
-        assert not events(gw, "process_slept")  # the unload lands while A's sleep is under way
-        r = client.post("/api/models/unload/A")
-        assert r.status_code == 200 and r.text == "OK", r.text
+        r = unloaded_mid_sleep(gw, client, "/api/models/unload/A", release, "unload of A asked")
+        assert r.text == "OK", r.text
         # The unload answers once A has stopped: nothing to wait for here.
         assert [e["ev"] for e in fake_log(tmp_path / "A.jsonl")][-1] == "exit"
         running = {r["model"]: r["state"] for r in client.get("/running").json()["running"]}
