@@ -38,7 +38,7 @@ BOB = {"Authorization": "Bearer sk-bob-00000000000"}
 
 def socket(gw: Gateway, client_id: str, headers: dict[str, str] | None = None) -> ClientConnection:
     url = gw.url.replace("http", "ws", 1) + f"/comfyui/ws?clientId={client_id}"
-    return connect(url, additional_headers=headers or {}, open_timeout=10, max_size=None)
+    return connect(url, additional_headers=headers or {}, open_timeout=30, max_size=None)
 
 
 def until_end(ws: ClientConnection, prompt_id: str, timeout: float = 60) -> list[Any]:
@@ -130,7 +130,7 @@ def test_a_user_key_hears_its_prompt_through_gpulanes_socket(
     record = tmp_path / "renders.jsonl"
     gw = gateway(comfy_config(record, keys=KEYS))
     with gw.client(headers=ALICE) as alice, socket(gw, "studio-1", ALICE) as ws:
-        opened = json.loads(ws.recv(timeout=10))
+        opened = json.loads(ws.recv(timeout=30))
         assert opened["type"] == "status", opened
         assert opened["data"]["sid"] == "studio-1"
         assert opened["data"]["status"]["exec_info"]["queue_remaining"] == 0
@@ -168,8 +168,8 @@ def test_two_callers_with_the_same_client_id_each_hear_only_their_own_prompts(
         socket(gw, "same", BOB) as bob_ws,
         cf.ThreadPoolExecutor(2) as pool,
     ):
-        assert json.loads(alice_ws.recv(timeout=10))["type"] == "status"
-        assert json.loads(bob_ws.recv(timeout=10))["type"] == "status"
+        assert json.loads(alice_ws.recv(timeout=30))["type"] == "status"
+        assert json.loads(bob_ws.recv(timeout=30))["type"] == "status"
         first = post(alice, "same", 1.0, steps=5)
         theirs = post(bob, "same", 1.0, steps=5)
         second = post(alice, "same", 0.5, steps=5)
@@ -197,7 +197,7 @@ def test_a_socket_hears_its_prompt_wait_in_gpulanes_queue_and_then_render_after_
     release = tmp_path / "release-chat"
     busy = chat() | {"fake": {"hold_file": str(release)}}
     with gw.client() as client, cf.ThreadPoolExecutor(1) as pool, socket(gw, "w") as ws:
-        opened = json.loads(ws.recv(timeout=10))
+        opened = json.loads(ws.recv(timeout=30))
         assert opened["data"] == {"status": {"exec_info": {"queue_remaining": 0}}, "sid": "w"}
         answered = pool.submit(client.post, "/v1/chat/completions", json=busy)
 
@@ -207,7 +207,7 @@ def test_a_socket_hears_its_prompt_wait_in_gpulanes_queue_and_then_render_after_
 
         assert wait_for(chat_runs), "the chat never ran"
         prompt_id = post(client, "w", 1.0, steps=5)
-        waiting = json.loads(ws.recv(timeout=10))
+        waiting = json.loads(ws.recv(timeout=30))
         assert waiting == {
             "type": "status",
             "data": {"status": {"exec_info": {"queue_remaining": 1}}},
@@ -220,7 +220,7 @@ def test_a_socket_hears_its_prompt_wait_in_gpulanes_queue_and_then_render_after_
         messages = until_end(ws, prompt_id)
         assert steps(messages, prompt_id) == [1, 2, 3, 4, 5]
         assert "execution_success" in kinds(messages, prompt_id)
-        done = json.loads(ws.recv(timeout=10))
+        done = json.loads(ws.recv(timeout=30))
         assert done == {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}}}}
         # A chat swaps ComfyUI out, a prompt swaps a new ComfyUI in: the same socket hears it.
         running = client.get("/running").json()["running"]
@@ -241,7 +241,7 @@ def test_a_prompt_interrupted_through_gpulane_tells_its_socket_how_it_ended(
     then the prompt's last `executing`), and its queue go back to 0."""
     gw = gateway(comfy_config(tmp_path / "renders.jsonl"))
     with gw.client() as client, socket(gw, "i") as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "status"
+        assert json.loads(ws.recv(timeout=30))["type"] == "status"
         # Held at its last step: it is still running when interrupted, however slow the host.
         prompt_id = post(client, "i", 20.0, steps=100, hold_file=str(tmp_path / "never"))
         deadline = time.monotonic() + 30
@@ -255,7 +255,7 @@ def test_a_prompt_interrupted_through_gpulane_tells_its_socket_how_it_ended(
         assert "execution_success" not in kinds(messages, prompt_id)
         # The cancel is recorded before ComfyUI hears of it: the status may come first.
         if "status" not in kinds(messages):
-            messages.append(json.loads(ws.recv(timeout=10)))
+            messages.append(json.loads(ws.recv(timeout=30)))
         (status,) = [m for m in messages if isinstance(m, dict) and m["type"] == "status"]
         assert status["data"]["status"]["exec_info"]["queue_remaining"] == 0, status
     # Read once its end is on disk (rows are written with the events, group-committed).
