@@ -71,7 +71,8 @@ def list_batches(
 def open_batches(engine: Engine) -> list[RowMapping]:
     query = select(batches).where(batches.c.status.in_(OPEN_BATCH_STATUSES))
     with engine.connect() as conn:
-        return list(conn.execute(query.order_by(batches.c.created_at)).mappings().all())
+        ordered = query.order_by(batches.c.created_at, batches.c.id)
+        return list(conn.execute(ordered).mappings().all())
 
 
 def line_summary(engine: Engine, batch_id: str) -> dict[str, int]:

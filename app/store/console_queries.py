@@ -49,7 +49,7 @@ def timeline_requests(
             requests.c.dispatched_at <= until,
             or_(requests.c.finished_at >= since, requests.c.finished_at.is_(None)),
         )
-        .order_by(requests.c.dispatched_at)
+        .order_by(requests.c.dispatched_at, requests.c.id)
         .limit(limit)
     )
     if caller is not None:
@@ -161,7 +161,7 @@ def finished_requests(
             requests.c.http_status,
         )
         .where(where)
-        .order_by(requests.c.finished_at.desc())
+        .order_by(requests.c.finished_at.desc(), requests.c.id.desc())
         .limit(limit)
         .offset(offset)
     )
@@ -191,7 +191,7 @@ def wait_samples(
     query = (
         select(requests.c.band, requests.c.queue_wait_ms)
         .where(where)
-        .order_by(requests.c.finished_at.desc())
+        .order_by(requests.c.finished_at.desc(), requests.c.id.desc())
         .limit(limit)
     )
     with engine.connect() as conn:

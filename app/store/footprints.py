@@ -10,7 +10,7 @@ from app.core import events as ev
 _FOOTPRINT_TYPES = ("swap_finished", "process_stopping", "process_stopped")
 _RECENT = (
     "SELECT data FROM events WHERE type = :type AND data LIKE '%\"gpu_memory_mib\":%' "
-    "ORDER BY at DESC LIMIT :limit"
+    "ORDER BY at DESC, seq DESC LIMIT :limit"
 )
 
 

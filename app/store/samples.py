@@ -14,7 +14,7 @@ from sqlalchemy import Engine, text
 _RUNS = (
     "SELECT model, endpoint, run_ms FROM requests WHERE finished_at IS NOT NULL "
     "AND status = 'completed' AND run_ms IS NOT NULL AND model IS NOT NULL "
-    "ORDER BY finished_at DESC LIMIT :limit"
+    "ORDER BY finished_at DESC, id DESC LIMIT :limit"
 )
 _SWAPS = (
     "SELECT to_model, duration_ms FROM swaps WHERE error IS NULL AND duration_ms IS NOT NULL "
