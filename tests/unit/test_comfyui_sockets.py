@@ -11,6 +11,7 @@ from typing import Any
 
 from app.web import comfyui_sockets
 from app.web.comfyui_sockets import BEHIND_MESSAGES, PREVIEW_BEHIND, ComfySockets, _Client
+from tests.waiting import wait_until
 
 
 def hub(*requests: tuple[str, str | None]) -> ComfySockets:
@@ -59,11 +60,8 @@ class Socket:
         await asyncio.wait_for(self.task, 30)  # a hang guard
 
 
-async def until(check: Any, timeout: float = 30.0) -> None:  # a hang guard
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
+async def until(check: Any) -> None:
+    await wait_until(check, "the sockets' messages", timeout=30)  # a hang guard
 
 
 async def test_a_prompts_messages_reach_only_its_callers_socket_with_its_client_id() -> None:
